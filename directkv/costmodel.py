@@ -1,0 +1,76 @@
+"""Roofline cost model: time of an op from its bytes per tier and FLOPs on a HardwareSpec.
+
+time = max(link reads / link read bw, link writes / link write bw, HBM bytes / HBM bw, FLOPs / peak) + launch.
+The bandwidths are the achievable ceilings of the spec; `Efficiency` scales them per op class and is what
+a calibration against measured results fits (`Efficiency.fit`-style updates land in CALIBRATION).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from directkv.kernels.traffic import Traffic
+from directkv.specs import HardwareSpec
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    link_sm: float = 1.0  # zero-copy kernels vs the SM read ceiling (DirectKV kernels aim for >= 0.98)
+    link_ce: float = 1.0  # copy-engine transfers vs cudaMemcpy bandwidth
+    hbm: float = 0.9  # streaming kernels vs the HBM ceiling
+    matmul: float = 0.7  # projections / MLP vs bf16 peak
+    attention: float = 0.45  # attention FLOPs vs bf16 peak (FlashAttention-2-class kernels on Hopper)
+    cpu_mem: float = 0.8  # CPU attention vs CPU DRAM bandwidth
+    dequant_hbm: float = 0.5  # unfused dequantisation kernels (FlexGen-like) vs the HBM ceiling
+
+
+# Per-hardware calibrated factors. The defaults above are priors; a measured run can fit and add entries.
+CALIBRATION: dict[str, Efficiency] = {}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    hw: HardwareSpec
+    eff: Efficiency = Efficiency()
+
+    @classmethod
+    def for_hardware(cls, hw: HardwareSpec, **overrides: float) -> CostModel:
+        return cls(hw, replace(CALIBRATION.get(hw.name, Efficiency()), **overrides))
+
+    def terms(self, t: Traffic, *, flops_kind: str = "attention", link: str = "sm", hbm_eff: float | None = None
+              ) -> dict[str, float]:
+        """Seconds each resource alone would need; `link` is "sm" (zero-copy loads) or "ce" (copy engine)."""
+        hw, e = self.hw, self.eff
+        if link == "sm":
+            rd, wr, le = hw.link_sm_read_gbps, hw.link_sm_write_gbps, e.link_sm
+        else:
+            rd, wr, le = hw.link_ce_h2d_gbps, hw.link_ce_d2h_gbps, e.link_ce
+        fe = e.matmul if flops_kind == "matmul" else e.attention
+        return {
+            "link_read": t.link_read_bytes / (rd * 1e9 * le),
+            "link_write": t.link_write_bytes / (wr * 1e9 * le),
+            "hbm": (t.hbm_read_bytes + t.hbm_write_bytes) / (hw.hbm_bw_gbps * 1e9 * (hbm_eff or e.hbm)),
+            "compute": t.flops / (hw.bf16_tflops * 1e12 * fe),
+        }
+
+    def time(self, t: Traffic, **kw) -> float:
+        """Roofline time in seconds of one kernel (or a fused group of kernels) with this traffic."""
+        return max(self.terms(t, **kw).values()) + self.hw.launch_us * 1e-6
+
+    def bound(self, t: Traffic, **kw) -> str:
+        terms = self.terms(t, **kw)
+        return max(terms, key=terms.get)
+
+    def copy_time(self, nbytes: float, direction: str = "h2d") -> float:
+        """Copy-engine transfer of `nbytes` between pinned host memory and HBM."""
+        bw = self.hw.link_ce_h2d_gbps if direction == "h2d" else self.hw.link_ce_d2h_gbps
+        return (nbytes / (bw * 1e9 * self.eff.link_ce) + self.hw.launch_us * 1e-6) if nbytes else 0.0
+
+    def cpu_attention_time(self, kv_bytes: float) -> float:
+        """Decode attention on the host CPU: memory-bound on CPU DRAM bandwidth (Neo-like)."""
+        return kv_bytes / (self.hw.cpu_mem_bw_gbps * 1e9 * self.eff.cpu_mem) if kv_bytes else 0.0
+
+
+def mode_for(hw: HardwareSpec) -> str:
+    """Result label of a simulation on `hw` (DESIGN.md: C2C numbers are projections)."""
+    return "simulated" if hw.measured_here else "projected"

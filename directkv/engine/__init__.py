@@ -1,0 +1,1 @@
+"""Serving engine: one scheduler, systems (policies), and executors (simulation now, GPU later)."""

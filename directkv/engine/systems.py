@@ -1,0 +1,118 @@
+"""The systems under test, as policies: where KV lives, how attention reaches it, and what it costs.
+
+Each system is one frozen policy (FlexGen style: all knobs in one object). The simulation executor asks a
+system for the time of a step on a cost model and for its GPU memory; the GPU executor (issue 4) will run
+the same policies for real.
+
+* ``hbm``      SGLang-like: all KV in HBM, attention from HBM.
+* ``directkv`` KV in pinned host memory, attention kernels read it zero-copy (variant naive | tiled | fused).
+* ``swap``     Pie-like: KV in host memory; each layer's KV is copied by the copy engine into an HBM staging
+               buffer (double-buffered) while the previous layer computes.
+* ``cpu_attn`` Neo-like: decode attention runs on the CPU over host KV, overlapped with the GPU's linear
+               layers; prefill runs on the GPU with past KV copied in.
+* ``flexgen``  FlexGen-like: KV stored 4-bit group-wise (group 64, fp16 min/max) in host memory, copied in,
+               dequantised and attended in HBM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from directkv.costmodel import CostModel
+from directkv.engine.state import Step
+from directkv.engine import step_traffic as st
+from directkv.errors import ConfigError, unknown_name
+from directkv.kernels.traffic import Traffic
+from directkv.specs import ModelSpec
+
+SYSTEMS = ("directkv", "hbm", "swap", "cpu_attn", "flexgen")
+DIRECTKV_VARIANTS = ("naive", "tiled", "fused")
+FLEXGEN_BITS, FLEXGEN_GROUP = 4, 64
+
+
+@dataclass(frozen=True)
+class SystemPolicy:
+    name: str
+    variant: str = ""  # kernel variant for directkv
+    tile_q: int = 64
+    tile_kv: int = 64
+
+    def __post_init__(self) -> None:
+        if self.name not in SYSTEMS:
+            raise unknown_name("system", self.name, SYSTEMS)
+        if self.name == "directkv" and self.variant not in DIRECTKV_VARIANTS:
+            raise ConfigError(f"unknown directkv variant {self.variant!r}; valid: {', '.join(DIRECTKV_VARIANTS)}")
+
+    @property
+    def kv_tier(self) -> str:
+        return "hbm" if self.name == "hbm" else "host"
+
+    def kv_bytes_per_token(self, model: ModelSpec) -> int:
+        if self.name != "flexgen":
+            return model.kv_bytes_per_token()
+        values = model.num_layers * 2 * model.kv_dim
+        # 4-bit codes plus an fp16 min and max per group of 64 values
+        return values * FLEXGEN_BITS // 8 + (values // FLEXGEN_GROUP) * 2 * 2
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}-{self.variant}" if self.variant else self.name
+
+
+@dataclass(frozen=True)
+class StepCost:
+    time_s: float
+    traffic: Traffic  # summed over layers: link/HBM bytes the step moved
+    staging_bytes: int  # HBM staging buffer this step needed (swap / flexgen / cpu_attn prefill)
+
+
+def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel) -> StepCost:
+    """Time of one engine step for `policy`, by layer: linear work + the system's attention path."""
+    L = model.num_layers
+    lin = st.linear_layer_traffic(model, step.num_tokens)
+    t_lin = cm.time(lin, flops_kind="matmul")
+    head = st.lm_head_traffic(model, step.num_logits)
+    t_head = cm.time(head, flops_kind="matmul")
+    kvl = model.kv_bytes_per_token_per_layer()
+    new_kv = step.num_tokens * kvl  # K/V of this step's tokens, one layer
+    past = st.past_kv_tokens(step) * kvl  # K/V bytes of cached tokens the step attends to, one layer
+
+    name = policy.name
+    if name == "hbm":
+        attn = st.to_hbm(st.attention_traffic(step, model, "tiled", policy))
+        attn.hbm_write_bytes += new_kv
+        layer_t, layer_traffic, staging = t_lin + cm.time(attn), lin + attn, 0
+    elif name == "directkv":
+        attn = st.attention_traffic(step, model, policy.variant, policy)
+        layer_t, layer_traffic, staging = t_lin + cm.time(attn, link="sm"), lin + attn, 0
+    elif name in ("swap", "flexgen"):
+        ratio = policy.kv_bytes_per_token(model) / model.kv_bytes_per_token()  # < 1 for FlexGen's 4-bit KV
+        stored, new_stored = int(past * ratio), int(new_kv * ratio)
+        copy_in, copy_out = cm.copy_time(stored, "h2d"), cm.copy_time(new_stored, "d2h")
+        attn = st.to_hbm(st.attention_traffic(step, model, "tiled", policy))
+        t_gpu = t_lin + cm.time(attn)
+        if name == "flexgen":  # unfused dequantisation: read codes, write bf16, in HBM
+            t_gpu += cm.time(Traffic(hbm_read_bytes=stored, hbm_write_bytes=past), hbm_eff=cm.eff.dequant_hbm)
+        layer_t = max(copy_in, copy_out, t_gpu)  # the copy of layer i+1 overlaps the compute of layer i
+        layer_traffic = lin + attn + Traffic(link_read_bytes=stored, link_write_bytes=new_stored)
+        staging = 2 * stored + (2 * past if name == "flexgen" else 0)
+    elif name == "cpu_attn":
+        dec_kv = sum(step.decode_kv_lens) * kvl
+        t_cpu = cm.cpu_attention_time(dec_kv)
+        # prefill attention stays on the GPU with its past copied in; Q and O of decodes cross the link
+        pre = st.to_hbm(st.attention_traffic(st.only_prefills(step), model, "tiled", policy))
+        pre_past = st.past_kv_tokens(st.only_prefills(step)) * kvl
+        qo = len(step.decodes) * 2 * model.q_dim * model.dtype_bytes
+        t_gpu = t_lin + cm.time(pre) + cm.copy_time(qo)
+        layer_t = max(t_gpu, t_cpu, cm.copy_time(pre_past, "h2d"), cm.copy_time(new_kv, "d2h"))
+        layer_traffic = lin + pre + Traffic(link_read_bytes=pre_past + qo // 2, link_write_bytes=new_kv + qo // 2)
+        staging = 2 * pre_past
+    else:  # pragma: no cover - SystemPolicy validates names
+        raise AssertionError(name)
+    return StepCost(L * layer_t + t_head, layer_traffic.scaled(L) + head, staging)
+
+
+def gpu_memory_bytes(policy: SystemPolicy, model: ModelSpec, *, kv_hbm_peak: int, staging_peak: int,
+                     activation_peak: int, runtime_overhead: int) -> int:
+    """GPU memory a system holds: weights + KV in HBM + staging buffers + activations + runtime."""
+    return model.weight_bytes() + kv_hbm_peak + staging_peak + activation_peak + runtime_overhead

@@ -1,0 +1,69 @@
+"""The paged KV view every attention op takes, whichever backend runs it.
+
+One layer's KV lives in two page pools, one per tier. A block-table entry `e >= 0` names host page
+`e`; `e < 0` names HBM page `-(e + 1)`. The CUDA backend passes both pool base pointers to the kernel;
+on a GPU machine the host pools are zero-copy CUDA views of pinned memory, so no page is staged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PagedKV:
+    host_k: torch.Tensor  # [num_host_pages, page_size, num_kv_heads, head_dim]
+    host_v: torch.Tensor  # [num_host_pages, page_size, num_kv_heads, head_dim]
+    hbm_k: torch.Tensor  # [num_hbm_pages, page_size, num_kv_heads, head_dim] (num_hbm_pages may be 0)
+    hbm_v: torch.Tensor  # [num_hbm_pages, page_size, num_kv_heads, head_dim]
+    block_table: torch.Tensor  # [batch, max_pages_per_seq] int32, see module docstring
+    seq_lens: torch.Tensor  # [batch] int32, tokens held per sequence
+
+    def __post_init__(self) -> None:
+        if self.host_k.shape != self.host_v.shape or self.hbm_k.shape != self.hbm_v.shape:
+            raise ValueError("K and V pools of a tier must have the same shape")
+        if self.host_k.shape[1:] != self.hbm_k.shape[1:]:
+            raise ValueError(f"host pages {tuple(self.host_k.shape[1:])} != hbm pages {tuple(self.hbm_k.shape[1:])}")
+        if self.block_table.dim() != 2 or self.seq_lens.shape != (self.block_table.shape[0],):
+            raise ValueError(
+                f"block_table must be [batch, max_pages] and seq_lens [batch]; got "
+                f"{tuple(self.block_table.shape)} and {tuple(self.seq_lens.shape)}"
+            )
+
+    @property
+    def page_size(self) -> int:
+        return int(self.host_k.shape[1])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.host_k.shape[2])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.host_k.shape[3])
+
+    @property
+    def batch(self) -> int:
+        return int(self.block_table.shape[0])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.host_k.dtype
+
+    def page(self, entry: int) -> tuple[torch.Tensor, torch.Tensor, str]:
+        """(k_page, v_page, tier) for one block-table entry; pages are [page_size, num_kv_heads, head_dim]."""
+        if entry >= 0:
+            return self.host_k[entry], self.host_v[entry], "host"
+        return self.hbm_k[-(entry + 1)], self.hbm_v[-(entry + 1)], "hbm"
+
+    def gather(self, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contiguous K, V of one sequence, [seq_len, num_kv_heads, head_dim]; for references and tests."""
+        n = int(self.seq_lens[seq])
+        pages = (n + self.page_size - 1) // self.page_size
+        ks, vs = zip(*(self.page(int(e))[:2] for e in self.block_table[seq, :pages].tolist()), strict=True) if pages else ((), ())
+        if not pages:
+            empty = self.host_k.new_empty((0, self.num_kv_heads, self.head_dim))
+            return empty, empty.clone()
+        return torch.cat(ks)[:n], torch.cat(vs)[:n]

@@ -1,0 +1,290 @@
+"""Closed-form traffic of the kernel schedules, for the cost model at real shapes.
+
+Each function is derived from the math of the schedule in `directkv.kernels.reference` (not by running
+it) and equals the counted Traffic of that schedule exactly, every field: link and HBM bytes and FLOPs.
+Costs are O(1) per call (O(batch) for decode; O(log) for the causal tile-visibility sum).
+
+Tiers: past K/V are assumed to sit in host pages unless `*_hbm_tokens` says how many of them sit in HBM
+pages. Bytes do not depend on *which* pages are in HBM, only on how many tokens: every schedule reads
+each cached token the same number of times.
+
+Symbols: e = dtype_bytes; a token's K+V bytes over all KV heads `kv_tok = 2 * num_kv_heads * head_dim * e`;
+a query row of Q or O `row = num_heads * head_dim * e`; a query row of the float32 partial O, m, l kept in
+HBM by the K/V-stationary schedule `part = num_heads * (head_dim + 2) * 4`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from directkv.errors import check
+from directkv.kernels.reference.common import ceil_div, check_tiles, check_variant, partial_bytes_per_row
+from directkv.kernels.reference.decode import DECODE_VARIANTS
+from directkv.kernels.reference.gemm import GEMM_VARIANTS
+from directkv.kernels.reference.prefill import PREFILL_VARIANTS
+from directkv.kernels.reference.proj_attention import PROJ_VARIANTS
+from directkv.kernels.traffic import TIERS, Traffic
+
+
+def floor_sum(n: int, m: int, a: int, b: int) -> int:
+    """sum_{i=0}^{n-1} floor((a*i + b) / m) for n >= 0, m >= 1, a, b >= 0, in O(log(a + m)) steps.
+
+    With a, b < m the sum counts lattice points under a line; counting them by rows instead of columns
+    swaps the roles of a and m, as in Euclid's algorithm.
+    """
+    if n <= 0:
+        return 0
+    total = (a // m) * (n * (n - 1) // 2) + (b // m) * n
+    a, b = a % m, b % m
+    top = (a * (n - 1) + b) // m  # the largest term
+    if top == 0:
+        return total
+    # sum_i floor((a i + b)/m) = sum_{j=1}^{top} #{i < n : a i >= j m - b} = n*top - sum_j ceil((j m - b)/a)
+    return total + n * top - floor_sum(top, a, m, m - b + a - 1)
+
+
+@dataclass(frozen=True)
+class _NewTileSums:
+    """Sums over Q tiles i of the new K/V tiles each one sees (v_i of them, covering tokens_i tokens).
+
+    New K/V tile j (positions j*tile_kv..) is seen by Q tile i iff j*tile_kv < q1_i (its row end) under
+    causal masking, else always; so v_i = ceil(q1_i / tile_kv) and tokens_i = min(v_i * tile_kv, q_len).
+    """
+
+    tiles: int  # sum_i v_i
+    rows_tiles: int  # sum_i rows_i * v_i: query rows times visits
+    tokens: int  # sum_i tokens_i
+    rows_tokens: int  # sum_i rows_i * tokens_i: (query, key) pairs computed
+
+    @classmethod
+    def of(cls, q_len: int, tile_q: int, tile_kv: int, causal: bool) -> _NewTileSums:
+        nq, nk = ceil_div(q_len, tile_q), ceil_div(q_len, tile_kv)
+        last_rows = q_len - (nq - 1) * tile_q
+        overhang = nk * tile_kv - q_len  # padding of the last new tile; only Q tiles seeing it are short
+        if causal:
+            # Q tiles 0..nq-2 end at (i+1)*tile_q; the last ends at q_len and sees all nk tiles.
+            tiles = floor_sum(nq - 1, tile_kv, tile_q, tile_q + tile_kv - 1) + nk
+            first_full = (nk - 1) * tile_kv // tile_q  # first Q tile that sees the last new tile
+            tail_tiles, tail_rows = nq - first_full, q_len - first_full * tile_q
+        else:
+            tiles, tail_tiles, tail_rows = nq * nk, nq, q_len
+        rows_tiles = tile_q * tiles - (tile_q - last_rows) * nk  # the last Q tile has last_rows rows
+        return cls(
+            tiles=tiles,
+            rows_tiles=rows_tiles,
+            tokens=tile_kv * tiles - overhang * tail_tiles,
+            rows_tokens=tile_kv * rows_tiles - overhang * tail_rows,
+        )
+
+
+@dataclass(frozen=True)
+class _Heads:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+
+    def __post_init__(self) -> None:
+        check(
+            min(self.num_heads, self.num_kv_heads, self.head_dim, self.dtype_bytes) >= 1
+            and self.num_heads % self.num_kv_heads == 0,
+            f"need positive sizes and num_heads % num_kv_heads == 0; got num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dtype_bytes={self.dtype_bytes}",
+        )
+
+    @property
+    def kv_tok(self) -> int:
+        return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def row(self) -> int:
+        return self.num_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def part(self) -> int:
+        return partial_bytes_per_row(self.num_heads, self.head_dim)
+
+
+def _check_split(name: str, hbm_tokens: int, tokens: int) -> None:
+    check(0 <= hbm_tokens <= tokens, f"{name} must be in 0..{tokens}; got {hbm_tokens}")
+
+
+def decode_traffic(
+    seq_lens: Sequence[int],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    variant: str,
+    hbm_tokens: Sequence[int] | None = None,
+) -> Traffic:
+    """Traffic of `decode_attention` over sequences of seq_lens[b] >= 1 cached tokens.
+
+    hbm_tokens[b]: how many of sequence b's tokens sit in HBM pages (default none). The K/V tile size
+    does not enter: every cached token is read once per reader whatever the tiling.
+    """
+    check_variant("decode_attention", variant, DECODE_VARIANTS)
+    heads = _Heads(num_heads, num_kv_heads, head_dim, dtype_bytes)
+    check(all(n >= 1 for n in seq_lens), f"decode needs seq_lens >= 1; got {list(seq_lens)}")
+    hbm = list(hbm_tokens) if hbm_tokens is not None else [0] * len(seq_lens)
+    check(len(hbm) == len(seq_lens), f"hbm_tokens has {len(hbm)} entries for {len(seq_lens)} sequences")
+    for n, h in zip(seq_lens, hbm, strict=True):
+        _check_split("hbm_tokens", h, n)
+    copies = num_heads // num_kv_heads if variant == "naive" else 1  # naive: one reader per query head
+    total, total_hbm, batch = sum(seq_lens), sum(hbm), len(seq_lens)
+    return Traffic(
+        link_read_bytes=copies * (total - total_hbm) * heads.kv_tok,
+        hbm_read_bytes=copies * total_hbm * heads.kv_tok + batch * heads.row,
+        hbm_write_bytes=batch * heads.row,
+        flops=4 * head_dim * num_heads * total,
+    )
+
+
+def _attention(
+    heads: _Heads,
+    q_len: int,
+    past_len: int,
+    past_hbm_tokens: int,
+    *,
+    kv_outer: bool,
+    causal: bool,
+    tile_q: int,
+    tile_kv: int,
+    new_kv: str,
+    new_hbm_tokens: int = 0,
+) -> Traffic:
+    """One sequence's attention. new_kv: where the new K/V are read from: "hbm" (dense, just projected),
+    "pages" (read back from their cache pages) or "projected" (fused: produced in the loop, not read)."""
+    sums = _NewTileSums.of(q_len, tile_q, tile_kv, causal)
+    past_host = past_len - past_hbm_tokens
+    flops = 4 * heads.head_dim * heads.num_heads * (q_len * past_len + sums.rows_tokens)
+    if not kv_outer:  # Q tile outer: past and visible new K/V streamed per Q tile; Q read, O written once
+        nq = ceil_div(q_len, tile_q)
+        return Traffic(
+            link_read_bytes=nq * past_host * heads.kv_tok,
+            hbm_read_bytes=(nq * past_hbm_tokens + sums.tokens) * heads.kv_tok + q_len * heads.row,
+            hbm_write_bytes=q_len * heads.row,
+            flops=flops,
+        )
+    # K/V tile outer: a Q tile is visited (loaded) once per past tile and per new tile it sees; partial
+    # state is written after every visit but the last and read before every visit but the first.
+    visit_rows = ceil_div(past_len, tile_kv) * q_len + sums.rows_tiles
+    partial = (visit_rows - q_len) * heads.part
+    new_host, new_hbm = {"hbm": (0, q_len), "pages": (q_len - new_hbm_tokens, new_hbm_tokens)}.get(new_kv, (0, 0))
+    return Traffic(
+        link_read_bytes=(past_host + new_host) * heads.kv_tok,
+        hbm_read_bytes=(past_hbm_tokens + new_hbm) * heads.kv_tok + visit_rows * heads.row + partial,
+        hbm_write_bytes=q_len * heads.row + partial,
+        flops=flops,
+    )
+
+
+def prefill_traffic(
+    q_len: int,
+    past_len: int,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    variant: str,
+    causal: bool = True,
+    tile_q: int = 64,
+    tile_kv: int = 64,
+    past_hbm_tokens: int = 0,
+) -> Traffic:
+    """Traffic of `prefill_attention`: q_len >= 1 new tokens (Q, K, V in HBM) over past_len cached tokens,
+    past_hbm_tokens of which sit in HBM pages."""
+    check_variant("prefill_attention", variant, PREFILL_VARIANTS)
+    check_tiles(tile_q=tile_q, tile_kv=tile_kv)
+    check(q_len >= 1 and past_len >= 0, f"need q_len >= 1 and past_len >= 0; got {q_len}, {past_len}")
+    _check_split("past_hbm_tokens", past_hbm_tokens, past_len)
+    heads = _Heads(num_heads, num_kv_heads, head_dim, dtype_bytes)
+    return _attention(
+        heads, q_len, past_len, past_hbm_tokens, kv_outer=variant == "tiled", causal=causal,
+        tile_q=tile_q, tile_kv=tile_kv, new_kv="hbm",
+    )  # fmt: skip
+
+
+def proj_attention_traffic(
+    q_len: int,
+    past_len: int,
+    *,
+    hidden: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    variant: str,
+    causal: bool = True,
+    tile_q: int = 64,
+    tile_kv: int = 64,
+    past_hbm_tokens: int = 0,
+    new_hbm_tokens: int = 0,
+) -> Traffic:
+    """Traffic of `proj_attention` (x `[q_len, hidden]`); new_hbm_tokens of the new tokens' cache slots sit
+    in HBM pages (default: all host). RoPE adds no bytes and its FLOPs are not counted."""
+    check_variant("proj_attention", variant, PROJ_VARIANTS)
+    check_tiles(tile_q=tile_q, tile_kv=tile_kv)
+    check(
+        q_len >= 1 and past_len >= 0 and hidden >= 1,
+        f"need q_len >= 1, past_len >= 0, hidden >= 1; got {q_len}, {past_len}, {hidden}",
+    )
+    _check_split("past_hbm_tokens", past_hbm_tokens, past_len)
+    _check_split("new_hbm_tokens", new_hbm_tokens, q_len)
+    heads = _Heads(num_heads, num_kv_heads, head_dim, dtype_bytes)
+    e, q_cols, kv_cols = dtype_bytes, num_heads * head_dim, num_kv_heads * head_dim
+    fused = variant == "fused"
+    attention = _attention(
+        heads, q_len, past_len, past_hbm_tokens, kv_outer=True, causal=causal, tile_q=tile_q,
+        tile_kv=tile_kv, new_kv="projected" if fused else "pages", new_hbm_tokens=new_hbm_tokens,
+    )  # fmt: skip
+    nq, nk = ceil_div(q_len, tile_q), ceil_div(q_len, tile_kv)
+    if fused:  # Q projected per Q tile; K/V per new K/V tile inside the loop: x is read twice
+        weight_reads = nq * q_cols + nk * 2 * kv_cols
+        x_reads = 2 * q_len
+    else:  # one projection kernel: per row tile, x rows once and all three weights
+        weight_reads = nq * (q_cols + 2 * kv_cols)
+        x_reads = q_len
+    projection = Traffic(
+        link_write_bytes=(q_len - new_hbm_tokens) * heads.kv_tok,
+        hbm_read_bytes=(x_reads + weight_reads) * hidden * e,
+        hbm_write_bytes=q_len * heads.row + new_hbm_tokens * heads.kv_tok,
+        flops=2 * q_len * hidden * (q_cols + 2 * kv_cols),
+    )
+    return attention + projection
+
+
+def gemm_traffic(
+    m: int,
+    n: int,
+    k: int,
+    *,
+    dtype_bytes: int,
+    variant: str,
+    b_tier: str = "host",
+    tile_m: int = 128,
+    tile_n: int = 128,
+    tile_k: int = 64,
+) -> Traffic:
+    """Traffic of `gemm`: A `[m, k]` in HBM, B `[k, n]` in b_tier, C `[m, n]` written in A's dtype."""
+    check_variant("gemm", variant, GEMM_VARIANTS)
+    check(b_tier in TIERS, f"unknown b_tier {b_tier!r}; valid: {', '.join(TIERS)}")
+    check_tiles(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k)
+    check(min(m, n, k, dtype_bytes) >= 1, f"need m, n, k, dtype_bytes >= 1; got {m}, {n}, {k}, {dtype_bytes}")
+    e = dtype_bytes
+    b_reads = k * n * e * (ceil_div(m, tile_m) if variant == "naive" else 1)
+    hbm_read = m * k * e * ceil_div(n, tile_n)  # A is re-read for every column of C tiles in both orders
+    hbm_write = m * n * e
+    if variant != "naive":  # float32 partial C written after every k step but the last, read before all but the first
+        partial = (ceil_div(k, tile_k) - 1) * m * n * 4
+        hbm_read += partial
+        hbm_write += partial
+    traffic = Traffic(hbm_read_bytes=hbm_read, hbm_write_bytes=hbm_write, flops=2 * m * n * k)
+    if b_tier == "host":
+        traffic.link_read_bytes += b_reads
+    else:
+        traffic.hbm_read_bytes += b_reads
+    return traffic

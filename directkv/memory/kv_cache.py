@@ -1,0 +1,183 @@
+"""Paged KV cache with two tiers and a budget per tier.
+
+Accounting and storage are separate: the simulation only needs page counts (a 32K-context batch of 24 is
+100 GB it never allocates), while the GPU executor and the tests materialise the pools and read them
+through `PagedKV` views. Block-table entries follow `directkv.kernels.paged`: e >= 0 is host page e,
+e < 0 is HBM page -(e + 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from directkv.errors import ConfigError, KVCapacityError
+from directkv.kernels.paged import PagedKV
+from directkv.memory.arena import HostArena
+from directkv.specs import ModelSpec
+
+TIERS = ("hbm", "host")
+
+
+@dataclass(frozen=True)
+class KVStats:
+    hbm_bytes: int  # bytes of pages held now
+    host_bytes: int
+    hbm_peak_bytes: int
+    host_peak_bytes: int
+    hbm_budget_bytes: int
+    host_budget_bytes: int
+
+
+@dataclass
+class _Seq:
+    tier: str
+    pages: list[int]  # encoded block-table entries
+    length: int = 0  # tokens written
+
+
+class KVCacheManager:
+    """Allocates KV pages per request in one tier, within that tier's budget.
+
+    Parameters
+    ----------
+    model : ModelSpec whose layers/heads set the page shape.
+    page_size : tokens per page.
+    hbm_budget_bytes, host_budget_bytes : capacity of each tier for KV (>= 0).
+    bytes_per_token : KV bytes of one token over all layers; defaults to the model's bf16 size
+        (a compressed cache such as FlexGen's 4-bit one passes its smaller size).
+    materialize : allocate real page pools (host pinned when CUDA is present) so kernels can run.
+    """
+
+    def __init__(self, model: ModelSpec, *, page_size: int = 16, hbm_budget_bytes: float, host_budget_bytes: float,
+                 bytes_per_token: int | None = None, materialize: bool = False, dtype: torch.dtype = torch.bfloat16,
+                 hbm_device: str | torch.device | None = None):
+        if page_size < 1 or page_size & (page_size - 1):
+            raise ConfigError(f"page_size must be a power of two >= 1, got {page_size}")
+        for tier, b in (("hbm", hbm_budget_bytes), ("host", host_budget_bytes)):
+            if b < 0:
+                raise ConfigError(f"{tier} KV budget must be >= 0 bytes, got {b}")
+        self.model = model
+        self.page_size = page_size
+        self.bytes_per_token = int(bytes_per_token or model.kv_bytes_per_token())
+        self.page_bytes = self.page_size * self.bytes_per_token
+        self.budget = {"hbm": int(hbm_budget_bytes), "host": int(host_budget_bytes)}
+        self.capacity_pages = {t: self.budget[t] // self.page_bytes for t in TIERS}
+        self._free = {t: list(range(self.capacity_pages[t] - 1, -1, -1)) if materialize else None for t in TIERS}
+        self._used = {"hbm": 0, "host": 0}
+        self._next = {"hbm": 0, "host": 0}
+        self._peak = {"hbm": 0, "host": 0}
+        self._seqs: dict[int, _Seq] = {}
+        self.arena: HostArena | None = None
+        self.hbm_k = self.hbm_v = None
+        if materialize:
+            self._materialize(dtype, hbm_device)
+
+    # ---- storage ---------------------------------------------------------------------------
+    def _materialize(self, dtype: torch.dtype, hbm_device) -> None:
+        m = self.model
+        self.arena = HostArena.allocate(m, self.capacity_pages["host"], self.page_size, dtype=dtype)
+        dev = hbm_device or ("cuda" if torch.cuda.is_available() else "cpu")
+        shape = (m.num_layers, self.capacity_pages["hbm"], self.page_size, m.num_kv_heads, m.head_dim)
+        self.hbm_k = torch.empty(shape, dtype=dtype, device=dev)
+        self.hbm_v = torch.empty(shape, dtype=dtype, device=dev)
+
+    # ---- page accounting ---------------------------------------------------------------------
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-int(num_tokens) // self.page_size)
+
+    def free_pages(self, tier: str) -> int:
+        return self.capacity_pages[tier] - self._used[tier]
+
+    def can_fit(self, num_tokens: int, tier: str) -> bool:
+        return self.pages_for(num_tokens) <= self.free_pages(tier)
+
+    def could_ever_fit(self, num_tokens: int, tier: str) -> bool:
+        return self.pages_for(num_tokens) <= self.capacity_pages[tier]
+
+    def _take(self, tier: str, n: int) -> list[int]:
+        if n > self.free_pages(tier):
+            raise KVCapacityError(tier, n * self.page_bytes, self.free_pages(tier) * self.page_bytes, self.budget[tier])
+        self._used[tier] += n
+        self._peak[tier] = max(self._peak[tier], self._used[tier])
+        if self._free[tier] is None:  # accounting only: ids are never dereferenced
+            ids = list(range(self._next[tier], self._next[tier] + n))
+            self._next[tier] += n
+        else:
+            ids = [self._free[tier].pop() for _ in range(n)]
+        return ids if tier == "host" else [-(i + 1) for i in ids]
+
+    def reserve(self, req_id: int, num_tokens: int, tier: str) -> None:
+        """Make room for `num_tokens` tokens in total for `req_id` (allocating pages in `tier`)."""
+        if tier not in TIERS:
+            raise ConfigError(f"unknown tier {tier!r}; valid: {', '.join(TIERS)}")
+        seq = self._seqs.setdefault(req_id, _Seq(tier, []))
+        if seq.tier != tier:
+            raise ValueError(f"request {req_id} already holds pages in {seq.tier}, not {tier}")
+        extra = self.pages_for(num_tokens) - len(seq.pages)
+        if extra > 0:
+            try:
+                seq.pages += self._take(tier, extra)
+            except KVCapacityError:
+                if not seq.pages:
+                    del self._seqs[req_id]
+                raise
+
+    def append(self, req_id: int, num_tokens: int) -> None:
+        """Record `num_tokens` new tokens written (prefill chunk or decode step), growing pages if needed."""
+        seq = self._seqs[req_id]
+        self.reserve(req_id, seq.length + num_tokens, seq.tier)
+        seq.length += num_tokens
+
+    def free(self, req_id: int) -> None:
+        seq = self._seqs.pop(req_id, None)
+        if seq is None:
+            return
+        self._used[seq.tier] -= len(seq.pages)
+        if self._free[seq.tier] is not None:
+            self._free[seq.tier].extend(e if e >= 0 else -(e + 1) for e in seq.pages)
+
+    def seq_len(self, req_id: int) -> int:
+        return self._seqs[req_id].length
+
+    def tier_of(self, req_id: int) -> str:
+        return self._seqs[req_id].tier
+
+    def stats(self) -> KVStats:
+        pb = self.page_bytes
+        return KVStats(self._used["hbm"] * pb, self._used["host"] * pb, self._peak["hbm"] * pb, self._peak["host"] * pb,
+                       self.budget["hbm"], self.budget["host"])
+
+    # ---- views and writes (materialised caches only) -----------------------------------------
+    def _need_storage(self) -> None:
+        if self.arena is None:
+            raise RuntimeError("this KV cache is accounting-only (materialize=False)")
+
+    def view(self, layer: int, req_ids: list[int]) -> PagedKV:
+        """PagedKV of one layer for these requests, host pools as zero-copy device views."""
+        self._need_storage()
+        width = max((len(self._seqs[r].pages) for r in req_ids), default=0) or 1
+        table = torch.zeros((len(req_ids), width), dtype=torch.int32)
+        for i, r in enumerate(req_ids):
+            pages = self._seqs[r].pages
+            table[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        lens = torch.tensor([self._seqs[r].length for r in req_ids], dtype=torch.int32)
+        dev = self.hbm_k.device
+        return PagedKV(self.arena.k_view[layer], self.arena.v_view[layer], self.hbm_k[layer], self.hbm_v[layer],
+                       table.to(dev), lens.to(dev))
+
+    def write(self, layer: int, req_id: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K/V `[n, num_kv_heads, head_dim]` at token positions start..start+n-1 (pages must be reserved)."""
+        self._need_storage()
+        seq = self._seqs[req_id]
+        p = start
+        while p < start + k.shape[0]:
+            entry = seq.pages[p // self.page_size]
+            off = p % self.page_size
+            n = min(self.page_size - off, start + k.shape[0] - p)
+            kp, vp = (self.arena.k_view, self.arena.v_view) if entry >= 0 else (self.hbm_k, self.hbm_v)
+            idx = entry if entry >= 0 else -(entry + 1)
+            kp[layer, idx, off : off + n] = k[p - start : p - start + n]
+            vp[layer, idx, off : off + n] = v[p - start : p - start + n]
+            p += n

@@ -1,0 +1,126 @@
+"""The one results writer: `results.parquet` (one tidy row per point) and `manifest.json` per run.
+
+Rows are written after every point (atomically), so a sweep that dies keeps what it finished, and
+a sweep that is re-run with the same run directory can skip points already done.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from directkv.errors import ConfigError
+
+REQUIRED = ("exp", "system", "variant", "model", "hardware", "mode", "status")
+STANDARD = ("context_len", "rate", "time_ms", "tpot_ms", "ttft_ms", "gpu_mem_gb", "host_pinned_gb",
+            "link_read_bytes", "link_write_bytes", "kv_bytes")
+MODES = ("measured", "simulated", "projected")
+STATUSES = ("ok", "oom", "error")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10, cwd=REPO).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def environment() -> dict:
+    """Provenance of this process: code version, host, accelerator and library versions."""
+    import torch
+
+    env = {
+        "git_sha": _run(["git", "rev-parse", "HEAD"]) or "unknown",
+        "git_dirty": bool(_run(["git", "status", "--porcelain", "--untracked-files=no"])),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none",
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+        "driver": "none",
+    }
+    if torch.cuda.is_available():
+        env["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) or "unknown"
+    return env
+
+
+class ResultsWriter:
+    """Collects rows of one run into `run_dir/results.parquet` and keeps `run_dir/manifest.json` current."""
+
+    def __init__(self, run_dir: str | Path, *, exp: str, config: dict, extra: dict | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "results.parquet"
+        self.rows: list[dict] = pd.read_parquet(self.path).to_dict("records") if self.path.exists() else []
+        self.manifest = {
+            "exp": exp,
+            "run_id": self.run_dir.name,
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "finished_at": None,
+            "config": config,
+            **environment(),
+            **(extra or {}),
+        }
+        self._write_manifest()
+
+    def done(self, **key) -> bool:
+        """True if a row with these column values and status ok/oom exists (resume skips it)."""
+        return any(r.get("status") in ("ok", "oom") and all(_same(r.get(k), v) for k, v in key.items())
+                   for r in self.rows)
+
+    def add(self, row: dict) -> dict:
+        missing = [k for k in REQUIRED if k not in row]
+        if missing:
+            raise ValueError(f"result row lacks {missing}")
+        if row["mode"] not in MODES or row["status"] not in STATUSES:
+            raise ValueError(f"row mode {row['mode']!r} / status {row['status']!r}; valid: {MODES} / {STATUSES}")
+        full = {k: float("nan") for k in STANDARD} | {"error": ""} | row
+        self.rows.append(full)
+        tmp = self.path.with_suffix(".parquet.tmp")
+        pd.DataFrame(self.rows).to_parquet(tmp, index=False)
+        os.replace(tmp, self.path)
+        return full
+
+    def finish(self, **extra) -> Path:
+        modes = sorted({r["mode"] for r in self.rows})
+        self.manifest.update(
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            mode=modes[0] if len(modes) == 1 else ("mixed" if modes else "none"),
+            rows=len(self.rows),
+            statuses={s: sum(r["status"] == s for r in self.rows) for s in STATUSES},
+            **extra,
+        )
+        self._write_manifest()
+        return self.path
+
+    def _write_manifest(self) -> None:
+        tmp = self.run_dir / "manifest.json.tmp"
+        tmp.write_text(json.dumps(self.manifest, indent=2, default=str))
+        os.replace(tmp, self.run_dir / "manifest.json")
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def load_results(run_dir: str | Path) -> tuple[pd.DataFrame, dict]:
+    run_dir = Path(run_dir)
+    path = run_dir / "results.parquet"
+    if not path.exists():
+        raise ConfigError(f"no results.parquet in {run_dir}")
+    manifest = json.loads((run_dir / "manifest.json").read_text()) if (run_dir / "manifest.json").exists() else {}
+    return pd.read_parquet(path), manifest

@@ -1,0 +1,94 @@
+"""What every experiment needs from the config: specs, budgets, system policies, device, progress, rows."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from directkv.costmodel import CostModel, mode_for
+from directkv.engine.scheduler import SchedulerConfig
+from directkv.engine.sim_executor import MemoryConfig
+from directkv.engine.systems import SystemPolicy
+from directkv.errors import ConfigError, check
+from directkv.specs import HardwareSpec, ModelSpec, get_hardware, get_model
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Setup:
+    model: ModelSpec
+    hw: HardwareSpec
+    cm: CostModel
+    mem: MemoryConfig
+    sched: SchedulerConfig
+    device: str  # "cpu" (simulate) or "cuda" (measure)
+    sim_mode: str  # label of simulated rows on this hardware: simulated | projected
+
+
+def resolve_device(requested: str) -> str:
+    if requested not in DEVICES:
+        raise ConfigError(f"unknown device {requested!r}; valid: {', '.join(DEVICES)}")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but no CUDA GPU is visible; use device=auto or device=cpu to simulate")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def budgets(cfg: DictConfig, hw: HardwareSpec) -> tuple[float, float]:
+    """(HBM budget, host budget) in bytes, validated against the hardware."""
+    hbm_gb = cfg.hardware.get("hbm_budget_gb")
+    host_gb = cfg.hardware.get("host_budget_gb")
+    hbm_gb = hw.hbm_gb if hbm_gb is None else float(hbm_gb)
+    host_gb = 0.9 * hw.host_mem_gb if host_gb is None else float(host_gb)
+    check(0 < hbm_gb <= hw.hbm_gb, f"hardware.hbm_budget_gb must be in (0, {hw.hbm_gb}] for {hw.name}, got {hbm_gb}")
+    check(0 <= host_gb <= hw.host_mem_gb,
+          f"hardware.host_budget_gb must be in [0, {hw.host_mem_gb}] for {hw.name}, got {host_gb}")
+    return hbm_gb * 1e9, host_gb * 1e9
+
+
+def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
+    model = get_model(cfg.model.name)
+    hw = get_hardware(hardware or cfg.hardware.name)
+    hbm, host = budgets(cfg, hw) if hardware is None else (hw.hbm_bytes, 0.9 * hw.host_mem_gb * 1e9)
+    overhead = float(cfg.memory.runtime_overhead_gb)
+    check(overhead >= 0, f"memory.runtime_overhead_gb must be >= 0, got {overhead}")
+    mem = MemoryConfig(hbm, host, overhead * 1e9, int(cfg.memory.page_size))
+    sched = SchedulerConfig(int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_batched_tokens))
+    return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, resolve_device(cfg.device), mode_for(hw))
+
+
+def policies(cfg: DictConfig) -> list[SystemPolicy]:
+    names = list(cfg.system.names)
+    check(len(names) > 0, "system.names is empty; valid: directkv, hbm, swap, cpu_attn, flexgen")
+    variant = str(cfg.system.get("directkv_variant", "tiled"))
+    return [SystemPolicy(n, variant if n == "directkv" else "") for n in names]
+
+
+def check_context(model: ModelSpec, context: int) -> None:
+    check(int(context) >= 1, f"context length must be >= 1, got {context}")
+    check(int(context) <= model.max_context,
+          f"context length {context} exceeds {model.name}'s limit of {model.max_context} tokens")
+
+
+def check_rate(rate: float) -> None:
+    check(isinstance(rate, (int, float)) and rate > 0 and not math.isnan(rate), f"rate must be > 0 req/s, got {rate}")
+
+
+def progress(cfg: DictConfig, items: list, desc: str):
+    return tqdm(items, desc=desc, disable=not cfg.get("progress", True), unit="pt", dynamic_ncols=True)
+
+
+def base_row(cfg: DictConfig, s: Setup, *, system: str, variant: str = "", mode: str | None = None,
+             hardware: str | None = None) -> dict:
+    return {"exp": cfg.exp_name, "system": system, "variant": variant, "model": s.model.name,
+            "hardware": hardware or s.hw.name, "mode": mode or s.sim_mode, "status": "ok"}
+
+
+def plain(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)

@@ -1,0 +1,60 @@
+"""Fig. 2/5: C = A·B with B in pinned host memory (the paper's motivating case study).
+
+Simulated: traffic from the closed forms, time from the cost model. The tiled kernel without a producer
+warp alternates loading a stationary B tile and computing on it, so its link and compute times add; the
+pipelined kernel prefetches the next B tile while computing, so they overlap (max). With a GPU
+(device=cuda) the CUDA kernels and cuBLAS anchors are measured in one run.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from directkv.engine.step_traffic import to_hbm
+from directkv.errors import check
+from directkv.kernels import traffic_model as tm
+from directkv.results import ResultsWriter
+from experiments.common import Setup, base_row, progress, setup
+
+VARIANTS = ("naive", "tiled", "pipelined")
+DTYPE_BYTES = 2  # fp16
+
+
+def simulated_rows(cfg: DictConfig, s: Setup, n: int) -> list[dict]:
+    tiles = dict(tile_m=int(cfg.tile_m), tile_n=int(cfg.tile_n), tile_k=int(cfg.tile_k))
+    b_bytes = n * n * DTYPE_BYTES
+    shape = {"op": "gemm", "m": n, "n": n, "k": n, "kv_bytes": float(b_bytes),
+             "floor_ms": b_bytes / (s.hw.link_ce_h2d_gbps * 1e9) * 1e3}
+    rows = []
+    for v in cfg.variants:
+        t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant=v, **tiles)
+        terms = s.cm.terms(t, link="sm", flops_kind="matmul")
+        on_chip = max(terms["hbm"], terms["compute"])
+        overlap = v != "tiled"  # naive: many CTAs in flight hide each other; tiled: load, then compute
+        ms = (max(terms["link_read"], on_chip) if overlap else terms["link_read"] + on_chip) * 1e3
+        rows.append(base_row(cfg, s, system="directkv", variant=v) | shape | {
+            "time_ms": ms, "link_read_bytes": float(t.link_read_bytes), "hbm_read_bytes": float(t.hbm_read_bytes),
+            "hbm_write_bytes": float(t.hbm_write_bytes), "flops": float(t.flops)})
+    t_hbm = to_hbm(tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant="tiled", **tiles))
+    rows.append(base_row(cfg, s, system="anchor", variant="cublas_hbm") | shape | {
+        "time_ms": s.cm.time(t_hbm, flops_kind="matmul") * 1e3, "link_read_bytes": 0.0})
+    return rows
+
+
+def run(cfg: DictConfig, writer: ResultsWriter) -> None:
+    s = setup(cfg)
+    for v in cfg.variants:
+        check(v in VARIANTS, f"unknown gemm variant {v!r}; valid: {', '.join(VARIANTS)}")
+    for n in cfg.sizes:
+        check(int(n) >= 1, f"gemm size must be >= 1, got {n}")
+    for n in progress(cfg, [int(n) for n in cfg.sizes], "gemm_case_study"):
+        if writer.done(m=n):
+            continue
+        if s.device == "cuda":
+            from experiments import kernel_bench
+
+            rows = kernel_bench.measure_gemm(cfg, s, n)
+        else:
+            rows = simulated_rows(cfg, s, n)
+        for r in rows:
+            writer.add(r)

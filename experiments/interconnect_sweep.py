@@ -1,0 +1,34 @@
+"""Fig. 14: the same attention work over PCIe Gen5 (H200) and NVLink-C2C (GH200), from the cost model.
+
+Rows on the H200 spec are `simulated` (its ceilings were measured here); GH200 rows are `projected`.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from directkv.errors import check
+from directkv.results import ResultsWriter
+from experiments.common import base_row, check_context, progress, setup
+from experiments.kernel_ablation import variant_traffic
+
+OPS = ("decode", "prefill")
+
+
+def run(cfg: DictConfig, writer: ResultsWriter) -> None:
+    setups = {hw: setup(cfg, hardware=hw) for hw in cfg.hardwares}
+    for op in cfg.ops:
+        check(op in OPS, f"unknown op {op!r}; valid: {', '.join(OPS)}")
+    pts = [(hw, op, v, int(c)) for hw in cfg.hardwares for op in cfg.ops for v in cfg.variants for c in cfg.contexts]
+    for hw, op, v, ctx in progress(cfg, pts, "interconnect_sweep"):
+        s = setups[hw]
+        check_context(s.model, ctx)
+        q_len, batch = (1, int(cfg.decode_batch)) if op == "decode" else (int(cfg.prefill_q_len), 1)
+        t = variant_traffic(op, v, s, ctx=ctx, q_len=q_len, batch=batch, dtype_bytes=s.model.dtype_bytes,
+                            tile_q=int(cfg.tile_q), tile_kv=int(cfg.tile_kv))
+        ms = s.cm.time(t, link="sm") * 1e3
+        writer.add(base_row(cfg, s, system="directkv", variant=v, hardware=hw) | {
+            "op": op, "context_len": float(ctx), "q_len": q_len, "batch": batch, "time_ms": ms,
+            "link_read_bytes": float(t.link_read_bytes), "link_write_bytes": float(t.link_write_bytes),
+            "kv_bytes": float(batch * ctx * s.model.kv_bytes_per_token_per_layer()),
+            "interconnect": s.hw.interconnect, "bound": s.cm.bound(t, link="sm")})

@@ -1,0 +1,107 @@
+"""Entry point: `python -m experiments.run +exp=NAME [overrides]` (Hydra; `-m` for multirun).
+
+Bad names and values end in one line on stderr and exit code 2, before or inside Hydra, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from directkv.errors import ConfigError
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = ("exp", "model", "hardware", "system", "workload")
+SERVING = ("context_sweep", "rate_sweep")  # measured serving needs the GPU executor (not built yet)
+log = logging.getLogger("directkv")
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def check_argv(argv: list[str]) -> None:
+    """Validate config-group choices up front so a typo gets one line listing the valid names."""
+    chosen_exp = False
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, value = arg.lstrip("+~").split("=", 1)
+        if key not in GROUPS:
+            continue
+        chosen_exp |= key == "exp"
+        valid = group_options(key)
+        for v in value.split(","):
+            if v not in valid:
+                raise ConfigError(f"unknown {key} {v!r}; valid: {', '.join(valid)}")
+    if not chosen_exp and not any(a in ("--help", "-h", "--cfg", "-c", "--info") for a in argv):
+        raise ConfigError(f"choose an experiment with +exp=NAME; valid: {', '.join(group_options('exp'))}")
+
+
+def _experiment(name: str):
+    valid = group_options("exp")
+    if name not in valid:
+        raise ConfigError(f"unknown exp {name!r}; valid: {', '.join(valid)}")
+    return importlib.import_module(f"experiments.{name}")
+
+
+def run_experiment(cfg: DictConfig, run_dir: Path) -> Path:
+    """Run one configured experiment into `run_dir`; returns the results path. Raises ConfigError."""
+    from directkv.results import ResultsWriter
+    from experiments.common import plain, resolve_device
+
+    module = _experiment(cfg.exp_name)
+    device = resolve_device(cfg.device)
+    extra = {"device": device}
+    if cfg.exp_name in SERVING and device == "cuda":
+        if cfg.device == "cuda":
+            raise ConfigError(f"device=cuda for {cfg.exp_name} needs the GPU serving executor, which is not "
+                              "implemented yet; use device=cpu for the calibrated simulation")
+        extra["note"] = "GPU present but the GPU serving executor is not implemented yet: simulated"
+        log.warning(extra["note"])
+    writer = ResultsWriter(run_dir, exp=cfg.exp_name, config=plain(cfg), extra=extra)
+    module.run(cfg, writer)
+    path = writer.finish()
+    if cfg.get("render", True):
+        from plots.render import render_run
+
+        for fig in render_run(run_dir):
+            log.info("figure: %s", fig)
+    return path
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        path = run_experiment(cfg, run_dir)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"results: {path}")
+    _print_summary(path)
+
+
+def _print_summary(path: Path) -> None:
+    import pandas as pd
+
+    df = pd.read_parquet(path)
+    cols = [c for c in ("system", "variant", "op", "dataset", "context_len", "rate", "mode", "status", "tpot_ms",
+                        "time_ms", "gpu_mem_gb") if c in df.columns and df[c].notna().any()]
+    with pd.option_context("display.width", 160, "display.max_rows", 60, "display.float_format", "{:.3g}".format):
+        print(df[cols].to_string(index=False))
+
+
+if __name__ == "__main__":
+    try:
+        check_argv(sys.argv[1:])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    main()

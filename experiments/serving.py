@@ -1,0 +1,52 @@
+"""Shared serving-point runner for the context and rate sweeps: one (workload, system) point -> one row."""
+
+from __future__ import annotations
+
+from directkv.engine.sim_executor import SimResult, kv_budgets, simulate
+from directkv.engine.systems import SystemPolicy
+from directkv.errors import KVCapacityError
+from experiments.common import Setup
+from workloads.request import Request
+
+METRIC_KEYS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+               "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms",
+               "request_throughput", "output_throughput", "total_token_throughput", "completed", "num_oom",
+               "duration_s")
+
+
+def batch_fits(policy: SystemPolicy, s: Setup, requests: list[Request]) -> str:
+    """'' if every request's KV fits its tier at once, else why not (the paper's fixed-batch OOM)."""
+    hbm, host = kv_budgets(policy, s.model, s.mem, s.sched)
+    budget = hbm if policy.kv_tier == "hbm" else host
+    need = sum(r.prompt_len + r.output_len for r in requests) * policy.kv_bytes_per_token(s.model)
+    if need > budget:
+        return (f"batch KV {need / 1e9:.1f} GB exceeds the {policy.kv_tier} KV budget {budget / 1e9:.1f} GB")
+    return ""
+
+
+def serve_point(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, whole_batch: bool) -> dict:
+    """Simulate one point and fill `row` with metrics, memory and traffic; OOM becomes status=oom."""
+    row = dict(row, num_requests=len(requests))
+    try:
+        why = batch_fits(policy, s, requests) if whole_batch else ""
+        if why:
+            return row | {"status": "oom", "error": why}
+        res: SimResult = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched)
+    except KVCapacityError as e:
+        return row | {"status": "oom", "error": str(e)}
+    m = res.metrics
+    status = "ok" if m["completed"] else "oom"
+    return row | {k: m[k] for k in METRIC_KEYS} | {
+        "status": status,
+        "error": "" if status == "ok" else f"{m['num_oom']} request(s) can never fit the KV budget",
+        "tpot_ms": m["mean_tpot_ms"],
+        "ttft_ms": m["mean_ttft_ms"],
+        "time_ms": res.duration_s * 1e3,
+        "gpu_mem_gb": res.gpu_mem_bytes / 1e9,
+        "host_pinned_gb": res.host_pinned_bytes / 1e9,
+        "kv_bytes": float(res.kv_bytes),
+        "link_read_bytes": float(res.traffic.link_read_bytes),
+        "link_write_bytes": float(res.traffic.link_write_bytes),
+        "hbm_budget_gb": s.mem.hbm_budget_bytes / 1e9,
+        "steps": res.steps,
+    }

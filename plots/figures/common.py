@@ -1,0 +1,72 @@
+"""Splitting rows into panels and series, and finishing a figure; used by every figure module."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from plots.marks import Series
+from plots.style import (
+    ANCHOR_VARIANTS,
+    figure_title,
+    hardware_label,
+    system_label,
+    system_rank,
+    system_style,
+    variant_colour,
+    variant_label,
+)
+
+
+def panel_groups(df: pd.DataFrame, keys: Sequence[str]) -> list[tuple[str, pd.DataFrame]]:
+    """Rows split by the `keys` (e.g. model, hardware) that take several values.
+
+    Returns
+    -------
+    [(caption, rows)] in sorted key order; the caption names every key constant within the rows
+    (so a single-model figure still says which model it shows).
+    """
+    varying = [k for k in keys if k in df.columns and df[k].nunique(dropna=False) > 1]
+    if not varying:
+        return [(_caption(df, keys), df)]
+    return [(_caption(rows, keys), rows) for _, rows in df.groupby(varying, sort=True, dropna=False)]
+
+
+def _caption(rows: pd.DataFrame, keys: Sequence[str]) -> str:
+    """"llama-3.1-8b, H200 (PCIe5)": the value of each key that is constant in `rows`."""
+    parts = []
+    for k in keys:
+        if k in rows.columns and rows[k].nunique(dropna=True) == 1:
+            v = str(rows[k].dropna().iloc[0])
+            parts.append(hardware_label(v) if k == "hardware" else v)
+    return ", ".join(p for p in parts if p)
+
+
+def system_series(rows: pd.DataFrame) -> list[Series]:
+    """One Series per (system, variant), in legend order (DirectKV first)."""
+    keys = sorted(
+        rows.groupby(["system", "variant"]).groups, key=lambda sv: (system_rank(sv[0]), sv[0], sv[1])
+    )
+    return [
+        Series(system_label(sys_, var), rows[(rows["system"] == sys_) & (rows["variant"] == var)],
+               system_style(sys_, var))
+        for sys_, var in keys
+    ]
+
+
+def bar_style(variant: str) -> dict[str, Any]:
+    """Bar kwargs of a kernel variant; library/baseline anchors are hatched."""
+    style: dict[str, Any] = {"label": variant_label(variant), "color": variant_colour(variant)}
+    if variant in ANCHOR_VARIANTS:
+        style["hatch"] = "///"
+    return style
+
+
+def finish(fig: Figure, what: str, rows: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
+    """Suptitle with the mode of `rows`, then tight_layout."""
+    fig.suptitle(figure_title(what, rows["mode"], manifest))
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,86 @@
+"""Figs. 12 and 13: per kernel variant, link re-read factor (12) and kernel time (13), one panel per op.
+
+Groups on the x axis are context lengths; q_len, batch, model or hardware are added to the group
+label only when they vary within an op, so a plain sweep keeps short "16K"-style labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from plots.figures.common import bar_style, finish
+from plots.load import require_columns
+from plots.marks import draw_grouped_bars, label_groups, new_figure, no_data, outside_legend
+from plots.style import context_label, op_label, op_rank, variant_rank
+
+COLUMNS = ("op", "variant", "context_len", "time_ms", "link_read_bytes", "kv_bytes")
+GROUP_EXTRAS = ("q_len", "batch", "model", "hardware")
+
+
+def _op_panels(
+    df: pd.DataFrame,
+    value: str,
+    ylabel: str,
+    what: str,
+    logy: bool,
+    fmt: Callable[[float], str] | None,
+    floor: str | None,
+) -> tuple[Figure, list[Line2D]]:
+    """One bar panel per op of `value` per variant per context; returns the figure and extra legend
+    handles (the floor mark, if drawn)."""
+    ops = sorted(df["op"].astype(str).unique(), key=lambda o: (op_rank(o), o))
+    panels = []
+    for op in ops:
+        rows, groups = label_groups(df[df["op"] == op], ["context_len"],
+                                    lambda d: d["context_len"].map(context_label), GROUP_EXTRAS)
+        variants = sorted(rows["variant"].unique(), key=lambda v: (variant_rank(v), v))
+        panels.append((op, rows, groups, variants))
+    widths = [max(3.4, 0.17 * len(g) * len(v) + 1.2) for _, _, g, v in panels]
+    fig, axes = new_figure(1, len(panels), 1.0, 3.6)
+    fig.set_figwidth(sum(widths) + 2.2)  # room for the legend on the right
+    extra: list[Line2D] = []
+    for ax, (op, rows, groups, variants) in zip(axes[0], panels, strict=True):
+        ax.set_title(op_label(op))
+        if not rows[value].notna().any():
+            no_data(ax, f"{what} values")
+            continue
+        if draw_grouped_bars(ax, rows, "group", groups, variants, value, bar_style, logy, fmt, floor) and not extra:
+            extra.append(Line2D([], [], color="black", ls="--", lw=1.2, label="link floor (bytes / link BW)"))
+        ax.set_xlabel("Context length (tokens)")
+        ax.set_ylabel(ylabel)
+    outside_legend(axes[0, -1], list(axes.flat), extra)
+    return fig, extra
+
+
+def fig12_reread(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
+    """Re-read factor = link_read_bytes / kv_bytes per variant and context, one panel per op.
+
+    A factor of 1 means each KV byte crossed the link once; naive zero-copy prefill re-reads KV
+    once per query tile. Rows with no kv_bytes have no factor and are left out.
+    """
+    require_columns(df, COLUMNS, "kernel_ablation")
+    rows = df.copy()
+    kv = pd.to_numeric(rows["kv_bytes"], errors="coerce")
+    rows["reread"] = pd.to_numeric(rows["link_read_bytes"], errors="coerce") / kv.where(kv > 0)
+    fig, _ = _op_panels(rows, "reread", "Link bytes read / KV bytes (x)", "link-byte", False,
+                        lambda v: f"{v:.1f}x", None)
+    for ax in fig.axes:
+        if ax.has_data():
+            ax.axhline(1.0, color="#555555", ls=":", lw=1.0, zorder=0)
+    return finish(fig, "Fig. 12: KV re-read factor over the CPU-GPU link", df, manifest)
+
+
+def fig13_kernel_time(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
+    """Kernel time per variant and context (log y), one panel per op; `floor_ms` (bytes over the
+    link / link bandwidth) as a dashed mark on each bar where present."""
+    require_columns(df, COLUMNS, "kernel_ablation")
+    has_floor = "floor_ms" in df.columns and np.isfinite(pd.to_numeric(df["floor_ms"], errors="coerce")).any()
+    fig, _ = _op_panels(df, "time_ms", "Kernel time (ms, log scale)", "time", True, None,
+                        "floor_ms" if has_floor else None)
+    return finish(fig, "Fig. 13: kernel time per variant", df, manifest)
