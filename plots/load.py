@@ -51,7 +51,10 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
         raise ConfigError(f"{str(manifest_path)!r} is not valid JSON: {e}") from None
     if not isinstance(manifest, dict):
         raise ConfigError(f"{str(manifest_path)!r} must hold a JSON object, got {type(manifest).__name__}")
-    df = pd.read_parquet(results)
+    try:
+        df = pd.read_parquet(results)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise ConfigError(f"cannot read {str(results)!r}: {str(e).splitlines()[0]}") from None
     if df.empty:
         raise ConfigError(f"{str(results)!r} has no rows")
     require_columns(df, COMMON_COLUMNS, str(results))
@@ -70,7 +73,9 @@ def run_exp(df: pd.DataFrame, manifest: Mapping[str, Any], where: str) -> str:
     name = manifest.get("exp")
     if name is None:
         if len(in_rows) != 1:
-            raise ConfigError(f"{where}: manifest has no 'exp' and rows name {in_rows or 'none'}; need exactly one")
+            raise ConfigError(
+                f"{where}: manifest has no 'exp' and rows name {in_rows or 'none'}; need exactly one"
+            )
         return in_rows[0]
     if in_rows and in_rows != [name]:
         raise ConfigError(f"{where}: manifest exp {name!r} but rows name {in_rows}")
@@ -80,7 +85,9 @@ def run_exp(df: pd.DataFrame, manifest: Mapping[str, Any], where: str) -> str:
 def require_columns(df: pd.DataFrame, columns: Iterable[str], where: str) -> None:
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise ConfigError(f"{where}: missing column(s) {', '.join(missing)}; present: {', '.join(df.columns)}")
+        raise ConfigError(
+            f"{where}: missing column(s) {', '.join(missing)}; present: {', '.join(df.columns)}"
+        )
 
 
 def _check_values(df: pd.DataFrame, column: str, valid: Iterable[str], where: str) -> None:

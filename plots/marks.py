@@ -16,11 +16,12 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FixedLocator, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from plots.style import context_label
 
 FAIL_STYLE = {"oom": ("OOM", "#D62728"), "error": ("ERR", "#555555")}  # status -> (text, marker colour)
+FAIL_LEGEND = {"oom": "OOM (out of memory)", "error": "ERR (run failed)"}
 _STACK_STEP = 0.065  # axes fraction between stacked failure markers at one x
 _AUTO_LOG_RATIO = 30.0  # latency spread beyond which a linear axis hides the fast systems
 
@@ -34,9 +35,12 @@ class Series:
     style: dict = field(default_factory=dict)
 
 
-def new_figure(nrows: int, ncols: int, panel_w: float, panel_h: float) -> tuple[Figure, np.ndarray]:
-    """A Figure on an Agg canvas and its axes as a 2-D array [nrows, ncols]."""
-    fig = Figure(figsize=(panel_w * ncols, panel_h * nrows))
+def new_figure(
+    nrows: int, ncols: int, panel_w: float, panel_h: float, legend_w: float = 2.6
+) -> tuple[Figure, np.ndarray]:
+    """A Figure on an Agg canvas and its axes as a 2-D array [nrows, ncols]; `legend_w` inches are
+    added on the right for the outside legend so the panels keep their width."""
+    fig = Figure(figsize=(panel_w * ncols + legend_w, panel_h * nrows + 0.5))
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     return fig, axes
@@ -61,8 +65,32 @@ def reserve_top(ax: Axes, data_max: float, data_min: float, frac: float) -> None
         lo = math.log10(data_min) - 0.1 * max(math.log10(data_max / data_min), 0.3)
         hi = lo + (math.log10(data_max) - lo) / (1.0 - frac)
         ax.set_ylim(10**lo, 10**hi)
+        _plain_log_labels(ax, hi - lo)
     else:
         ax.set_ylim(0.0, data_max / (1.0 - frac))
+
+
+def reserve_bottom(ax: Axes, frac: float) -> None:
+    """Lower the y limit so the bottom `frac` of the axes is free of data (for a row of labels)."""
+    lo, hi = ax.get_ylim()
+    if ax.get_yscale() == "log":
+        span = math.log10(hi / lo)
+        ax.set_ylim(lo / 10 ** (span * frac / (1.0 - frac)), hi)
+        _plain_log_labels(ax, span / (1.0 - frac))
+    else:
+        ax.set_ylim(lo - (hi - lo) * frac / (1.0 - frac), hi)
+
+
+def _plain_log_labels(ax: Axes, decades: float) -> None:
+    """Log y ticks as plain numbers (0.1, 1, 10) rather than 10^k; on a short range also label the
+    2x and 5x minor ticks so the axis carries more than one number."""
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    if decades < 1.6:
+        ax.yaxis.set_minor_formatter(
+            FuncFormatter(
+                lambda v, _: f"{v:g}" if round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""
+            )
+        )
 
 
 def draw_lines(
@@ -98,8 +126,8 @@ def draw_lines(
         for xv, status in sorted(set(zip(failed[x].astype(float), failed["status"], strict=True))):
             if xv not in pts.index:
                 failures.setdefault(xv, []).append((status, s.style.get("color", "black")))
-                if not len(pts):  # keep the series in the legend even if it never succeeded
-                    ax.plot([], [], label=s.label, lw=1.6, ms=5, **s.style)
+        if not len(pts) and len(failed):  # keep the series in the legend even if it never succeeded
+            ax.plot([], [], label=s.label, lw=1.6, ms=5, **s.style)
     for value, label in ref_lines:
         ax.axhline(value, color="#555555", ls="--", lw=1.1, label=label)
     positive = [v for v in values if np.isfinite(v) and v > 0]
@@ -109,29 +137,50 @@ def draw_lines(
     depth = max((len(v) for v in failures.values()), default=0)
     if positive:
         reserve_top(ax, max(positive), min(positive), 0.08 + depth * _STACK_STEP)
-    _draw_failures(ax, failures)
+    x_right = max((float(v) for s in series for v in s.rows[x].dropna()), default=None)
+    _draw_failures(ax, failures, x_right)
     return {status for marks in failures.values() for status, _ in marks}
 
 
-def _draw_failures(ax: Axes, failures: dict[float, list[tuple[str, str]]]) -> None:
+def _draw_failures(ax: Axes, failures: dict[float, list[tuple[str, str]]], x_right: float | None) -> None:
     """Stacked markers at the top of the axes (x in data, y in axes coordinates); the text takes the
-    failing series' colour so one can tell which system failed."""
+    failing series' colour so one can tell which system failed. At the rightmost x of the panel the
+    text goes left of the marker, so it never runs into the legend beside the axes."""
     trans = ax.get_xaxis_transform()
-    x_max = max(failures, default=None)
     for xv, marks in failures.items():
         for i, (status, colour) in enumerate(marks):
             text, marker_colour = FAIL_STYLE[status]
             yv = 0.96 - i * _STACK_STEP
-            ax.plot([xv], [yv], transform=trans, marker="x", color=marker_colour, ms=7, mew=2, ls="none", clip_on=False)
-            right = xv == x_max and len(failures) > 1
-            ax.annotate(text, (xv, yv), xycoords=trans, xytext=(-6 if right else 6, 0), textcoords="offset points",
-                        ha="right" if right else "left", va="center", fontsize=7, color=colour, fontweight="bold")
+            ax.plot(
+                [xv],
+                [yv],
+                transform=trans,
+                marker="x",
+                color=marker_colour,
+                ms=7,
+                mew=2,
+                ls="none",
+                clip_on=False,
+            )
+            right = xv == x_right
+            ax.annotate(
+                text,
+                (xv, yv),
+                xycoords=trans,
+                xytext=(-6 if right else 6, 0),
+                textcoords="offset points",
+                ha="right" if right else "left",
+                va="center",
+                fontsize=7,
+                color=colour,
+                fontweight="bold",
+            )
 
 
 def failure_handles(statuses: set[str]) -> list[Line2D]:
     """Legend proxies for the failure markers that were drawn."""
     return [
-        Line2D([], [], marker="x", color=FAIL_STYLE[s][1], mew=2, ls="none", label=f"{FAIL_STYLE[s][0]} ({s})")
+        Line2D([], [], marker="x", color=FAIL_STYLE[s][1], mew=2, ls="none", label=FAIL_LEGEND[s])
         for s in ("oom", "error")
         if s in statuses
     ]
@@ -146,7 +195,9 @@ def outside_legend(anchor: Axes, sources: Sequence[Axes], extra: Sequence[Line2D
     for handle in extra:
         seen.setdefault(handle.get_label(), handle)
     if seen:
-        anchor.legend(list(seen.values()), list(seen), loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+        anchor.legend(
+            list(seen.values()), list(seen), loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False
+        )
 
 
 def label_groups(
@@ -223,8 +274,16 @@ def draw_grouped_bars(
             if np.isfinite(v):
                 heights.append(v)
                 if fmt:
-                    ax.annotate(fmt(v), (xv, v), xytext=(0, 2), textcoords="offset points", ha="center",
-                                va="bottom", fontsize=6.5 if n_bars > 8 else 7, rotation=90 if n_bars > 8 else 0)
+                    ax.annotate(
+                        fmt(v),
+                        (xv, v),
+                        xytext=(0, 2),
+                        textcoords="offset points",
+                        ha="center",
+                        va="bottom",
+                        fontsize=6.5 if n_bars > 8 else 7,
+                        rotation=90 if n_bars > 8 else 0,
+                    )
                 fv = floors.get((g, variant), np.nan)
                 if np.isfinite(fv) and fv > 0:
                     ax.hlines(fv, xv - width / 2, xv + width / 2, colors="black", linestyles="--", lw=1.2)
@@ -232,8 +291,17 @@ def draw_grouped_bars(
                     drew_floor = True
             elif (g, variant) in failed.index:
                 note, colour = FAIL_STYLE[failed[(g, variant)]]
-                ax.annotate(note, (xv, 0.02), xycoords=ax.get_xaxis_transform(), ha="center", va="bottom",
-                            rotation=90, fontsize=6.5, color=colour, fontweight="bold")
+                ax.annotate(
+                    note,
+                    (xv, 0.02),
+                    xycoords=ax.get_xaxis_transform(),
+                    ha="center",
+                    va="bottom",
+                    rotation=90,
+                    fontsize=6.5,
+                    color=colour,
+                    fontweight="bold",
+                )
     ax.set_xticks(np.arange(len(groups)))
     ax.set_xticklabels(groups)
     ax.grid(axis="x", visible=False)

@@ -62,7 +62,11 @@ HARDWARE_LABELS = {
     "gh200-c2c": "GH200 (NVLink-C2C)",
 }
 DATASET_LABELS = {"sharegpt": "ShareGPT", "alpaca": "Alpaca"}
-OP_LABELS = {"decode": "Decode attention", "prefill": "Prefill attention", "proj_attention": "K/V projection + attention"}
+OP_LABELS = {
+    "decode": "Decode attention",
+    "prefill": "Prefill attention",
+    "proj_attention": "K/V projection + attention",
+}
 
 _FALLBACK_COLOURS = ("#1F77B4", "#FF7F0E", "#2CA02C", "#9467BD", "#17BECF", "#BCBD22", "#7F7F7F")
 _FALLBACK_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
@@ -88,7 +92,10 @@ def system_style(system: str, variant: str = "") -> dict[str, str]:
         if system == "directkv":
             colour = DIRECTKV_SHADES.get(variant, colour)
         return {"color": colour, "marker": marker}
-    return {"color": _fallback(system + variant, _FALLBACK_COLOURS), "marker": _fallback(system, _FALLBACK_MARKERS)}
+    return {
+        "color": _fallback(system + variant, _FALLBACK_COLOURS),
+        "marker": _fallback(system, _FALLBACK_MARKERS),
+    }
 
 
 def system_rank(system: str) -> int:
@@ -125,6 +132,11 @@ def op_rank(op: str) -> int:
 
 def dataset_label(dataset: str) -> str:
     return DATASET_LABELS.get(dataset, dataset)
+
+
+def dataset_rank(dataset: str) -> int:
+    order = list(DATASET_LABELS)
+    return order.index(dataset) if dataset in order else len(order)
 
 
 def context_label(tokens: float) -> str:

@@ -20,34 +20,70 @@ from plots.render import FIGURES, main, render_run
 from plots.style import context_label, mode_suffix
 
 REPO = Path(__file__).resolve().parents[1]
-FLOATS = ("context_len", "rate", "time_ms", "tpot_ms", "ttft_ms", "gpu_mem_gb", "host_pinned_gb",
-          "link_read_bytes", "link_write_bytes", "kv_bytes")
+FLOATS = (
+    "context_len",
+    "rate",
+    "time_ms",
+    "tpot_ms",
+    "ttft_ms",
+    "gpu_mem_gb",
+    "host_pinned_gb",
+    "link_read_bytes",
+    "link_write_bytes",
+    "kv_bytes",
+)
 CONTEXTS = [1024 * 2**i for i in range(6)]  # 1K .. 32K
 
 
 def row(exp: str, **kw) -> dict:
     """One results row with every contract column; unspecified floats are NaN."""
-    base = {"exp": exp, "system": "directkv", "variant": "", "model": "llama-3.1-8b", "hardware": "h200-pcie5",
-            "mode": "simulated", "status": "ok", "error": ""}
+    base = {
+        "exp": exp,
+        "system": "directkv",
+        "variant": "",
+        "model": "llama-3.1-8b",
+        "hardware": "h200-pcie5",
+        "mode": "simulated",
+        "status": "ok",
+        "error": "",
+    }
     base.update({c: math.nan for c in FLOATS})
     base.update(kw)
     return base
 
 
-def write_run(root: Path, rows: list[dict], exp: str, mode: str = "simulated", gpu: str | None = None,
-              config: dict | None = None) -> Path:
+def write_run(
+    root: Path,
+    rows: list[dict],
+    exp: str,
+    mode: str = "simulated",
+    gpu: str | None = None,
+    config: dict | None = None,
+) -> Path:
     run = root / "results" / exp / "run0"
     run.mkdir(parents=True)
     pd.DataFrame(rows).to_parquet(run / "results.parquet")
-    manifest = {"exp": exp, "mode": mode, "gpu": gpu, "config": config or {}, "git_sha": "abc", "hostname": "h"}
+    manifest = {
+        "exp": exp,
+        "mode": mode,
+        "gpu": gpu,
+        "config": config or {},
+        "git_sha": "abc",
+        "hostname": "h",
+    }
     (run / "manifest.json").write_text(json.dumps(manifest))
     return run
 
 
 def context_rows(models=("llama-3.1-8b",)) -> list[dict]:
     """Paper-like Fig. 11 data: HBM / Pie / Neo OOM at 32K, FlexGen errors once at 1K."""
-    systems = [("directkv", "tiled", 1.0, 20), ("hbm", "", 0.7, 60), ("swap", "", 1.3, 62),
-               ("cpu_attn", "", 1.4, 58), ("flexgen", "", 1.8, 50)]
+    systems = [
+        ("directkv", "tiled", 1.0, 20),
+        ("hbm", "", 0.7, 60),
+        ("swap", "", 1.3, 62),
+        ("cpu_attn", "", 1.4, 58),
+        ("flexgen", "", 1.8, 50),
+    ]
     rows = []
     for model in models:
         for system, variant, slow, mem in systems:
@@ -56,12 +92,24 @@ def context_rows(models=("llama-3.1-8b",)) -> list[dict]:
                 if system == "flexgen" and ctx == 1024:
                     status = "error"
                 ok = status == "ok"
-                rows.append(row("context_sweep", system=system, variant=variant, model=model, status=status,
-                                error="" if ok else "boom", context_len=float(ctx),
-                                tpot_ms=slow * (20 + ctx / 400) if ok else math.nan,
-                                gpu_mem_gb=mem + (ctx / 1024 if system == "hbm" else 0.5) if ok else math.nan,
-                                host_pinned_gb=ctx / 2048, output_len=128, batch_size=8,
-                                p99_tpot_ms=math.nan, mean_ttft_ms=100.0))
+                rows.append(
+                    row(
+                        "context_sweep",
+                        system=system,
+                        variant=variant,
+                        model=model,
+                        status=status,
+                        error="" if ok else "boom",
+                        context_len=float(ctx),
+                        tpot_ms=slow * (20 + ctx / 400) if ok else math.nan,
+                        gpu_mem_gb=mem + (ctx / 1024 if system == "hbm" else 0.5) if ok else math.nan,
+                        host_pinned_gb=ctx / 2048,
+                        output_len=128,
+                        batch_size=8,
+                        p99_tpot_ms=math.nan,
+                        mean_ttft_ms=100.0,
+                    )
+                )
     return rows
 
 
@@ -71,37 +119,82 @@ def rate_rows() -> list[dict]:
         for system, slow in (("directkv", 1.0), ("hbm", 0.8), ("swap", 2.0), ("flexgen", 3.0)):
             for rate in (5.0, 10.0, 20.0, 30.0):
                 oom = system == "hbm" and rate == 30.0
-                rows.append(row("rate_sweep", system=system, variant="tiled" if system == "directkv" else "",
-                                dataset=dataset, rate=rate, status="oom" if oom else "ok",
-                                tpot_ms=math.nan if oom else slow * (40 + rate**1.5),
-                                p99_tpot_ms=slow * 90.0, mean_ttft_ms=200.0))
+                rows.append(
+                    row(
+                        "rate_sweep",
+                        system=system,
+                        variant="tiled" if system == "directkv" else "",
+                        dataset=dataset,
+                        rate=rate,
+                        status="oom" if oom else "ok",
+                        tpot_ms=math.nan if oom else slow * (40 + rate**1.5),
+                        p99_tpot_ms=slow * 90.0,
+                        mean_ttft_ms=200.0,
+                    )
+                )
     return rows
 
 
 def kernel_rows() -> list[dict]:
-    by_op = {"decode": ("naive", "tiled", "sdpa_hbm", "sdpa_zero_copy", "swap_sdpa"),
-             "prefill": ("naive", "tiled", "sdpa_zero_copy"), "proj_attention": ("separate", "fused")}
-    reread = {"naive": 8.0, "tiled": 1.05, "sdpa_hbm": 0.0, "sdpa_zero_copy": 17.5, "swap_sdpa": 1.0,
-              "separate": 2.0, "fused": 1.0}
+    by_op = {
+        "decode": ("naive", "tiled", "sdpa_hbm", "sdpa_zero_copy", "swap_sdpa"),
+        "prefill": ("naive", "tiled", "sdpa_zero_copy"),
+        "proj_attention": ("separate", "fused"),
+    }
+    reread = {
+        "naive": 8.0,
+        "tiled": 1.05,
+        "sdpa_hbm": 0.0,
+        "sdpa_zero_copy": 17.5,
+        "swap_sdpa": 1.0,
+        "separate": 2.0,
+        "fused": 1.0,
+    }
     rows = []
     for op, variants in by_op.items():
         for variant in variants:
             for ctx in (4096.0, 16384.0):
                 kv = ctx * 131072.0
-                rows.append(row("kernel_ablation", system="", op=op, variant=variant, context_len=ctx,
-                                q_len=1.0 if op == "decode" else 512.0, batch=1.0, kv_bytes=kv,
-                                link_read_bytes=reread[variant] * kv, link_write_bytes=0.0,
-                                time_ms=0.05 if variant == "sdpa_hbm" else reread[variant] * kv / 51.4e6 + 0.01,
-                                floor_ms=kv / 51.4e6, link_gbps=51.4, mode="measured"))
+                rows.append(
+                    row(
+                        "kernel_ablation",
+                        system="",
+                        op=op,
+                        variant=variant,
+                        context_len=ctx,
+                        q_len=1.0 if op == "decode" else 512.0,
+                        batch=1.0,
+                        kv_bytes=kv,
+                        link_read_bytes=reread[variant] * kv,
+                        link_write_bytes=0.0,
+                        time_ms=0.05 if variant == "sdpa_hbm" else reread[variant] * kv / 51.4e6 + 0.01,
+                        floor_ms=kv / 51.4e6,
+                        link_gbps=51.4,
+                        mode="measured",
+                    )
+                )
     return rows
 
 
 def gemm_rows(with_l2: bool) -> list[dict]:
     times = {"naive": 1122.0, "tiled": 54.0, "pipelined": 48.0, "cublas_hbm": 2.8, "cublas_zero_copy": 163.0}
     l2 = {"naive": 32.3, "tiled": 75.1, "pipelined": 75.1, "cublas_hbm": 77.0, "cublas_zero_copy": 40.0}
-    return [row("gemm_case_study", system="", m=n, n=n, k=n, variant=v, time_ms=t * (n / 10240) ** 3,
-                link_read_bytes=2.0 * n * n, l2_hit_pct=l2[v] if with_l2 else math.nan, mode="measured")
-            for n in (4096, 10240) for v, t in times.items()]
+    return [
+        row(
+            "gemm_case_study",
+            system="",
+            m=n,
+            n=n,
+            k=n,
+            variant=v,
+            time_ms=t * (n / 10240) ** 3,
+            link_read_bytes=2.0 * n * n,
+            l2_hit_pct=l2[v] if with_l2 else math.nan,
+            mode="measured",
+        )
+        for n in (4096, 10240)
+        for v, t in times.items()
+    ]
 
 
 def interconnect_rows() -> list[dict]:
@@ -109,9 +202,19 @@ def interconnect_rows() -> list[dict]:
     for hw, bw, mode in (("h200-pcie5", 51.4, "measured"), ("gh200-c2c", 400.0, "projected")):
         for variant in ("naive", "tiled"):
             for ctx in (2048.0, 8192.0, 32768.0):
-                rows.append(row("interconnect_sweep", system="", op="decode", variant=variant, hardware=hw,
-                                mode=mode, context_len=ctx, q_len=512.0,
-                                time_ms=(3.0 if variant == "naive" else 1.0) * ctx * 131072 / bw / 1e6))
+                rows.append(
+                    row(
+                        "interconnect_sweep",
+                        system="",
+                        op="decode",
+                        variant=variant,
+                        hardware=hw,
+                        mode=mode,
+                        context_len=ctx,
+                        q_len=512.0,
+                        time_ms=(3.0 if variant == "naive" else 1.0) * ctx * 131072 / bw / 1e6,
+                    )
+                )
     return rows
 
 
@@ -172,8 +275,11 @@ def test_context_sweep_oom_markers_and_budget(tmp_path: Path) -> None:
 
 
 def test_context_sweep_all_oom_series_still_renders(tmp_path: Path) -> None:
-    rows = [r | {"status": "oom", "tpot_ms": math.nan, "gpu_mem_gb": math.nan}
-            for r in context_rows() if r["system"] == "hbm"]
+    rows = [
+        r | {"status": "oom", "tpot_ms": math.nan, "gpu_mem_gb": math.nan}
+        for r in context_rows()
+        if r["system"] == "hbm"
+    ]
     run = write_run(tmp_path, rows, "context_sweep")
     (path,) = render_run(run)
     assert_png(path)
@@ -183,8 +289,12 @@ def test_context_sweep_one_row_of_panels_per_model(tmp_path: Path) -> None:
     fig = fig11_context_sweep(pd.DataFrame(context_rows(("llama-3.1-8b", "opt-13b"))), {})
     titles = [ax.get_title() for ax in fig.axes]
     hw = "H200 (PCIe5)"
-    assert titles == [f"(a) Per-token latency: llama-3.1-8b, {hw}", f"(b) GPU memory: llama-3.1-8b, {hw}",
-                      f"(c) Per-token latency: opt-13b, {hw}", f"(d) GPU memory: opt-13b, {hw}"]
+    assert titles == [
+        f"(a) Per-token latency: llama-3.1-8b, {hw}",
+        f"(b) GPU memory: llama-3.1-8b, {hw}",
+        f"(c) Per-token latency: opt-13b, {hw}",
+        f"(d) GPU memory: opt-13b, {hw}",
+    ]
 
 
 def test_hbm_budget_prefers_column_then_manifest() -> None:
@@ -200,14 +310,17 @@ def test_gemm_without_l2_has_one_panel(tmp_path: Path) -> None:
     assert_png(path)
 
 
-@pytest.mark.parametrize(("modes", "gpu", "expected"), [
-    (["simulated", "simulated"], None, "(simulated)"),
-    (["projected"], "NVIDIA H200", "(projected)"),
-    (["measured"], "NVIDIA H200", "(measured on NVIDIA H200)"),
-    (["measured"], None, "(measured)"),
-    (["simulated", "measured"], "NVIDIA H200", "(mixed: measured + simulated)"),
-    (["projected", "measured"], None, "(mixed: measured + projected)"),
-])
+@pytest.mark.parametrize(
+    ("modes", "gpu", "expected"),
+    [
+        (["simulated", "simulated"], None, "(simulated)"),
+        (["projected"], "NVIDIA H200", "(projected)"),
+        (["measured"], "NVIDIA H200", "(measured on NVIDIA H200)"),
+        (["measured"], None, "(measured)"),
+        (["simulated", "measured"], "NVIDIA H200", "(mixed: measured + simulated)"),
+        (["projected", "measured"], None, "(mixed: measured + projected)"),
+    ],
+)
 def test_mode_suffix(modes: list[str], gpu: str | None, expected: str) -> None:
     assert mode_suffix(modes, gpu) == expected
 
@@ -227,6 +340,45 @@ def test_mixed_mode_reaches_the_figure_title(tmp_path: Path) -> None:
     assert float(ratios[0].rstrip("×")) == pytest.approx(400.0 / 51.4, rel=0.02)
 
 
+def test_kernel_bars_show_reread_floor_and_failures() -> None:
+    from plots.figures.kernel_ablation import fig12_reread, fig13_kernel_time
+
+    rows = kernel_rows() + [
+        r | {"q_len": 2048.0, "status": "oom" if r["variant"] == "naive" else "ok"}
+        for r in kernel_rows()
+        if r["op"] == "prefill"
+    ]
+    df = pd.DataFrame(rows)
+    fig = fig12_reread(df, {"gpu": "NVIDIA H200"})
+    decode, prefill, _ = fig.axes[:3]
+    heights = sorted({round(p.get_height(), 3) for p in decode.patches})
+    assert heights == [0.0, 1.0, 1.05, 8.0, 17.5]
+    assert [t.get_text() for t in prefill.get_xticklabels()] == [
+        "4K\nq=512",
+        "4K\nq=2048",
+        "16K\nq=512",
+        "16K\nq=2048",
+    ]
+    assert sum(t.get_text() == "OOM" for t in prefill.texts) == 2  # naive at q=2048, both contexts
+    assert fig.texts[0].get_text().endswith("(measured on NVIDIA H200)")
+    fig13 = fig13_kernel_time(df, {"gpu": "NVIDIA H200"})
+    assert fig13.axes[0].get_yscale() == "log"
+    assert len(fig13.axes[0].collections) > 0  # dashed floor marks (hlines)
+    legend_labels = [t.get_text() for t in fig13.axes[2].get_legend().get_texts()]
+    assert "link floor (bytes / link BW)" in legend_labels
+
+
+def test_gemm_bars_carry_ms_labels() -> None:
+    from plots.figures.gemm_case_study import fig2_5_gemm
+
+    fig = fig2_5_gemm(pd.DataFrame(gemm_rows(with_l2=True)), {"gpu": "NVIDIA H200"})
+    time_ax, l2_ax = fig.axes[:2]
+    labels = {t.get_text() for t in time_ax.texts}
+    assert {"1122 ms", "2.8 ms", "48.0 ms"} <= labels
+    assert time_ax.get_yscale() == "log"
+    assert "32%" in {t.get_text() for t in l2_ax.texts}
+
+
 def test_context_label() -> None:
     assert [context_label(c) for c in (1024, 32768, 131072, 1000)] == ["1K", "32K", "128K", "1000"]
 
@@ -244,7 +396,9 @@ def test_bad_status_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_missing_column_is_named(tmp_path: Path) -> None:
-    run = write_run(tmp_path, [{k: v for k, v in r.items() if k != "dataset"} for r in rate_rows()], "rate_sweep")
+    run = write_run(
+        tmp_path, [{k: v for k, v in r.items() if k != "dataset"} for r in rate_rows()], "rate_sweep"
+    )
     with pytest.raises(ConfigError, match="missing column.*dataset"):
         render_run(run)
 
@@ -268,14 +422,32 @@ def test_main_renders_every_run_below_a_parent(tmp_path: Path, capsys: pytest.Ca
     assert all(Path(p).is_file() for p in printed)
 
 
+def test_main_reports_a_bad_run_and_still_renders_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_run(tmp_path / "a", rate_rows(), "rate_sweep")
+    bad = write_run(tmp_path / "b", [row("mystery")], "mystery")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "results.parquet").write_bytes(b"not parquet")
+    (tmp_path / "c" / "manifest.json").write_text("{}")
+    assert main([str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert [Path(p).name for p in out.split()] == ["fig10_rate_sweep.png"]
+    errors = err.strip().splitlines()
+    assert len(errors) == 2
+    assert str(bad) in errors[0] and "unknown experiment 'mystery'" in errors[0]
+    assert "cannot read" in errors[1]
+
+
 @pytest.mark.parametrize("make_dir", [False, True], ids=["missing", "empty"])
 def test_cli_bad_path_exits_2_with_one_line(tmp_path: Path, make_dir: bool) -> None:
     target = tmp_path / "nothing_here"
     if make_dir:
         target.mkdir()
     python = "/work/venv/bin/python" if Path("/work/venv/bin/python").exists() else sys.executable
-    proc = subprocess.run([python, "-m", "plots.render", str(target)], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [python, "-m", "plots.render", str(target)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()

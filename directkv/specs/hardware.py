@@ -60,7 +60,7 @@ HARDWARE: dict[str, HardwareSpec] = {
             smem_per_sm_kb=228,
             host_mem_gb=128.0,
             cpu_cores=16,
-            cpu_mem_bw_gbps=150.0,
+            cpu_mem_bw_gbps=80.0,
             launch_us=5.0,
             sources=(
                 "measured on the lent H200 (PCIe Gen5 x16) 2026-11-29: HBM copy, cudaMemcpy H2D/D2H, SM zero-copy "

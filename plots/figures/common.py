@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 
 from plots.marks import Series
 from plots.style import (
@@ -36,7 +39,7 @@ def panel_groups(df: pd.DataFrame, keys: Sequence[str]) -> list[tuple[str, pd.Da
 
 
 def _caption(rows: pd.DataFrame, keys: Sequence[str]) -> str:
-    """"llama-3.1-8b, H200 (PCIe5)": the value of each key that is constant in `rows`."""
+    """The value of each key constant in `rows`, joined: e.g. "llama-3.1-8b, H200 (PCIe5)"."""
     parts = []
     for k in keys:
         if k in rows.columns and rows[k].nunique(dropna=True) == 1:
@@ -51,8 +54,11 @@ def system_series(rows: pd.DataFrame) -> list[Series]:
         rows.groupby(["system", "variant"]).groups, key=lambda sv: (system_rank(sv[0]), sv[0], sv[1])
     )
     return [
-        Series(system_label(sys_, var), rows[(rows["system"] == sys_) & (rows["variant"] == var)],
-               system_style(sys_, var))
+        Series(
+            system_label(sys_, var),
+            rows[(rows["system"] == sys_) & (rows["variant"] == var)],
+            system_style(sys_, var),
+        )
         for sys_, var in keys
     ]
 
@@ -66,7 +72,11 @@ def bar_style(variant: str) -> dict[str, Any]:
 
 
 def finish(fig: Figure, what: str, rows: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
-    """Suptitle with the mode of `rows`, then tight_layout."""
-    fig.suptitle(figure_title(what, rows["mode"], manifest))
+    """Suptitle with the mode of `rows` (wrapped to the figure width), then tight_layout."""
+    title = figure_title(what, rows["mode"], manifest)
+    # ~0.6 em per character at the suptitle size; keeps a long title from being cut at the edges.
+    size = FontProperties(size=matplotlib.rcParams["figure.titlesize"]).get_size_in_points()
+    chars = int(fig.get_figwidth() * 72 / (0.6 * size))
+    fig.suptitle("\n".join(textwrap.wrap(title, max(chars, 30))))
     fig.tight_layout()
     return fig

@@ -22,7 +22,7 @@ def _ms(v: float) -> str:
 
 
 def _size(rows: pd.DataFrame) -> pd.Series:
-    """"10240×10240×10240" per row."""
+    """Size label per row, e.g. "10240×10240×10240"."""
     return rows[["m", "n", "k"]].astype(int).astype(str).agg("×".join, axis=1)
 
 
@@ -38,7 +38,9 @@ def fig2_5_gemm(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
     require_columns(df, COLUMNS, "gemm_case_study")
     rows, groups = label_groups(df, ["m", "n", "k"], _size, ["hardware", "model"])
     variants = sorted(rows["variant"].unique(), key=lambda v: (variant_rank(v), v))
-    has_l2 = "l2_hit_pct" in rows.columns and np.isfinite(pd.to_numeric(rows["l2_hit_pct"], errors="coerce")).any()
+    has_l2 = (
+        "l2_hit_pct" in rows.columns and np.isfinite(pd.to_numeric(rows["l2_hit_pct"], errors="coerce")).any()
+    )
     panel_w = max(3.6, 0.3 * len(groups) * len(variants) + 1.2)
     fig, axes = new_figure(1, 2 if has_l2 else 1, panel_w, 3.8)
     time_ax = axes[0, 0]
@@ -48,8 +50,9 @@ def fig2_5_gemm(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
     time_ax.set_xlabel("GEMM size (m×n×k)")
     if has_l2:
         l2_ax = axes[0, 1]
-        draw_grouped_bars(l2_ax, rows, "group", groups, variants, "l2_hit_pct", bar_style,
-                          fmt=lambda v: f"{v:.0f}%")
+        draw_grouped_bars(
+            l2_ax, rows, "group", groups, variants, "l2_hit_pct", bar_style, fmt=lambda v: f"{v:.0f}%"
+        )
         l2_ax.set_title("(b) L2 hit rate")
         l2_ax.set_ylabel("L2 hit rate (%)")
         l2_ax.set_xlabel("GEMM size (m×n×k)")

@@ -27,35 +27,41 @@ def _op_panels(
     df: pd.DataFrame,
     value: str,
     ylabel: str,
-    what: str,
     logy: bool,
-    fmt: Callable[[float], str] | None,
-    floor: str | None,
-) -> tuple[Figure, list[Line2D]]:
-    """One bar panel per op of `value` per variant per context; returns the figure and extra legend
-    handles (the floor mark, if drawn)."""
+    fmt: Callable[[float], str] | None = None,
+    floor: str | None = None,
+    ref: tuple[float, str] | None = None,
+) -> Figure:
+    """One bar panel per op of `value` per variant per context, one legend on the right.
+
+    `floor` names a column drawn as a dashed mark per bar; `ref` = (y, label) a dotted line per panel.
+    """
     ops = sorted(df["op"].astype(str).unique(), key=lambda o: (op_rank(o), o))
     panels = []
     for op in ops:
-        rows, groups = label_groups(df[df["op"] == op], ["context_len"],
-                                    lambda d: d["context_len"].map(context_label), GROUP_EXTRAS)
+        rows, groups = label_groups(
+            df[df["op"] == op], ["context_len"], lambda d: d["context_len"].map(context_label), GROUP_EXTRAS
+        )
         variants = sorted(rows["variant"].unique(), key=lambda v: (variant_rank(v), v))
         panels.append((op, rows, groups, variants))
     widths = [max(3.4, 0.17 * len(g) * len(v) + 1.2) for _, _, g, v in panels]
-    fig, axes = new_figure(1, len(panels), 1.0, 3.6)
-    fig.set_figwidth(sum(widths) + 2.2)  # room for the legend on the right
-    extra: list[Line2D] = []
+    fig, axes = new_figure(1, len(panels), sum(widths) / len(panels), 3.6)
+    floor_drawn = False
     for ax, (op, rows, groups, variants) in zip(axes[0], panels, strict=True):
         ax.set_title(op_label(op))
         if not rows[value].notna().any():
-            no_data(ax, f"{what} values")
+            no_data(ax, f"{value} values")
             continue
-        if draw_grouped_bars(ax, rows, "group", groups, variants, value, bar_style, logy, fmt, floor) and not extra:
-            extra.append(Line2D([], [], color="black", ls="--", lw=1.2, label="link floor (bytes / link BW)"))
+        floor_drawn |= draw_grouped_bars(
+            ax, rows, "group", groups, variants, value, bar_style, logy, fmt, floor
+        )
+        if ref:
+            ax.axhline(ref[0], color="#555555", ls=":", lw=1.0, zorder=0, label=ref[1])
         ax.set_xlabel("Context length (tokens)")
         ax.set_ylabel(ylabel)
-    outside_legend(axes[0, -1], list(axes.flat), extra)
-    return fig, extra
+    floor_mark = Line2D([], [], color="black", ls="--", lw=1.2, label="link floor (bytes / link BW)")
+    outside_legend(axes[0, -1], list(axes.flat), [floor_mark] if floor_drawn else [])
+    return fig
 
 
 def fig12_reread(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
@@ -68,11 +74,14 @@ def fig12_reread(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
     rows = df.copy()
     kv = pd.to_numeric(rows["kv_bytes"], errors="coerce")
     rows["reread"] = pd.to_numeric(rows["link_read_bytes"], errors="coerce") / kv.where(kv > 0)
-    fig, _ = _op_panels(rows, "reread", "Link bytes read / KV bytes (x)", "link-byte", False,
-                        lambda v: f"{v:.1f}x", None)
-    for ax in fig.axes:
-        if ax.has_data():
-            ax.axhline(1.0, color="#555555", ls=":", lw=1.0, zorder=0)
+    fig = _op_panels(
+        rows,
+        "reread",
+        "Link bytes read / KV bytes (×)",
+        logy=False,
+        fmt=lambda v: f"{v:.1f}×",
+        ref=(1.0, "each KV byte read once (1×)"),
+    )
     return finish(fig, "Fig. 12: KV re-read factor over the CPU-GPU link", df, manifest)
 
 
@@ -81,6 +90,7 @@ def fig13_kernel_time(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
     link / link bandwidth) as a dashed mark on each bar where present."""
     require_columns(df, COLUMNS, "kernel_ablation")
     has_floor = "floor_ms" in df.columns and np.isfinite(pd.to_numeric(df["floor_ms"], errors="coerce")).any()
-    fig, _ = _op_panels(df, "time_ms", "Kernel time (ms, log scale)", "time", True, None,
-                        "floor_ms" if has_floor else None)
+    fig = _op_panels(
+        df, "time_ms", "Kernel time (ms, log scale)", logy=True, floor="floor_ms" if has_floor else None
+    )
     return finish(fig, "Fig. 13: kernel time per variant", df, manifest)

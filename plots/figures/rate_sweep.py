@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from plots.figures.common import finish, panel_groups, system_series
 from plots.load import require_columns
 from plots.marks import draw_lines, failure_handles, new_figure, no_data, outside_legend
-from plots.style import dataset_label
+from plots.style import dataset_label, dataset_rank
 
 COLUMNS = ("dataset", "rate", "tpot_ms")
 
@@ -26,7 +26,7 @@ def fig10_rate_sweep(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
     manifest : run manifest (gpu name for the title).
     """
     require_columns(df, COLUMNS, "rate_sweep")
-    datasets = sorted(df["dataset"].astype(str).unique())
+    datasets = sorted(df["dataset"].astype(str).unique(), key=lambda d: (dataset_rank(d), d))
     models = panel_groups(df, ["model", "hardware"])
     fig, axes = new_figure(len(models), len(datasets), 4.4, 3.3)
     failures: set[str] = set()

@@ -1,0 +1,270 @@
+// Zero-copy decode attention over a paged two-tier KV cache (one query token per sequence).
+//
+// One CTA owns HPC query heads of one KV head (HPC = the whole GQA group for variant "tiled", so each K/V
+// byte crosses the link once; HPC = 1 for "naive", which reads K/V once per query head) and one split of
+// the sequence (flash-decoding). K/V tiles stream into a STAGES-deep shared-memory ring with 16-byte
+// cp.async, whatever tier a page is in: a host page is read straight from pinned memory through its UVA
+// pointer, nothing is staged. Splits write a normalised partial O and its log-sum-exp to an HBM workspace;
+// the last split of a (sequence, head group) to finish merges them, so there is no second launch.
+#pragma once
+
+#include "directkv/common.cuh"
+
+namespace directkv {
+
+struct DecodeParams {
+  const void* q;           // [batch, num_heads, head_dim]
+  const void* host_k;      // [num_host_pages, page_size, num_kv_heads, head_dim], pinned, UVA pointer
+  const void* host_v;      // same shape
+  const void* hbm_k;       // [num_hbm_pages, page_size, num_kv_heads, head_dim]
+  const void* hbm_v;       // same shape
+  const int* block_table;  // [batch, max_pages]: e >= 0 host page e, e < 0 hbm page -(e + 1)
+  const int* seq_lens;     // [batch]
+  void* out;               // [batch, num_heads, head_dim] in the input dtype (used when out_f32 is null)
+  float* out_f32;          // [batch, num_heads, head_dim] fp32 output instead of `out`, or null
+  float* lse_out;          // [batch, num_heads] natural-log log-sum-exp of the scaled scores, or null
+  float* part_o;           // [num_splits, batch, num_heads, head_dim] normalised partial outputs
+  float* part_lse;         // [num_splits, batch, num_heads] partial log-sum-exp, log2 units
+  int* counters;           // [batch, num_heads / heads_per_cta]; zero before a launch, left zero after
+  int batch, num_heads, num_kv_heads, max_pages;
+  int page_shift;          // log2(page_size)
+  int num_splits, tiles_per_split;
+  float scale_log2;        // sm_scale * log2(e): scores come out in log2 units, so exp2f is the exponential
+};
+
+template <typename T, int HD, int HPC, int TILE, int STAGES>
+struct DecodeConfig {
+  static constexpr int kThreads = 128;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kLanesPerRow = HD / 8;  // each lane holds 8 dims (one 16-byte vector) of a row
+  static constexpr int kRowsPerStep = 32 / kLanesPerRow;
+  static constexpr int kRowsPerWarp = TILE / kWarps;
+  static constexpr int kSteps = kRowsPerWarp / kRowsPerStep;
+  static constexpr int kCopiesPerThread = TILE * kLanesPerRow / kThreads;  // 16-byte copies per tensor
+  static constexpr size_t kRingBytes = size_t(STAGES) * 2 * TILE * HD * sizeof(T);
+  static constexpr size_t kMergeBytes = size_t(kWarps) * HPC * (HD + 2) * sizeof(float);
+  static constexpr size_t kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
+
+  static_assert(HD == 64 || HD == 128, "head_dim must be 64 or 128");
+  static_assert(HPC == 1 || HPC == 2 || HPC == 4 || HPC == 8, "heads per CTA must be 1, 2, 4 or 8");
+  static_assert(STAGES >= 2, "the ring needs at least two stages to overlap loads and math");
+  static_assert(TILE % (kWarps * kRowsPerStep) == 0, "every warp must get whole steps of a tile");
+  static_assert((TILE * kLanesPerRow) % kThreads == 0, "a tile's copies must split evenly over the CTA");
+};
+
+template <typename T, int HD>
+__device__ __forceinline__ void store_final(const DecodeParams& p, int b, int qh, int d, float val, float lse2) {
+  const int64_t row = int64_t(b) * p.num_heads + qh;
+  if (p.out_f32) {
+    p.out_f32[row * HD + d] = val;
+  } else {
+    static_cast<T*>(p.out)[row * HD + d] = from_float(val, T());
+  }
+  if (p.lse_out && d == 0) p.lse_out[row] = lse2 * 0.69314718055994531f;
+}
+
+// grid = (num_heads / HPC, batch, num_splits), block = 128 threads.
+template <typename T, int HD, int HPC, int TILE, int STAGES>
+__global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParams p) {
+  using C = DecodeConfig<T, HD, HPC, TILE, STAGES>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int is_last;
+  T* ks = reinterpret_cast<T*>(smem);  // [STAGES][TILE][HD]
+  T* vs = ks + STAGES * TILE * HD;     // [STAGES][TILE][HD]
+
+  const int group = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
+  const int qh0 = group * HPC;
+  const int kvh = qh0 / (p.num_heads / p.num_kv_heads);
+  const int len = p.seq_lens[b];
+  const int num_tiles = (len + TILE - 1) / TILE;
+  const int n_active = (num_tiles + p.tiles_per_split - 1) / p.tiles_per_split;
+  const int t_begin = split * p.tiles_per_split;
+  const int n = min(p.tiles_per_split, num_tiles - t_begin);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+
+  if (len <= 0) {  // no keys: define the output as zeros rather than leave it unwritten
+    if (split == 0) {
+      for (int e = tid; e < HPC * HD; e += C::kThreads) store_final<T, HD>(p, b, qh0 + e / HD, e % HD, 0.f, -INFINITY);
+    }
+    return;
+  }
+  if (n <= 0) return;  // this split lies past the end of a shorter sequence of the batch
+
+  const int64_t token_stride = int64_t(p.num_kv_heads) * HD;
+  const int64_t page_stride = token_stride << p.page_shift;
+  const int page_mask = (1 << p.page_shift) - 1;
+  const int* bt = p.block_table + int64_t(b) * p.max_pages;
+  const T* host_k = static_cast<const T*>(p.host_k) + kvh * HD;
+  const T* host_v = static_cast<const T*>(p.host_v) + kvh * HD;
+  const T* hbm_k = static_cast<const T*>(p.hbm_k) + kvh * HD;
+  const T* hbm_v = static_cast<const T*>(p.hbm_v) + kvh * HD;
+
+  // Thread `tid` copies rows tid / kLanesPerRow + i * (kThreads / kLanesPerRow), 16 bytes each of K and V.
+  auto issue = [&](int tile, int stage) {
+#pragma unroll
+    for (int i = 0; i < C::kCopiesPerThread; ++i) {
+      const int idx = tid + i * C::kThreads;
+      const int r = idx / C::kLanesPerRow, c = idx % C::kLanesPerRow;
+      const int pos = tile * TILE + r;
+      if (pos < len) {
+        const int e = __ldg(bt + (pos >> p.page_shift));
+        const int64_t off = (e >= 0 ? int64_t(e) : int64_t(-e - 1)) * page_stride + (pos & page_mask) * token_stride + c * 8;
+        const int s = (stage * TILE + r) * HD + c * 8;
+        cp_async16(ks + s, (e >= 0 ? host_k : hbm_k) + off);
+        cp_async16(vs + s, (e >= 0 ? host_v : hbm_v) + off);
+      }
+    }
+  };
+
+  // Issue the first tiles before anything else so the link is busy while q loads.
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < n) issue(t_begin + s, s);
+    cp_async_commit();
+  }
+
+  // Lane layout for the math: kRowsPerStep rows per warp step, kLanesPerRow lanes per row, 8 dims per lane.
+  const int row_in_step = lane / C::kLanesPerRow;
+  const int chunk = lane % C::kLanesPerRow;
+  float q[HPC][8];
+#pragma unroll
+  for (int h = 0; h < HPC; ++h) {
+    const T* qp = static_cast<const T*>(p.q) + (int64_t(b) * p.num_heads + qh0 + h) * HD + chunk * 8;
+    to_float8(*reinterpret_cast<const uint4*>(qp), T(), q[h]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[h][i] *= p.scale_log2;
+  }
+  // Online-softmax state of the rows this lane's row group has seen (replicated over its kLanesPerRow lanes).
+  float m[HPC], l[HPC], o[HPC][8];
+#pragma unroll
+  for (int h = 0; h < HPC; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[h][i] = 0.f;
+  }
+
+  for (int it = 0; it < n; ++it) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // tile `it` landed for every thread; the stage refilled below was consumed last round
+    if (it + STAGES - 1 < n) issue(t_begin + it + STAGES - 1, (it + STAGES - 1) % STAGES);
+    cp_async_commit();
+    const int stage = it % STAGES;
+    const int tile_pos = (t_begin + it) * TILE;
+#pragma unroll
+    for (int step = 0; step < C::kSteps; ++step) {
+      const int r = warp * C::kRowsPerWarp + step * C::kRowsPerStep + row_in_step;
+      const bool valid = tile_pos + r < len;
+      const int s = (stage * TILE + r) * HD + chunk * 8;
+      float kf[8], sc[HPC];
+      to_float8(valid ? *reinterpret_cast<const uint4*>(ks + s) : make_uint4(0, 0, 0, 0), T(), kf);
+#pragma unroll
+      for (int h = 0; h < HPC; ++h) {
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot = fmaf(q[h][i], kf[i], dot);
+        sc[h] = group_sum<C::kLanesPerRow>(dot);
+      }
+      if (valid) {
+        float vf[8];
+        to_float8(*reinterpret_cast<const uint4*>(vs + s), T(), vf);
+#pragma unroll
+        for (int h = 0; h < HPC; ++h) {
+          const float m_new = fmaxf(m[h], sc[h]);
+          const float alpha = rescale(m[h], m_new);
+          const float pr = exp2f(sc[h] - m_new);
+          l[h] = fmaf(l[h], alpha, pr);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) o[h][i] = fmaf(pr, vf[i], o[h][i] * alpha);
+          m[h] = m_new;
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring is idle: reuse it as merge scratch
+
+  // Merge the row groups of each warp, then the warps through shared memory.
+#pragma unroll
+  for (int off = C::kLanesPerRow; off < 32; off *= 2) {
+#pragma unroll
+    for (int h = 0; h < HPC; ++h) {
+      const float mo = __shfl_xor_sync(0xffffffffu, m[h], off);
+      const float lo = __shfl_xor_sync(0xffffffffu, l[h], off);
+      const float m_new = fmaxf(m[h], mo);
+      const float a = rescale(m[h], m_new), bw = rescale(mo, m_new);
+      l[h] = l[h] * a + lo * bw;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[h][i] = o[h][i] * a + __shfl_xor_sync(0xffffffffu, o[h][i], off) * bw;
+      m[h] = m_new;
+    }
+  }
+  float* red_o = reinterpret_cast<float*>(smem);  // [kWarps][HPC][HD]
+  float* red_m = red_o + C::kWarps * HPC * HD;     // [kWarps][HPC]
+  float* red_l = red_m + C::kWarps * HPC;          // [kWarps][HPC]
+  if (lane < C::kLanesPerRow) {
+#pragma unroll
+    for (int h = 0; h < HPC; ++h) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) red_o[(warp * HPC + h) * HD + chunk * 8 + i] = o[h][i];
+      if (lane == 0) {
+        red_m[warp * HPC + h] = m[h];
+        red_l[warp * HPC + h] = l[h];
+      }
+    }
+  }
+  __syncthreads();
+
+  const bool single = n_active == 1;
+  for (int e = tid; e < HPC * HD; e += C::kThreads) {
+    const int h = e / HD, d = e % HD;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < C::kWarps; ++w) mx = fmaxf(mx, red_m[w * HPC + h]);
+    float sum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < C::kWarps; ++w) {
+      const float wt = rescale(red_m[w * HPC + h], mx);
+      sum += red_l[w * HPC + h] * wt;
+      acc += red_o[(w * HPC + h) * HD + d] * wt;
+    }
+    const float val = acc / sum, lse2 = mx + log2f(sum);
+    if (single) {
+      store_final<T, HD>(p, b, qh0 + h, d, val, lse2);
+    } else {
+      const int64_t row = (int64_t(split) * p.batch + b) * p.num_heads + qh0 + h;
+      p.part_o[row * HD + d] = val;
+      if (d == 0) p.part_lse[row] = lse2;
+    }
+  }
+  if (single) return;
+
+  // Last split to arrive merges (threadfence-reduction pattern: publish, count, then read with .cg).
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    int* counter = p.counters + int64_t(b) * gridDim.x + group;
+    is_last = atomicAdd(counter, 1) == n_active - 1;
+    if (is_last) *counter = 0;  // every split has counted: leave it zero for the next launch
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int e = tid; e < HPC * HD; e += C::kThreads) {
+    const int h = e / HD, d = e % HD;
+    float mx = -INFINITY, sum = 0.f, acc = 0.f;
+    for (int s = 0; s < n_active; ++s) {
+      const int64_t row = (int64_t(s) * p.batch + b) * p.num_heads + qh0 + h;
+      const float lse = __ldcg(p.part_lse + row);
+      const float val = __ldcg(p.part_o + row * HD + d);
+      const float m_new = fmaxf(mx, lse);
+      const float a = rescale(mx, m_new), wt = exp2f(lse - m_new);
+      sum = sum * a + wt;
+      acc = acc * a + val * wt;
+      mx = m_new;
+    }
+    store_final<T, HD>(p, b, qh0 + h, d, acc / sum, mx + log2f(sum));
+  }
+}
+
+}  // namespace directkv

@@ -1,0 +1,91 @@
+"""Zero-copy views: a CUDA tensor over page-locked CPU memory, no copy made.
+
+With UVA (every 64-bit CUDA platform) the address of a pinned allocation is also a valid device address,
+so a CUDA tensor built on that pointer lets any kernel read and write the host memory across the link.
+The view is built through the `__cuda_array_interface__` protocol, which torch imports without copying;
+the holder object keeps the pinned tensor alive for as long as the view lives.
+
+Without CUDA the same calls degrade to ordinary CPU tensors, so code above (the KV manager) runs unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Array-interface type strings; bf16 has none and travels as int16 (same size), then is viewed back.
+_TYPESTR = {
+    torch.float16: "<f2",
+    torch.float32: "<f4",
+    torch.float64: "<f8",
+    torch.int8: "|i1",
+    torch.uint8: "|u1",
+    torch.int16: "<i2",
+    torch.int32: "<i4",
+    torch.int64: "<i8",
+}
+_CARRIER = {torch.bfloat16: torch.int16}
+
+
+class _HostArray:
+    """Exposes a pinned CPU tensor's memory as a CUDA array (protocol version 3) and keeps it alive."""
+
+    def __init__(self, pinned: torch.Tensor):
+        if pinned.dtype not in _TYPESTR:
+            raise TypeError(f"no array-interface type for {pinned.dtype}")
+        self.pinned = pinned
+        item = pinned.element_size()
+        self.__cuda_array_interface__ = {
+            "shape": tuple(pinned.shape),
+            "typestr": _TYPESTR[pinned.dtype],
+            "strides": tuple(s * item for s in pinned.stride()),
+            "data": (pinned.data_ptr(), False),
+            "version": 3,
+        }
+
+
+def pinned_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised page-locked CPU tensor of `shape` (an ordinary CPU tensor without CUDA)."""
+    return torch.empty(tuple(shape), dtype=dtype, pin_memory=torch.cuda.is_available())
+
+
+def device_view(pinned: torch.Tensor) -> torch.Tensor:
+    """A CUDA tensor over the same memory as `pinned` (same shape, dtype and data_ptr; nothing copied).
+
+    Parameters
+    ----------
+    pinned : a page-locked CPU tensor of any shape and strides (see `pinned_empty`).
+
+    Returns
+    -------
+    The zero-copy CUDA view; without CUDA, `pinned` itself.
+    """
+    if not torch.cuda.is_available():
+        return pinned
+    if pinned.device.type != "cpu" or not pinned.is_pinned():
+        raise ValueError(f"device_view needs a pinned CPU tensor; got device={pinned.device}, "
+                         f"pinned={pinned.device.type == 'cpu' and pinned.is_pinned()}")
+    if pinned.numel() == 0:  # a null pointer has no device address; nothing to share
+        return torch.empty(pinned.shape, dtype=pinned.dtype, device="cuda")
+    carrier = _CARRIER.get(pinned.dtype, pinned.dtype)
+    holder = _HostArray(pinned.view(carrier))
+    try:
+        view = torch.as_tensor(holder, device="cuda")
+    except (RuntimeError, TypeError, ValueError):
+        view = _view_through_cupy(holder)
+    view = view.view(pinned.dtype)
+    if view.data_ptr() != pinned.data_ptr():
+        raise RuntimeError("zero-copy view does not alias the pinned memory (a copy was made)")
+    return view
+
+
+def _view_through_cupy(holder: _HostArray) -> torch.Tensor:
+    """Fallback for torch versions whose as_tensor refuses host pointers: wrap the memory in CuPy first."""
+    import cupy
+
+    iface = holder.__cuda_array_interface__
+    pinned = holder.pinned
+    nbytes = pinned.untyped_storage().nbytes() - pinned.storage_offset() * pinned.element_size()
+    mem = cupy.cuda.UnownedMemory(iface["data"][0], nbytes, owner=holder)
+    arr = cupy.ndarray(iface["shape"], dtype=iface["typestr"], memptr=cupy.cuda.MemoryPointer(mem, 0),
+                       strides=iface["strides"])
+    return torch.as_tensor(arr, device="cuda")

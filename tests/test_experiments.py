@@ -1,0 +1,94 @@
+"""Configs compose, every experiment runs on the CPU at small sizes, and bad input gets one line + exit 2."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from experiments.run import CONF, group_options, run_experiment
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = {
+    "context_sweep": ["model=tiny", "contexts=[256,1024]", "batch_size=2", "output_len=4"],
+    "rate_sweep": ["model=tiny", "rates=[5,50]", "num_requests=8"],
+    "kernel_ablation": ["contexts=[1000]", "decode_batches=[1,3]", "prefill_q_lens=[100]"],
+    "gemm_case_study": ["sizes=[300]"],
+    "interconnect_sweep": ["contexts=[512,2048]"],
+}
+
+
+def _compose(overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def test_every_experiment_has_a_small_test():
+    assert set(SMALL) == set(group_options("exp"))
+
+
+@pytest.mark.parametrize("group", ["model", "hardware", "system", "workload"])
+def test_every_config_composes(group):
+    for option in group_options(group):
+        for exp in group_options("exp"):
+            cfg = _compose([f"+exp={exp}", f"{group}={option}", "run_id=t"])
+            assert cfg.exp_name == exp and cfg[group] is not None
+
+
+@pytest.mark.parametrize("exp", sorted(SMALL))
+def test_experiment_runs_on_cpu(exp, tmp_path):
+    cfg = _compose([f"+exp={exp}", "run_id=t", "progress=false", "device=cpu", *SMALL[exp]])
+    path = run_experiment(cfg, tmp_path)
+    df = pd.read_parquet(path)
+    assert len(df) > 0 and set(df["exp"]) == {exp}
+    assert set(df["mode"]) <= {"simulated", "projected"} and set(df["status"]) <= {"ok", "oom"}
+    ok = df[df["status"] == "ok"]
+    assert (ok["time_ms"] > 0).all()
+    assert (tmp_path / "manifest.json").exists()
+    assert list((tmp_path / "figures").glob("*.png")), "figures rendered"
+
+
+def test_context_sweep_directkv_survives_where_hbm_runs_out(tmp_path):
+    cfg = _compose(["+exp=context_sweep", "run_id=t", "progress=false", "device=cpu", "render=false",
+                    "contexts=[16384,32768]", "system.names=[directkv,hbm]"])
+    df = pd.read_parquet(run_experiment(cfg, tmp_path)).set_index(["system", "context_len"])
+    assert df.loc[("hbm", 32768.0), "status"] == "oom" and "budget" in df.loc[("hbm", 32768.0), "error"]
+    assert df.loc[("directkv", 32768.0), "status"] == "ok"
+    assert df.loc[("directkv", 16384.0), "gpu_mem_gb"] < 0.55 * df.loc[("hbm", 16384.0), "gpu_mem_gb"]
+
+
+def _cli(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "experiments.run", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["+exp=nope"], "unknown exp 'nope'; valid: context_sweep"),
+    (["+exp=context_sweep", "model=llama-8b"], "unknown model 'llama-8b'; valid:"),
+    (["+exp=context_sweep", "system=vllm"], "unknown system 'vllm'; valid:"),
+    (["+exp=context_sweep", "hardware=a100"], "unknown hardware 'a100'; valid:"),
+    ([], "choose an experiment with +exp=NAME"),
+    (["+exp=rate_sweep", "rates=[0]"], "rate must be > 0"),
+    (["+exp=context_sweep", "contexts=[200000]"], "exceeds llama-3.1-8b's limit"),
+    (["+exp=context_sweep", "hardware.hbm_budget_gb=-1"], "hbm_budget_gb must be in"),
+    (["+exp=context_sweep", "system.names=[pie]"], "unknown system 'pie'"),
+])
+def test_bad_input_gets_one_line_and_exit_2(args, needle, tmp_path):
+    p = _cli(*args, f"results_root={tmp_path}", cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_multirun_outputs_do_not_collide(tmp_path):
+    p = _cli("-m", "+exp=context_sweep", "system=directkv,hbm", "model=tiny", "contexts=[256]", "batch_size=2",
+             "output_len=4", "render=false", "progress=false", f"results_root={tmp_path}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    runs = sorted((tmp_path / "context_sweep").glob("*/results.parquet"))
+    assert len(runs) == 2
+    assert {pd.read_parquet(r)["system"].iloc[0] for r in runs} == {"directkv", "hbm"}

@@ -1,0 +1,66 @@
+import pytest
+import torch
+
+from directkv.errors import ConfigError, KVCapacityError
+from directkv.memory import KVCacheManager
+from directkv.specs import get_model
+
+TINY = get_model("tiny")
+TOK = TINY.kv_bytes_per_token()
+
+
+def test_accounting_reserve_append_free():
+    kv = KVCacheManager(TINY, page_size=16, hbm_budget_bytes=0, host_budget_bytes=100 * 16 * TOK)
+    kv.reserve(1, 40, "host")  # 3 pages
+    kv.append(1, 33)
+    assert kv.seq_len(1) == 33 and kv.stats().host_bytes == 3 * 16 * TOK
+    kv.append(1, 20)  # grows past the reservation: 53 tokens -> 4 pages
+    assert kv.stats().host_bytes == 4 * 16 * TOK
+    kv.free(1)
+    s = kv.stats()
+    assert s.host_bytes == 0 and s.host_peak_bytes == 4 * 16 * TOK and s.hbm_bytes == 0
+
+
+def test_budget_exhaustion_is_typed_and_leaves_state_clean():
+    kv = KVCacheManager(TINY, page_size=16, hbm_budget_bytes=4 * 16 * TOK, host_budget_bytes=0)
+    kv.reserve(1, 48, "hbm")
+    with pytest.raises(KVCapacityError) as e:
+        kv.reserve(2, 17, "hbm")
+    assert e.value.tier == "hbm"
+    assert kv.free_pages("hbm") == 1 and kv.can_fit(16, "hbm") and not kv.can_fit(17, "hbm")
+    assert kv.could_ever_fit(64, "hbm") and not kv.could_ever_fit(65, "hbm")
+    with pytest.raises(KVCapacityError):
+        kv.reserve(3, 1, "host")
+
+
+@pytest.mark.parametrize("bad", [dict(hbm_budget_bytes=-1, host_budget_bytes=0),
+                                 dict(hbm_budget_bytes=0, host_budget_bytes=-5)])
+def test_negative_budget_rejected(bad):
+    with pytest.raises(ConfigError, match="budget must be >= 0"):
+        KVCacheManager(TINY, **bad)
+
+
+def test_materialized_write_and_view_roundtrip_across_tiers():
+    torch.manual_seed(0)
+    kv = KVCacheManager(TINY, page_size=16, hbm_budget_bytes=8 * 16 * TOK, host_budget_bytes=8 * 16 * TOK,
+                        materialize=True, dtype=torch.float32)
+    kv.reserve(7, 37, "host")
+    kv.reserve(9, 21, "hbm")
+    data = {}
+    for r, n in ((7, 37), (9, 21)):
+        for layer in range(TINY.num_layers):
+            k = torch.randn(n, TINY.num_kv_heads, TINY.head_dim)
+            v = torch.randn(n, TINY.num_kv_heads, TINY.head_dim)
+            kv.write(layer, r, 0, k[:10], v[:10])  # two writes, the second crossing page boundaries
+            kv.write(layer, r, 10, k[10:], v[10:])
+            data[r, layer] = (k, v)
+        kv.append(r, n)
+    for layer in range(TINY.num_layers):
+        view = kv.view(layer, [7, 9])
+        assert view.block_table[0, 0] >= 0 and view.block_table[1, 0] < 0  # host vs hbm pages
+        for i, r in enumerate((7, 9)):
+            k, v = view.gather(i)
+            torch.testing.assert_close(k, data[r, layer][0])
+            torch.testing.assert_close(v, data[r, layer][1])
+    assert not kv.arena.pinned  # no CUDA here: ordinary tensors, same object as the device view
+    assert kv.arena.k_view is kv.arena.k

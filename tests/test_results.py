@@ -1,0 +1,42 @@
+import json
+
+import pandas as pd
+import pytest
+
+from directkv.results import ResultsWriter, load_results
+
+ROW = dict(exp="x", system="hbm", variant="", model="tiny", hardware="h200-pcie5", mode="simulated", status="ok")
+
+
+def test_rows_manifest_and_resume(tmp_path):
+    w = ResultsWriter(tmp_path / "run", exp="x", config={"a": 1})
+    w.add(ROW | {"context_len": 1024.0, "tpot_ms": 3.0})
+    w.add(ROW | {"context_len": 2048.0, "status": "oom", "error": "too big"})
+    w.finish()
+    df, man = load_results(tmp_path / "run")
+    assert len(df) == 2 and set(df["status"]) == {"ok", "oom"}
+    assert {"link_read_bytes", "gpu_mem_gb", "kv_bytes", "error"} <= set(df.columns)
+    for key in ("git_sha", "hostname", "gpu", "driver", "torch", "cuda", "command", "config", "mode"):
+        assert key in man, key
+    assert man["mode"] == "simulated" and man["rows"] == 2
+    # a rerun into the same directory sees what is done
+    w2 = ResultsWriter(tmp_path / "run", exp="x", config={})
+    assert w2.done(system="hbm", context_len=1024.0) and not w2.done(system="hbm", context_len=4096.0)
+
+
+@pytest.mark.parametrize("bad", [{"mode": "guessed"}, {"status": "fine"}])
+def test_labels_are_checked(tmp_path, bad):
+    w = ResultsWriter(tmp_path, exp="x", config={})
+    with pytest.raises(ValueError):
+        w.add(ROW | bad)
+    missing = dict(ROW)
+    del missing["mode"]
+    with pytest.raises(ValueError, match="mode"):
+        w.add(missing)
+
+
+def test_rows_survive_each_add(tmp_path):
+    w = ResultsWriter(tmp_path, exp="x", config={})
+    w.add(ROW)
+    assert len(pd.read_parquet(tmp_path / "results.parquet")) == 1  # on disk before finish()
+    assert json.loads((tmp_path / "manifest.json").read_text())["finished_at"] is None
