@@ -175,4 +175,6 @@ def mode_suffix(modes: Iterable[str], gpu: str | None = None) -> str:
 def figure_title(what: str, modes: Iterable[str], manifest: Mapping[str, Any]) -> str:
     """`what` followed by the mode suffix, e.g. "Fig. 11: ... (simulated)"."""
     gpu = manifest.get("gpu")
-    return f"{what} {mode_suffix(modes, gpu if isinstance(gpu, str) else None)}"
+    # The results writer records "none" when no CUDA device was visible.
+    known = isinstance(gpu, str) and gpu.strip().lower() not in ("", "none", "unknown")
+    return f"{what} {mode_suffix(modes, gpu if known else None)}"

@@ -325,6 +325,13 @@ def test_mode_suffix(modes: list[str], gpu: str | None, expected: str) -> None:
     assert mode_suffix(modes, gpu) == expected
 
 
+def test_figure_title_ignores_a_gpu_recorded_as_none() -> None:
+    from plots.style import figure_title
+
+    assert figure_title("Fig. X", ["measured"], {"gpu": "none"}) == "Fig. X (measured)"
+    assert figure_title("Fig. X", ["measured"], {"gpu": "NVIDIA H200"}) == "Fig. X (measured on NVIDIA H200)"
+
+
 def test_mode_suffix_rejects_unknown_mode() -> None:
     with pytest.raises(ConfigError, match="unknown mode 'guessed'"):
         mode_suffix(["measured", "guessed"])

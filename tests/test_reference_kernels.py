@@ -38,9 +38,10 @@ def complex_rope(x: torch.Tensor, pos0: int, theta: float) -> torch.Tensor:
     half = x.shape[-1] // 2
     freq = theta ** (-torch.arange(half, dtype=torch.float64) * 2 / x.shape[-1])
     angle = torch.arange(pos0, pos0 + x.shape[0], dtype=torch.float64)[:, None] * freq
-    z = torch.complex(x[..., :half].double(), x[..., half:].double()) * torch.polar(
-        torch.ones_like(angle), angle
-    )[:, None, :]
+    z = (
+        torch.complex(x[..., :half].double(), x[..., half:].double())
+        * torch.polar(torch.ones_like(angle), angle)[:, None, :]
+    )
     return torch.cat([z.real, z.imag], dim=-1)
 
 
@@ -59,10 +60,14 @@ DECODE_CASES = [  # seq_lens, page_size, num_kv_heads, gqa, head_dim, dtype, til
 def test_decode_matches_dense(case, variant):
     lens, page_size, kv_heads, gqa, head_dim, dtype, tile_kv = case
     gen = torch.Generator().manual_seed(1)
-    kv = random_paged_kv(lens, page_size=page_size, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, generator=gen)
+    kv = random_paged_kv(
+        lens, page_size=page_size, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, generator=gen
+    )
     q = torch.randn(len(lens), kv_heads * gqa, head_dim, generator=gen).to(dtype)
     out, _ = decode_attention(q, kv, variant=variant, tile_kv=tile_kv)
-    ref = torch.cat([dense_attention(q[b : b + 1], *kv.gather(b), q_pos0=n - 1, causal=True) for b, n in enumerate(lens)])
+    ref = torch.cat(
+        [dense_attention(q[b : b + 1], *kv.gather(b), q_pos0=n - 1, causal=True) for b, n in enumerate(lens)]
+    )
     check_out(out, ref, dtype)
 
 
@@ -80,18 +85,24 @@ PREFILL_CASES = [  # q_len, past_len, page_size, num_kv_heads, gqa, head_dim, dt
 
 
 @pytest.mark.parametrize("variant", ["naive", "tiled"])
-@pytest.mark.parametrize("case", PREFILL_CASES, ids=lambda c: f"q{c[0]}-past{c[1]}-ps{c[2]}-g{c[4]}-{c[6]}-c{c[7]}")
+@pytest.mark.parametrize(
+    "case", PREFILL_CASES, ids=lambda c: f"q{c[0]}-past{c[1]}-ps{c[2]}-g{c[4]}-{c[6]}-c{c[7]}"
+)
 def test_prefill_matches_dense(case, variant):
     q_len, past, page_size, kv_heads, gqa, head_dim, dtype, causal, tile_q, tile_kv = case
     gen = torch.Generator().manual_seed(2)
-    kv = random_paged_kv([past], page_size=page_size, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, generator=gen)
+    kv = random_paged_kv(
+        [past], page_size=page_size, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, generator=gen
+    )
     q = torch.randn(q_len, kv_heads * gqa, head_dim, generator=gen).to(dtype)
     k_new, v_new = (torch.randn(q_len, kv_heads, head_dim, generator=gen).to(dtype) for _ in range(2))
     out, _ = prefill_attention(
         q, k_new, v_new, kv, variant=variant, causal=causal, tile_q=tile_q, tile_kv=tile_kv
     )
     k_past, v_past = kv.gather(0)
-    ref = dense_attention(q, torch.cat([k_past, k_new]), torch.cat([v_past, v_new]), q_pos0=past, causal=causal)
+    ref = dense_attention(
+        q, torch.cat([k_past, k_new]), torch.cat([v_past, v_new]), q_pos0=past, causal=causal
+    )
     check_out(out, ref, dtype)
 
 
@@ -106,7 +117,9 @@ def test_prefill_variants_agree_and_sm_scale_is_used():
     ]
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
     k_past, v_past = kv.gather(0)
-    ref = dense_attention(q, torch.cat([k_past, k_new]), torch.cat([v_past, v_new]), q_pos0=70, causal=True, sm_scale=0.3)
+    ref = dense_attention(
+        q, torch.cat([k_past, k_new]), torch.cat([v_past, v_new]), q_pos0=70, causal=True, sm_scale=0.3
+    )
     assert rel_err(outs[1], ref) < 1e-5
 
 
@@ -121,7 +134,9 @@ PROJ_CASES = [  # q_len, past_len, page_size, num_kv_heads, gqa, head_dim, hidde
 ]
 
 
-@pytest.mark.parametrize("case", PROJ_CASES, ids=lambda c: f"q{c[0]}-past{c[1]}-ps{c[2]}-g{c[4]}-{c[7]}-rope{c[8]}")
+@pytest.mark.parametrize(
+    "case", PROJ_CASES, ids=lambda c: f"q{c[0]}-past{c[1]}-ps{c[2]}-g{c[4]}-{c[7]}-rope{c[8]}"
+)
 def test_proj_attention_fused_equals_separate_and_dense(case):
     q_len, past, page_size, kv_heads, gqa, head_dim, hidden, dtype, theta, causal = case
     num_heads = kv_heads * gqa
@@ -140,13 +155,19 @@ def test_proj_attention_fused_equals_separate_and_dense(case):
     outs, caches = {}, {}
     for variant in ("separate", "fused"):
         run_kv = dataclasses.replace(  # fresh pools per variant, same contents
-            kv, host_k=kv.host_k.clone(), host_v=kv.host_v.clone(), hbm_k=kv.hbm_k.clone(), hbm_v=kv.hbm_v.clone()
+            kv,
+            host_k=kv.host_k.clone(),
+            host_v=kv.host_v.clone(),
+            hbm_k=kv.hbm_k.clone(),
+            hbm_v=kv.hbm_v.clone(),
         )
         outs[variant], _ = proj_attention(
             x, wq, wk, wv, run_kv, variant=variant, rope_theta=theta, causal=causal, tile_q=32, tile_kv=48
         )
         caches[variant] = dataclasses.replace(run_kv, seq_lens=full.seq_lens).gather(0)
-    torch.testing.assert_close(outs["fused"], outs["separate"], rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        outs["fused"], outs["separate"], rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-5
+    )
 
     def heads(w: torch.Tensor, n: int) -> torch.Tensor:
         return (x.double() @ w.double()).reshape(q_len, n, head_dim)
@@ -158,7 +179,11 @@ def test_proj_attention_fused_equals_separate_and_dense(case):
         assert torch.equal(k_cache[:past], k_past) and torch.equal(v_cache[:past], v_past)  # past untouched
         assert rel_err(k_cache[past:], k_ref) < TOL[dtype] and rel_err(v_cache[past:], v_ref) < TOL[dtype]
     ref = dense_attention(
-        q_ref, torch.cat([k_past.double(), k_ref]), torch.cat([v_past.double(), v_ref]), q_pos0=past, causal=causal
+        q_ref,
+        torch.cat([k_past.double(), k_ref]),
+        torch.cat([v_past.double(), v_ref]),
+        q_pos0=past,
+        causal=causal,
     )
     check_out(outs["fused"], ref, dtype)
 
@@ -168,8 +193,13 @@ def test_proj_attention_fused_equals_separate_and_dense(case):
 
 @pytest.mark.parametrize("variant", ["naive", "tiled", "pipelined"])
 @pytest.mark.parametrize(
-    "shape,dtype", [((1, 1, 1), torch.float32), ((130, 77, 201), torch.float32), ((257, 65, 63), torch.bfloat16),
-                    ((33, 129, 7), torch.float16)],  # fmt: skip
+    "shape,dtype",
+    [
+        ((1, 1, 1), torch.float32),
+        ((130, 77, 201), torch.float32),
+        ((257, 65, 63), torch.bfloat16),
+        ((33, 129, 7), torch.float16),
+    ],  # fmt: skip
 )
 def test_gemm_matches_matmul(shape, dtype, variant):
     m, k, n = shape
@@ -196,7 +226,10 @@ def small_problem():
     [
         (lambda kv, q, kn: decode_attention(q[:1], kv, variant="tiledd"), "naive, tiled"),
         (lambda kv, q, kn: prefill_attention(q, kn, kn, kv, variant="fused"), "naive, tiled"),
-        (lambda kv, q, kn: proj_attention(q[:, 0], q[0].T, kn[0].T, kn[0].T, kv, variant="tiled"), "fused, separate"),
+        (
+            lambda kv, q, kn: proj_attention(q[:, 0], q[0].T, kn[0].T, kn[0].T, kv, variant="tiled"),
+            "fused, separate",
+        ),
         (lambda kv, q, kn: gemm(q[0], q[0], variant="Tiled"), "naive, pipelined, tiled"),
     ],
 )
@@ -224,7 +257,9 @@ def test_bad_inputs_raise_config_error():
     # The op writes past_len + q_len = 40 + 30 tokens: the table reserves only 3 pages of 16.
     x = torch.randn(30, 16)
     with pytest.raises(ConfigError, match="needs 5 pages for 70 tokens"):
-        proj_attention(x, torch.randn(16, 8 * 64), torch.randn(16, 128), torch.randn(16, 128), kv, variant="fused")
+        proj_attention(
+            x, torch.randn(16, 8 * 64), torch.randn(16, 128), torch.randn(16, 128), kv, variant="fused"
+        )
     broken = dataclasses.replace(kv, block_table=torch.full_like(kv.block_table, 999))
     with pytest.raises(ConfigError, match=r"block_table\[0, 0\] = 999 names no page"):
         decode_attention(q[:1], broken, variant="tiled")
@@ -237,7 +272,9 @@ def test_bad_inputs_raise_config_error():
 
 
 def to_meta(kv):
-    return dataclasses.replace(kv, **{f: getattr(kv, f).to("meta") for f in ("host_k", "host_v", "hbm_k", "hbm_v")})
+    return dataclasses.replace(
+        kv, **{f: getattr(kv, f).to("meta") for f in ("host_k", "host_v", "hbm_k", "hbm_v")}
+    )
 
 
 def test_meta_counting_equals_real_run():
@@ -247,16 +284,22 @@ def test_meta_counting_equals_real_run():
     q = torch.randn(3, 8, 64, generator=gen).to(dt)
     for variant in ("naive", "tiled"):
         out, real = decode_attention(q, kv, variant=variant, tile_kv=24)
-        none, counted = decode_attention(q.to("meta"), to_meta(kv), variant=variant, tile_kv=24, compute=False)
+        none, counted = decode_attention(
+            q.to("meta"), to_meta(kv), variant=variant, tile_kv=24, compute=False
+        )
         assert none is None and counted == real and out is not None
 
-    kv1 = random_paged_kv([100 + 37], page_size=16, num_kv_heads=2, head_dim=64, dtype=dt, seq_lens=[100], generator=gen)
+    kv1 = random_paged_kv(
+        [100 + 37], page_size=16, num_kv_heads=2, head_dim=64, dtype=dt, seq_lens=[100], generator=gen
+    )
     q = torch.randn(37, 8, 64, generator=gen).to(dt)
     k_new = torch.randn(37, 2, 64, generator=gen).to(dt)
     for variant in ("naive", "tiled"):
         kw = dict(variant=variant, tile_q=16, tile_kv=32)
         _, real = prefill_attention(q, k_new, k_new, kv1, **kw)
-        none, counted = prefill_attention(q.to("meta"), *[k_new.to("meta")] * 2, to_meta(kv1), compute=False, **kw)
+        none, counted = prefill_attention(
+            q.to("meta"), *[k_new.to("meta")] * 2, to_meta(kv1), compute=False, **kw
+        )
         assert none is None and counted == real
 
     x = torch.randn(37, 48, generator=gen).to(dt)
@@ -264,13 +307,17 @@ def test_meta_counting_equals_real_run():
     for variant in ("fused", "separate"):
         kw = dict(variant=variant, rope_theta=1e4, tile_q=16, tile_kv=32)
         _, real = proj_attention(x, *ws, kv1, **kw)
-        none, counted = proj_attention(x.to("meta"), *[w.to("meta") for w in ws], to_meta(kv1), compute=False, **kw)
+        none, counted = proj_attention(
+            x.to("meta"), *[w.to("meta") for w in ws], to_meta(kv1), compute=False, **kw
+        )
         assert none is None and counted == real
 
     a, b = torch.randn(70, 40, generator=gen).to(dt), torch.randn(40, 90, generator=gen).to(dt)
     for variant in ("naive", "tiled", "pipelined"):
         _, real = gemm(a, b, variant=variant, tile_m=32, tile_n=32, tile_k=16)
-        none, counted = gemm(a.to("meta"), b.to("meta"), variant=variant, tile_m=32, tile_n=32, tile_k=16, compute=False)
+        none, counted = gemm(
+            a.to("meta"), b.to("meta"), variant=variant, tile_m=32, tile_n=32, tile_k=16, compute=False
+        )
         assert none is None and counted == real
 
 
@@ -292,5 +339,7 @@ def test_counting_32k_decode_batch_64_is_fast():
     start = time.perf_counter()
     _, traffic = decode_attention(q, kv, variant="tiled", compute=False)
     elapsed = time.perf_counter() - start
-    assert traffic.link_read_bytes + traffic.hbm_read_bytes == 64 * 32768 * 2 * 8 * 128 * 2 + 64 * 32 * 128 * 2
+    assert (
+        traffic.link_read_bytes + traffic.hbm_read_bytes == 64 * 32768 * 2 * 8 * 128 * 2 + 64 * 32 * 128 * 2
+    )
     assert elapsed < 1.0, f"counting took {elapsed:.2f} s"

@@ -30,7 +30,9 @@ def meta(*shape: int) -> torch.Tensor:
 
 def random_heads(rng: random.Random) -> dict:
     kv_heads = rng.choice([1, 2, 8])
-    return dict(num_kv_heads=kv_heads, num_heads=kv_heads * rng.choice([1, 4, 8]), head_dim=rng.choice([8, 64, 128]))
+    return dict(
+        num_kv_heads=kv_heads, num_heads=kv_heads * rng.choice([1, 4, 8]), head_dim=rng.choice([8, 64, 128])
+    )
 
 
 def test_floor_sum_matches_brute_force():
@@ -91,7 +93,9 @@ def test_proj_attention_closed_form_equals_counted():
         h, q_len, past, kv, tiles = random_attention_case(rng, trial)
         hidden = rng.randint(1, 300)
         x = meta(q_len, hidden)
-        ws = [meta(hidden, h["num_heads"] * h["head_dim"])] + [meta(hidden, h["num_kv_heads"] * h["head_dim"])] * 2
+        ws = [meta(hidden, h["num_heads"] * h["head_dim"])] + [
+            meta(hidden, h["num_kv_heads"] * h["head_dim"])
+        ] * 2
         for variant in ("fused", "separate"):
             _, counted = proj_attention(x, *ws, kv, variant=variant, rope_theta=1e4, compute=False, **tiles)
             model = proj_attention_traffic(
@@ -138,7 +142,9 @@ def test_prefill_link_reads_tiled_once_naive_per_q_tile(q_len, past, tile_q):
 
 def test_decode_naive_reads_gqa_ratio_times_tiled():
     lens = [1, 100, 4097]
-    kv = random_paged_kv(lens, page_size=64, num_kv_heads=8, head_dim=128, dtype=DT, hbm_fraction=0.0, device="meta")
+    kv = random_paged_kv(
+        lens, page_size=64, num_kv_heads=8, head_dim=128, dtype=DT, hbm_fraction=0.0, device="meta"
+    )
     q = meta(3, 32, 128)
     naive, tiled = (decode_attention(q, kv, variant=v, compute=False)[1] for v in ("naive", "tiled"))
     assert tiled.link_read_bytes == sum(lens) * 2 * 8 * 128 * E

@@ -172,7 +172,9 @@ def _attention(
     # state is written after every visit but the last and read before every visit but the first.
     visit_rows = ceil_div(past_len, tile_kv) * q_len + sums.rows_tiles
     partial = (visit_rows - q_len) * heads.part
-    new_host, new_hbm = {"hbm": (0, q_len), "pages": (q_len - new_hbm_tokens, new_hbm_tokens)}.get(new_kv, (0, 0))
+    new_host, new_hbm = {"hbm": (0, q_len), "pages": (q_len - new_hbm_tokens, new_hbm_tokens)}.get(
+        new_kv, (0, 0)
+    )
     return Traffic(
         link_read_bytes=(past_host + new_host) * heads.kv_tok,
         hbm_read_bytes=(past_hbm_tokens + new_hbm) * heads.kv_tok + visit_rows * heads.row + partial,
@@ -278,7 +280,9 @@ def gemm_traffic(
     b_reads = k * n * e * (ceil_div(m, tile_m) if variant == "naive" else 1)
     hbm_read = m * k * e * ceil_div(n, tile_n)  # A is re-read for every column of C tiles in both orders
     hbm_write = m * n * e
-    if variant != "naive":  # float32 partial C written after every k step but the last, read before all but the first
+    if (
+        variant != "naive"
+    ):  # float32 partial C written after every k step but the last, read before all but the first
         partial = (ceil_div(k, tile_k) - 1) * m * n * 4
         hbm_read += partial
         hbm_write += partial

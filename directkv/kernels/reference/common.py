@@ -86,4 +86,3 @@ def page_entries(kv: PagedKV, tokens: Sequence[int]) -> list[list[int]]:
             f"0..{num_host - 1} (host) and -1..-{num_hbm} (hbm)"
         )
     return [table[b, : int(pages[b])].tolist() for b in range(len(tokens))]
-

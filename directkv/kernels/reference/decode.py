@@ -57,7 +57,9 @@ def decode_attention(
     )
     check(q.dtype == kv.dtype, f"q dtype {q.dtype} != KV dtype {kv.dtype}")
     seq_lens = [int(n) for n in kv.seq_lens.tolist()]
-    check(all(n >= 1 for n in seq_lens), f"decode needs seq_lens >= 1 (the query's own token); got {seq_lens}")
+    check(
+        all(n >= 1 for n in seq_lens), f"decode needs seq_lens >= 1 (the query's own token); got {seq_lens}"
+    )
     entries = page_entries(kv, seq_lens)
     layout = HeadLayout(num_heads, kv.num_kv_heads, per_query_head=variant == "naive")
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)

@@ -8,7 +8,13 @@ import torch
 
 
 def dense_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_pos0: int, causal: bool, sm_scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    q_pos0: int,
+    causal: bool,
+    sm_scale: float | None = None,
 ) -> torch.Tensor:
     """Attention in float64 with GQA head mapping (query head h reads KV head h // gqa_ratio).
 

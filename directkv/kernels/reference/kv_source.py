@@ -66,9 +66,7 @@ class PagedKVRange:
             torch.cat(vs).to(device=self.device, dtype=torch.float32),
         )
 
-    def write(
-        self, k0: int, k1: int, tile: KVTile | None, counter: TrafficCounter, compute: bool
-    ) -> None:
+    def write(self, k0: int, k1: int, tile: KVTile | None, counter: TrafficCounter, compute: bool) -> None:
         """Store tokens [k0, k1): tile = (k, v) `[k1 - k0, num_kv_heads, head_dim]`, None when counting only."""
         done = 0
         for entry, a, b in self.segments(k0, k1):

@@ -72,7 +72,10 @@ def prefill_attention(
     past_len = check_prefill_cache(kv, num_heads, head_dim, q.dtype)
     want = (q_len, kv.num_kv_heads, head_dim)
     for name, t in (("k_new", k_new), ("v_new", v_new)):
-        check(tuple(t.shape) == want, f"{name} must be [q_len, num_kv_heads, head_dim] = {want}; got {tuple(t.shape)}")
+        check(
+            tuple(t.shape) == want,
+            f"{name} must be [q_len, num_kv_heads, head_dim] = {want}; got {tuple(t.shape)}",
+        )
         check(t.dtype == q.dtype, f"{name} dtype {t.dtype} != q dtype {q.dtype}")
     entries = page_entries(kv, [past_len])[0]
     problem = AttnProblem(

@@ -37,8 +37,11 @@ class _Projector:
     chip); outputs are `[rows, heads, head_dim]` rounded to the cache dtype, None when counting.
     """
 
-    def __init__(self, x: torch.Tensor, head_dim: int, past_len: int, rope_theta: float | None, compute: bool):
-        self.x, self.head_dim, self.past_len, self.rope_theta, self.compute = x, head_dim, past_len, rope_theta, compute
+    def __init__(
+        self, x: torch.Tensor, head_dim: int, past_len: int, rope_theta: float | None, compute: bool
+    ):
+        self.x, self.head_dim, self.past_len = x, head_dim, past_len
+        self.rope_theta, self.compute = rope_theta, compute
         self.hidden = int(x.shape[1])
 
     def project(
@@ -120,7 +123,10 @@ def proj_attention(
     )
     for name, w in (("wk", wk), ("wv", wv)):
         want = (hidden, num_kv_heads * head_dim)
-        check(tuple(w.shape) == want, f"{name} must be [hidden, num_kv_heads * head_dim] = {want}; got {tuple(w.shape)}")
+        check(
+            tuple(w.shape) == want,
+            f"{name} must be [hidden, num_kv_heads * head_dim] = {want}; got {tuple(w.shape)}",
+        )
     for name, t in (("wq", wq), ("wk", wk), ("wv", wv)):
         check(t.dtype == x.dtype, f"{name} dtype {t.dtype} != x dtype {x.dtype}")
     check(
@@ -151,7 +157,9 @@ def proj_attention(
             if compute:
                 q_buf[r0:r1] = outs[0]
             if variant == "separate":
-                new.write(past_len + r0, past_len + r1, (outs[1], outs[2]) if compute else None, counter, compute)
+                new.write(
+                    past_len + r0, past_len + r1, (outs[1], outs[2]) if compute else None, counter, compute
+                )
         new_source = new if variant == "separate" else _ProjectedKVRange(projector, wk, wv, new)
         return kv_outer(problem, [past, new_source], counter, compute)
 

@@ -87,13 +87,22 @@ def _empty_state(p: AttnProblem, rows: int) -> SoftmaxState:
     return SoftmaxState.empty(p.layout.readers, p.layout.reader_rows(rows), p.head_dim, p.q.device)
 
 
+def _new_out(p: AttnProblem) -> torch.Tensor:
+    return torch.empty(p.q_len, p.layout.num_heads, p.head_dim, dtype=p.dtype, device=p.q.device)
+
+
 def _load_q(p: AttnProblem, q0: int, q1: int, counter: TrafficCounter, compute: bool) -> torch.Tensor | None:
     counter.read((q1 - q0) * p.row_bytes, "hbm")
     return p.layout.group_q(p.q[q0:q1].float()) if compute else None
 
 
 def _store_o(
-    p: AttnProblem, out: torch.Tensor | None, q0: int, q1: int, state: SoftmaxState | None, counter: TrafficCounter
+    p: AttnProblem,
+    out: torch.Tensor | None,
+    q0: int,
+    q1: int,
+    state: SoftmaxState | None,
+    counter: TrafficCounter,
 ) -> None:
     counter.write((q1 - q0) * p.row_bytes, "hbm")
     if out is not None:
@@ -104,7 +113,7 @@ def q_outer(
     p: AttnProblem, sources: Sequence[KVSource], counter: TrafficCounter, compute: bool
 ) -> torch.Tensor | None:
     """FlashAttention order. Returns O `[q_len, num_heads, head_dim]` in p.dtype, or None when counting."""
-    out = torch.empty(p.q_len, p.layout.num_heads, p.head_dim, dtype=p.dtype, device=p.q.device) if compute else None
+    out = _new_out(p) if compute else None
     tiles = kv_tiles(sources, p.tile_kv)
     for q0, q1 in p.q_tiles():
         q_grouped = _load_q(p, q0, q1, counter, compute)
@@ -121,7 +130,7 @@ def kv_outer(
     p: AttnProblem, sources: Sequence[KVSource], counter: TrafficCounter, compute: bool
 ) -> torch.Tensor | None:
     """K/V-stationary order. Returns O `[q_len, num_heads, head_dim]` in p.dtype, or None when counting."""
-    out = torch.empty(p.q_len, p.layout.num_heads, p.head_dim, dtype=p.dtype, device=p.q.device) if compute else None
+    out = _new_out(p) if compute else None
     tiles = kv_tiles(sources, p.tile_kv)
     q_tiles = p.q_tiles()
     # The planner knows the schedule: a Q tile's last visit is the last tile in order that it sees.

@@ -1,0 +1,330 @@
+"""CUDA decode attention over a paged two-tier KV cache (csrc/include/directkv/decode_attention.cuh).
+
+Variants
+--------
+naive  : one query head per CTA, zero-copy: each K/V byte is read once per query head of its GQA group.
+tiled  : all query heads of a KV head in one CTA, zero-copy: each K/V byte crosses the link once.
+stream : beyond the paper: the copy engine moves host pages into a small HBM ring on a side stream while
+         the tiled kernel consumes the previous chunk; partial (O, lse) per chunk merged at the end.
+
+Both zero-copy variants split each sequence over CTAs (flash-decoding) when there are too few
+(sequence, head group) pairs to fill the GPU; the split plan is host-side arithmetic on the SM count,
+the kernel's occupancy and the block table's width (no device sync).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass, field
+from functools import cache
+
+import torch
+
+from directkv.errors import ConfigError, check, unknown_name
+from directkv.kernels.cuda import build
+from directkv.kernels.paged import PagedKV
+from directkv.kernels.traffic import Traffic
+from directkv.kernels.traffic_model import decode_traffic
+
+VARIANTS = ("naive", "tiled", "stream")
+TILES = (32, 64)
+DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
+MAX_RING_BYTES = 64 << 20
+# A split of fewer tiles than this spends more on its start-up (q, first loads) than it saves in balance.
+MIN_TILES_PER_SPLIT = 2
+# CTAs per resident slot to aim for: one full wave plus slack, so no slot idles at the tail.
+WAVES = 2
+
+
+def plan_splits(num_groups: int, max_tiles: int, slots: int, num_splits: int | None = None) -> tuple[int, int]:
+    """(num_splits, tiles_per_split) for `num_groups` (sequence, head group) CTAs of <= max_tiles tiles.
+
+    Splits until about WAVES * slots CTAs exist (slots = SMs x resident CTAs per SM), never below
+    MIN_TILES_PER_SPLIT tiles a split; a forced `num_splits` is clipped to max_tiles. Splits are equal in
+    tiles, so the last one may be short; shorter sequences leave their trailing splits empty.
+    """
+    max_tiles = max(1, max_tiles)
+    if num_splits is None:
+        want = math.ceil(WAVES * slots / max(1, num_groups))
+        num_splits = max(1, min(want, math.ceil(max_tiles / MIN_TILES_PER_SPLIT)))
+    num_splits = max(1, min(int(num_splits), max_tiles))
+    tiles_per_split = math.ceil(max_tiles / num_splits)
+    return math.ceil(max_tiles / tiles_per_split), tiles_per_split
+
+
+def heads_per_cta(variant: str, group: int) -> int:
+    """Query heads one CTA serves: 1 for naive, else the largest of 8, 4, 2, 1 dividing the GQA group."""
+    if variant == "naive":
+        return 1
+    return next(h for h in (8, 4, 2, 1) if group % h == 0)
+
+
+def _module():
+    return build.load("decode_attention")
+
+
+@cache
+def _occupancy(device: int, dtype_code: int, head_dim: int, hpc: int, tile: int) -> int:
+    with torch.cuda.device(device):
+        sms, per_sm = _module().occupancy(dtype_code, head_dim, hpc, tile)
+    return sms * max(1, per_sm)
+
+
+@dataclass
+class _Workspace:
+    """Split-KV partials and arrival counters of one (device, stream); counters are left zero by the kernel."""
+
+    part_o: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    part_lse: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    counters: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+
+    def ensure(self, rows: int, head_dim: int, groups: int, device: torch.device) -> _Workspace:
+        if self.part_o.numel() < rows * head_dim or self.part_o.device != device:
+            self.part_o = torch.empty(rows * head_dim, dtype=torch.float32, device=device)
+            self.part_lse = torch.empty(rows, dtype=torch.float32, device=device)
+        if self.counters.numel() < groups or self.counters.device != device:
+            self.counters = torch.zeros(groups, dtype=torch.int32, device=device)
+        return self
+
+
+_WORKSPACES: dict[tuple[int, int], _Workspace] = {}
+# id(block_table) -> (weakref to it, {key: Traffic}); tensors cannot key a WeakKeyDictionary (== is elementwise)
+_TRAFFIC: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def _launch(q, host_k, host_v, hbm_k, hbm_v, block_table, seq_lens, *, variant, tile_kv, sm_scale, num_splits,
+            out=None, out_f32=None, lse_out=None) -> None:
+    """One kernel launch; pools `[pages, page_size, num_kv_heads, head_dim]`, q `[batch, heads, head_dim]`."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, page_size = host_k.shape[2], host_k.shape[1]
+    hpc = heads_per_cta(variant, num_heads // num_kv_heads)
+    code = DTYPE_CODES[q.dtype]
+    device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    slots = _occupancy(device, code, head_dim, hpc, tile_kv)
+    max_tiles = math.ceil(block_table.shape[1] * page_size / tile_kv)
+    groups = batch * (num_heads // hpc)
+    splits, tiles_per_split = plan_splits(groups, max_tiles, slots, num_splits)
+    stream = torch.cuda.current_stream(q.device)
+    ws = _WORKSPACES.setdefault((device, stream.cuda_stream), _Workspace())
+    if splits > 1:
+        ws.ensure(splits * batch * num_heads, head_dim, groups, q.device)
+    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+    _module().run(
+        q.data_ptr(), host_k.data_ptr(), host_v.data_ptr(), hbm_k.data_ptr(), hbm_v.data_ptr(),
+        block_table.data_ptr(), seq_lens.data_ptr(), ptr(out), ptr(out_f32), ptr(lse_out),
+        ptr(ws.part_o) if splits > 1 else 0, ptr(ws.part_lse) if splits > 1 else 0,
+        ptr(ws.counters) if splits > 1 else 0, batch, num_heads, num_kv_heads, head_dim,
+        block_table.shape[1], page_size, splits, tiles_per_split, hpc, tile_kv, sm_scale, code,
+        stream.cuda_stream,
+    )  # fmt: skip
+
+
+def _check_inputs(q: torch.Tensor, kv: PagedKV, variant: str, tile_kv: int, out: torch.Tensor | None) -> None:
+    if variant not in VARIANTS:
+        raise unknown_name("decode_attention variant", variant, VARIANTS)
+    check(tile_kv in TILES, f"tile_kv {tile_kv!r} is not supported by the CUDA kernel; valid: {TILES}")
+    check(q.dim() == 3, f"q must be [batch, num_heads, head_dim]; got shape {tuple(q.shape)}")
+    batch, num_heads, head_dim = q.shape
+    check(q.dtype in DTYPE_CODES, f"dtype {q.dtype} is not supported; valid: float16, bfloat16")
+    check(head_dim in (64, 128), f"head_dim {head_dim} is not supported; valid: 64, 128")
+    check(q.dtype == kv.dtype, f"q dtype {q.dtype} != KV dtype {kv.dtype}")
+    check((batch, head_dim) == (kv.batch, kv.head_dim), f"q {tuple(q.shape)} does not match kv batch "
+          f"{kv.batch} / head_dim {kv.head_dim}")
+    check(num_heads % kv.num_kv_heads == 0, f"num_heads {num_heads} is not a multiple of num_kv_heads {kv.num_kv_heads}")
+    ps = kv.page_size
+    check(ps >= 1 and ps & (ps - 1) == 0, f"page_size {ps} is not a power of two")
+    for name, t in (("q", q), ("host_k", kv.host_k), ("host_v", kv.host_v), ("hbm_k", kv.hbm_k), ("hbm_v", kv.hbm_v),
+                    ("block_table", kv.block_table), ("seq_lens", kv.seq_lens)):
+        check(t.device.type == "cuda", f"{name} must be a CUDA tensor (host pools as zero-copy views); got {t.device}")
+        check(t.is_contiguous(), f"{name} must be contiguous")
+    check(kv.block_table.dtype == torch.int32 and kv.seq_lens.dtype == torch.int32,
+          f"block_table and seq_lens must be int32; got {kv.block_table.dtype}, {kv.seq_lens.dtype}")
+    if out is not None:
+        check(out.shape == q.shape and out.dtype == q.dtype and out.device == q.device and out.is_contiguous(),
+              f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}")
+
+
+def traffic(kv: PagedKV, *, num_heads: int, variant: str) -> Traffic:
+    """Closed-form Traffic of one call (memoised per block table and seq_lens contents version)."""
+    key = (variant, num_heads, kv.seq_lens.data_ptr(), kv.seq_lens._version, kv.block_table._version)
+    ref, memo = _TRAFFIC.get(id(kv.block_table), (None, None))
+    if ref is None or ref() is not kv.block_table:
+        if len(_TRAFFIC) > 64:
+            _TRAFFIC.clear()
+        memo = {}
+        _TRAFFIC[id(kv.block_table)] = (weakref.ref(kv.block_table), memo)
+    if key not in memo:
+        table, lens = kv.block_table.cpu(), kv.seq_lens.cpu().to(torch.int64)
+        cols = torch.arange(table.shape[1])
+        tokens = (lens[:, None] - cols[None, :] * kv.page_size).clamp(0, kv.page_size)  # tokens per column's page
+        hbm_tokens = (tokens * (table < 0)).sum(1)
+        t = decode_traffic(lens.tolist(), num_heads=num_heads, num_kv_heads=kv.num_kv_heads, head_dim=kv.head_dim,
+                           dtype_bytes=kv.host_k.element_size(), variant="naive" if variant == "naive" else "tiled",
+                           hbm_tokens=hbm_tokens.tolist())
+        if variant == "stream":  # host bytes are written into the HBM ring, then read from it by the kernel
+            t = Traffic(t.link_read_bytes, t.link_write_bytes, t.hbm_read_bytes + t.link_read_bytes,
+                        t.hbm_write_bytes + t.link_read_bytes, t.flops)
+        memo[key] = t
+    return memo[key]
+
+
+def decode_attention(
+    q: torch.Tensor,
+    kv: PagedKV,
+    *,
+    variant: str,
+    tile_kv: int = 64,
+    sm_scale: float | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    plan: StreamPlan | None = None,
+) -> tuple[torch.Tensor, Traffic]:
+    """Attention of each sequence's one query token over its kv.seq_lens[b] cached tokens.
+
+    Parameters
+    ----------
+    q : `[batch, num_heads, head_dim]` CUDA tensor, fp16 or bf16, head_dim 64 or 128.
+    kv : paged cache; pools `[num_pages, page_size, num_kv_heads, head_dim]` (host pools as zero-copy CUDA
+        views of pinned memory, see zero_copy.device_view), block_table `[batch, max_pages]` int32 and
+        seq_lens `[batch]` int32 on the GPU. A sequence with seq_len 0 gets zeros.
+    variant : "naive", "tiled" or "stream" (module docstring).
+    tile_kv : K/V tokens per shared-memory stage, 32 or 64.
+    sm_scale : softmax scale, default 1 / sqrt(head_dim).
+    out : optional `[batch, num_heads, head_dim]` output buffer (q's dtype).
+    num_splits : force the split count per sequence (naive/tiled, and each chunk of stream); None plans it.
+    plan : stream only: a `plan_stream(kv)` result reused across calls (made per call when None).
+
+    Returns
+    -------
+    (out `[batch, num_heads, head_dim]`, Traffic from the closed form; the first call per block table syncs
+    to read it, later calls reuse it)
+    """
+    _check_inputs(q, kv, variant, tile_kv, out)
+    out = torch.empty_like(q) if out is None else out
+    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[2])
+    if variant == "stream":
+        _run_stream(q, kv, plan if plan is not None else plan_stream(kv), out, tile_kv, scale, num_splits)
+    else:
+        _launch(q, kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v, kv.block_table, kv.seq_lens, variant=variant,
+                tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits, out=out)
+    return out, traffic(kv, num_heads=q.shape[1], variant=variant)
+
+
+# --- stream variant -------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamPlan:
+    """Copy schedule of the stream variant, made once per block table (host-side, syncs once).
+
+    passes : [num_passes, batch, width] int32 CUDA block tables, one per chunk (entries -(ring_pos + 1)),
+        plus a last one over HBM-resident pages (original entries) when any exist.
+    lens : [num_passes, batch] int32 CUDA, tokens of each sequence in each pass.
+    copies : per chunk, the (first host page, first ring position, pages) runs to copy.
+    ring_k, ring_v : [num_slots, chunk_pages, page_size, num_kv_heads, head_dim] HBM rings.
+    """
+
+    passes: torch.Tensor
+    lens: torch.Tensor
+    copies: list[list[tuple[int, int, int]]]
+    hbm_pass: bool
+    ring_k: torch.Tensor
+    ring_v: torch.Tensor
+    side: torch.cuda.Stream
+    filled: list[torch.cuda.Event]
+    freed: list[torch.cuda.Event]
+
+
+def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, chunk_pages: int):
+    """Host-side chunking of the host pages a batch uses (CPU tensors in, CPU tensors out).
+
+    Used host pages, sorted, are cut into chunks of <= chunk_pages; each chunk's block table keeps every
+    sequence's pages in logical order, so a partly filled last page stays last and `lens` counts tokens
+    exactly (attention needs no key order otherwise). Returns (tables [P, batch, width], lens [P, batch],
+    copies per chunk, hbm_pass) with P = chunks (+1 for the HBM-page pass).
+    """
+    table, lens = block_table.to(torch.int64), seq_lens.to(torch.int64)
+    cols = torch.arange(table.shape[1])
+    tokens = (lens[:, None] - cols[None, :] * page_size).clamp(0, page_size)
+    host = (tokens > 0) & (table >= 0)
+    pages = torch.unique(table[host])  # sorted
+    chunk_of = torch.full((int(pages.max()) + 1 if len(pages) else 1,), -1, dtype=torch.int64)
+    pos_of = torch.zeros_like(chunk_of)
+    chunk_of[pages] = torch.arange(len(pages)) // chunk_pages
+    pos_of[pages] = torch.arange(len(pages)) % chunk_pages
+    copies = []
+    for start in range(0, len(pages), chunk_pages):
+        runs: list[tuple[int, int, int]] = []
+        for i, p in enumerate(pages[start : start + chunk_pages].tolist()):
+            if runs and runs[-1][0] + runs[-1][2] == p:
+                runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+            else:
+                runs.append((p, i, 1))
+        copies.append(runs)
+    safe = table.clamp(0, len(chunk_of) - 1)  # unused columns may hold anything
+    masks = [host & (chunk_of[safe] == c) for c in range(len(copies))]
+    entries = [-(pos_of[safe] + 1)] * len(copies)
+    hbm = (tokens > 0) & (table < 0)
+    if bool(hbm.any()):
+        masks.append(hbm)
+        entries.append(table)
+    width = max([int(m.sum(1).max()) for m in masks] + [1])
+    out_tables, out_lens = [], []
+    for mask, ent in zip(masks, entries, strict=True):
+        order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices  # selected columns first, in order
+        out_tables.append(torch.where(mask, ent, 0).gather(1, order)[:, :width])
+        out_lens.append((tokens * mask).sum(1))
+    return torch.stack(out_tables).to(torch.int32), torch.stack(out_lens).to(torch.int32), copies, bool(hbm.any())
+
+
+def plan_stream(kv: PagedKV, *, chunk_bytes: int = 8 << 20, num_slots: int = 3) -> StreamPlan:
+    """Plan the stream variant for `kv` (reads its block table once); the HBM ring is
+    2 * num_slots * chunk_bytes (K and V), at most 64 MiB."""
+    page_bytes = kv.page_size * kv.num_kv_heads * kv.head_dim * kv.host_k.element_size()
+    chunk_pages = chunk_bytes // page_bytes
+    check(chunk_pages >= 1 and num_slots >= 2 and 2 * num_slots * chunk_pages * page_bytes <= MAX_RING_BYTES,
+          f"stream ring of {num_slots} slots x 2 x {chunk_bytes} B must hold >= 1 page ({page_bytes} B) per slot, "
+          f">= 2 slots and <= {MAX_RING_BYTES} B")
+    tables, lens, copies, hbm_pass = stream_schedule(kv.block_table.cpu(), kv.seq_lens.cpu(), kv.page_size, chunk_pages)
+    device = kv.block_table.device
+    ring_shape = (num_slots, chunk_pages, *kv.host_k.shape[1:])
+    return StreamPlan(
+        passes=tables.to(device), lens=lens.to(device), copies=copies, hbm_pass=hbm_pass,
+        ring_k=torch.empty(ring_shape, dtype=kv.dtype, device=device),
+        ring_v=torch.empty(ring_shape, dtype=kv.dtype, device=device),
+        side=torch.cuda.Stream(device), filled=[torch.cuda.Event() for _ in range(num_slots)],
+        freed=[torch.cuda.Event() for _ in range(num_slots)],
+    )  # fmt: skip
+
+
+def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_splits) -> None:
+    if plan.passes.shape[1] != q.shape[0]:
+        raise ConfigError(f"stream plan is for batch {plan.passes.shape[1]}, q has batch {q.shape[0]}")
+    mod, main = _module(), torch.cuda.current_stream(q.device)
+    num_slots, chunk_pages = plan.ring_k.shape[:2]
+    page_bytes = plan.ring_k[0, 0].numel() * plan.ring_k.element_size()
+    host_k, host_v = kv.host_k.data_ptr(), kv.host_v.data_ptr()
+    o_parts = torch.empty((plan.passes.shape[0], *q.shape), dtype=torch.float32, device=q.device)
+    lse_parts = torch.empty(plan.passes.shape[:2] + q.shape[1:2], dtype=torch.float32, device=q.device)
+    kwargs = dict(variant="tiled", tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits)
+    plan.side.wait_stream(main)  # q, pools and the ring's previous readers come first
+    for c, runs in enumerate(plan.copies):
+        slot = c % num_slots
+        if c >= num_slots:
+            plan.side.wait_event(plan.freed[slot])
+        ring_k, ring_v = plan.ring_k[slot], plan.ring_v[slot]
+        for src, dst, n in runs:
+            for ring, host in ((ring_k, host_k), (ring_v, host_v)):
+                mod.copy_async(ring.data_ptr() + dst * page_bytes, host + src * page_bytes, n * page_bytes,
+                               plan.side.cuda_stream)
+        plan.filled[slot].record(plan.side)
+        main.wait_event(plan.filled[slot])
+        _launch(q, ring_k, ring_v, ring_k, ring_v, plan.passes[c], plan.lens[c], out_f32=o_parts[c],
+                lse_out=lse_parts[c], **kwargs)
+        plan.freed[slot].record(main)
+    if plan.hbm_pass:
+        _launch(q, kv.hbm_k, kv.hbm_v, kv.hbm_k, kv.hbm_v, plan.passes[-1], plan.lens[-1], out_f32=o_parts[-1],
+                lse_out=lse_parts[-1], **kwargs)
+    weights = torch.softmax(lse_parts, dim=0)  # passes with no tokens of a sequence have lse -inf: weight 0
+    out.copy_((o_parts * weights.unsqueeze(-1)).sum(0))
