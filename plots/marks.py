@@ -200,6 +200,14 @@ def outside_legend(anchor: Axes, sources: Sequence[Axes], extra: Sequence[Line2D
         )
 
 
+def _labels_too_wide(ax: Axes, labels: Sequence[str], bar_frac: float) -> bool:
+    """Whether horizontal value labels would be wider than a bar; `bar_frac` is a bar's share of the
+    axes width. ~0.6 em per character at 7 pt."""
+    axes_w_in = ax.get_position().width * ax.get_figure().get_figwidth()
+    widest = max((len(t) for t in labels), default=0) * 0.6 * 7 / 72
+    return widest > bar_frac * axes_w_in
+
+
 def label_groups(
     df: pd.DataFrame, sort: Sequence[str], base: Callable[[pd.DataFrame], pd.Series], extras: Sequence[str]
 ) -> tuple[pd.DataFrame, list[str]]:
@@ -263,7 +271,9 @@ def draw_grouped_bars(
     cells = ok.groupby([group, "variant"])[value].median()
     floors = ok.groupby([group, "variant"])[floor].median() if floor else pd.Series(dtype=float)
     failed = df[df["status"] != "ok"].groupby([group, "variant"])["status"].first()
-    n_bars = len(groups) * len(variants)
+    rotate = fmt is not None and _labels_too_wide(
+        ax, [fmt(v) for v in cells], width * 0.95 / max(len(groups), 1)
+    )
     heights: list[float] = []
     drew_floor = False
     for i, variant in enumerate(variants):
@@ -281,8 +291,8 @@ def draw_grouped_bars(
                         textcoords="offset points",
                         ha="center",
                         va="bottom",
-                        fontsize=6.5 if n_bars > 8 else 7,
-                        rotation=90 if n_bars > 8 else 0,
+                        fontsize=6.5 if rotate else 7,
+                        rotation=90 if rotate else 0,
                     )
                 fv = floors.get((g, variant), np.nan)
                 if np.isfinite(fv) and fv > 0:
@@ -309,5 +319,5 @@ def draw_grouped_bars(
         ax.set_yscale("log")
     positive = [h for h in heights if h > 0]
     if positive:
-        reserve_top(ax, max(positive), min(positive), 0.22 if fmt else 0.08)
+        reserve_top(ax, max(positive), min(positive), 0.22 if rotate else 0.12 if fmt else 0.08)
     return drew_floor

@@ -21,6 +21,7 @@ from plots.style import context_label, op_label, op_rank, variant_rank
 
 COLUMNS = ("op", "variant", "context_len", "time_ms", "link_read_bytes", "kv_bytes")
 GROUP_EXTRAS = ("q_len", "batch", "model", "hardware")
+MAX_ROW_WIDTH_IN = 13.0  # wider than this and a side-by-side figure no longer reads on a page
 
 
 def _op_panels(
@@ -45,9 +46,12 @@ def _op_panels(
         variants = sorted(rows["variant"].unique(), key=lambda v: (variant_rank(v), v))
         panels.append((op, rows, groups, variants))
     widths = [max(3.4, 0.17 * len(g) * len(v) + 1.2) for _, _, g, v in panels]
-    fig, axes = new_figure(1, len(panels), sum(widths) / len(panels), 3.6)
+    if sum(widths) <= MAX_ROW_WIDTH_IN:
+        fig, axes = new_figure(1, len(panels), sum(widths) / len(panels), 3.6)
+    else:  # too many bars for one row on a page: one op per row instead
+        fig, axes = new_figure(len(panels), 1, min(max(widths), MAX_ROW_WIDTH_IN), 3.2)
     floor_drawn = False
-    for ax, (op, rows, groups, variants) in zip(axes[0], panels, strict=True):
+    for ax, (op, rows, groups, variants) in zip(axes.flat, panels, strict=True):
         ax.set_title(op_label(op))
         if not rows[value].notna().any():
             no_data(ax, f"{value} values")

@@ -1,0 +1,68 @@
+"""Bandwidth ceilings measured in the same run as the kernels they judge.
+
+sm_read_gbps  : SMs streaming pinned host memory through a zero-copy view (csrc probe kernel): the ceiling
+                of every zero-copy kernel.
+ce_h2d_gbps   : copy engine, pinned host -> HBM (torch copy, non_blocking); the ceiling of staging.
+ce_d2h_gbps   : copy engine, HBM -> pinned host.
+hbm_copy_gbps : HBM -> HBM copy, bytes read plus bytes written.
+
+All in decimal GB/s (1e9 B/s), timed with directkv.timing.time_fn (median of repeats after warm-up).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from directkv.errors import check
+from directkv.kernels.cuda import build
+from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
+from directkv.timing import time_fn
+
+THREADS = 256
+BLOCKS_PER_SM = 8
+
+
+def stream_read_gbps(view: torch.Tensor, *, blocks: int | None = None, warmup: int = 2, repeats: int = 5) -> float:
+    """GB/s of the grid-stride float4 read kernel over all of `view` (contiguous CUDA tensor, nbytes % 16 == 0).
+
+    Pointed at a zero-copy view of pinned memory it reads across the link; at an HBM tensor, HBM.
+    `blocks` defaults to BLOCKS_PER_SM CTAs of THREADS threads per SM.
+    """
+    check(view.device.type == "cuda" and view.is_contiguous(), "stream_read_gbps needs a contiguous CUDA tensor")
+    nbytes = view.numel() * view.element_size()
+    check(nbytes >= 16 and nbytes % 16 == 0 and view.data_ptr() % 16 == 0,
+          f"stream_read_gbps needs a 16-byte aligned buffer of a multiple of 16 bytes; got {nbytes} B")
+    mod = build.load("probe")
+    blocks = blocks or BLOCKS_PER_SM * mod.num_sms()
+    sink = torch.empty(blocks * THREADS, dtype=torch.float32, device=view.device)
+
+    def run() -> None:
+        mod.stream_read(view.data_ptr(), nbytes, sink.data_ptr(), blocks, THREADS,
+                        torch.cuda.current_stream(view.device).cuda_stream)
+
+    timing = time_fn(run, warmup=warmup, repeats=repeats, device=view.device)
+    return nbytes / (timing.median_ms * 1e-3) / 1e9
+
+
+def _copy_gbps(dst: torch.Tensor, src: torch.Tensor, *, repeats: int, bytes_factor: int = 1) -> float:
+    timing = time_fn(lambda: dst.copy_(src, non_blocking=True), warmup=2, repeats=repeats, device="cuda")
+    return bytes_factor * src.numel() * src.element_size() / (timing.median_ms * 1e-3) / 1e9
+
+
+def measure_ceilings(nbytes: int = 2**30, *, repeats: int = 5) -> dict[str, float]:
+    """Measure the four ceilings over buffers of `nbytes` (default 1 GiB: ~17x the H200's L2).
+
+    Returns {"sm_read_gbps", "ce_h2d_gbps", "ce_d2h_gbps", "hbm_copy_gbps", "probe_bytes"}.
+    """
+    check(torch.cuda.is_available(), "measure_ceilings needs a CUDA GPU")
+    check(nbytes >= 2**20 and nbytes % 16 == 0, f"nbytes must be >= 1 MiB and a multiple of 16; got {nbytes}")
+    host = pinned_empty((nbytes,), torch.uint8)
+    hbm = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")  # random, never zeros
+    hbm2 = torch.empty_like(hbm)
+    d2h = _copy_gbps(host, hbm, repeats=repeats)  # also fills the pinned buffer with the random bytes
+    h2d = _copy_gbps(hbm2, host, repeats=repeats)
+    hbm_copy = _copy_gbps(hbm2, hbm, repeats=repeats, bytes_factor=2)
+    sm_read = stream_read_gbps(device_view(host), repeats=repeats)
+    torch.cuda.synchronize()
+    return {"sm_read_gbps": sm_read, "ce_h2d_gbps": h2d, "ce_d2h_gbps": d2h, "hbm_copy_gbps": hbm_copy,
+            "probe_bytes": float(nbytes)}
