@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from directkv.engine.sim_executor import SimResult, kv_budgets, simulate
+from directkv.engine.loop import ServeResult
+from directkv.engine.sim_executor import kv_budgets, simulate
 from directkv.engine.systems import SystemPolicy
 from directkv.errors import KVCapacityError
 from experiments.common import Setup
@@ -31,7 +32,7 @@ def serve_point(policy: SystemPolicy, s: Setup, requests: list[Request], row: di
         why = batch_fits(policy, s, requests) if whole_batch else ""
         if why:
             return row | {"status": "oom", "error": why}
-        res: SimResult = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched)
+        res: ServeResult = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched)
     except KVCapacityError as e:
         return row | {"status": "oom", "error": str(e)}
     m = res.metrics

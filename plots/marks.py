@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,7 @@ from plots.style import context_label
 
 FAIL_STYLE = {"oom": ("OOM", "#D62728"), "error": ("ERR", "#555555")}  # status -> (text, marker colour)
 FAIL_LEGEND = {"oom": "OOM (out of memory)", "error": "ERR (run failed)"}
+VALUE_LABEL_GID = "bar-value"  # marks value labels so they can be rotated after layout
 _STACK_STEP = 0.065  # axes fraction between stacked failure markers at one x
 _AUTO_LOG_RATIO = 30.0  # latency spread beyond which a linear axis hides the fast systems
 
@@ -200,12 +202,20 @@ def outside_legend(anchor: Axes, sources: Sequence[Axes], extra: Sequence[Line2D
         )
 
 
-def _labels_too_wide(ax: Axes, labels: Sequence[str], bar_frac: float) -> bool:
-    """Whether horizontal value labels would be wider than a bar; `bar_frac` is a bar's share of the
-    axes width. ~0.6 em per character at 7 pt."""
-    axes_w_in = ax.get_position().width * ax.get_figure().get_figwidth()
-    widest = max((len(t) for t in labels), default=0) * 0.6 * 7 / 72
-    return widest > bar_frac * axes_w_in
+def rotate_clashing_value_labels(fig: Figure) -> None:
+    """Turn the bar value labels of an axes vertical when any two of them overlap horizontally.
+
+    Decided on the laid-out figure (call after tight_layout), because how wide a bar is in inches
+    is only known then. Headroom for vertical labels is reserved when the bars are drawn.
+    """
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        labels = [t for t in ax.texts if t.get_gid() == VALUE_LABEL_GID]
+        boxes = sorted((t.get_window_extent(renderer) for t in labels), key=lambda b: b.x0)
+        if any(b.x0 < a.x1 for a, b in pairwise(boxes)):
+            for t in labels:
+                t.set_rotation(90)
+                t.set_fontsize(6.5)
 
 
 def label_groups(
@@ -271,9 +281,6 @@ def draw_grouped_bars(
     cells = ok.groupby([group, "variant"])[value].median()
     floors = ok.groupby([group, "variant"])[floor].median() if floor else pd.Series(dtype=float)
     failed = df[df["status"] != "ok"].groupby([group, "variant"])["status"].first()
-    rotate = fmt is not None and _labels_too_wide(
-        ax, [fmt(v) for v in cells], width * 0.95 / max(len(groups), 1)
-    )
     heights: list[float] = []
     drew_floor = False
     for i, variant in enumerate(variants):
@@ -291,8 +298,8 @@ def draw_grouped_bars(
                         textcoords="offset points",
                         ha="center",
                         va="bottom",
-                        fontsize=6.5 if rotate else 7,
-                        rotation=90 if rotate else 0,
+                        fontsize=7,
+                        gid=VALUE_LABEL_GID,
                     )
                 fv = floors.get((g, variant), np.nan)
                 if np.isfinite(fv) and fv > 0:
@@ -319,5 +326,5 @@ def draw_grouped_bars(
         ax.set_yscale("log")
     positive = [h for h in heights if h > 0]
     if positive:
-        reserve_top(ax, max(positive), min(positive), 0.22 if rotate else 0.12 if fmt else 0.08)
+        reserve_top(ax, max(positive), min(positive), 0.22 if fmt else 0.08)
     return drew_floor

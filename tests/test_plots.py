@@ -384,6 +384,11 @@ def test_gemm_bars_carry_ms_labels() -> None:
     assert {"1122 ms", "2.8 ms", "48.0 ms"} <= labels
     assert time_ax.get_yscale() == "log"
     assert "32%" in {t.get_text() for t in l2_ax.texts}
+    # Value labels never overprint each other (they turn vertical when bars are narrow).
+    renderer = fig.canvas.get_renderer()
+    for ax in (time_ax, l2_ax):
+        boxes = [t.get_window_extent(renderer) for t in ax.texts]
+        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
 
 
 def test_context_label() -> None:

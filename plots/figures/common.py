@@ -11,7 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 
-from plots.marks import Series
+from plots.marks import Series, rotate_clashing_value_labels
 from plots.style import (
     ANCHOR_VARIANTS,
     figure_title,
@@ -79,4 +79,5 @@ def finish(fig: Figure, what: str, rows: pd.DataFrame, manifest: Mapping[str, An
     chars = int(fig.get_figwidth() * 72 / (0.6 * size))
     fig.suptitle("\n".join(textwrap.wrap(title, max(chars, 30))))
     fig.tight_layout()
+    rotate_clashing_value_labels(fig)
     return fig

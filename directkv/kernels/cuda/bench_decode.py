@@ -1,0 +1,207 @@
+"""Decode-attention benchmark: CUDA variants and torch anchors side by side, ceilings from the same run.
+
+Every point (context, batch) gets one row per variant ("naive", "tiled", "stream") and per anchor
+("sdpa_hbm": torch SDPA on K/V in HBM; "sdpa_zero_copy": SDPA reading the zero-copy view; "swap_sdpa":
+copy K/V to HBM with the copy engine, then SDPA). All sequences of a point hold `context` tokens.
+
+Timing: each timed repeat runs `inner` calls back to back (inner sized so a repeat takes ~target_ms), so the
+host's launch overhead overlaps the GPU as in a real decode step; time_ms is the median repeat / inner.
+The zero-copy inputs rotate over enough copies of the cache to exceed 3x the L2, so no call reads K/V that
+the previous one left in L2. link_gbps is kv_bytes (one read of the cache) / time_ms for every row, so the
+naive variant's extra reads and the HBM anchor show up as lower / higher effective rates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from directkv.kernels.cuda.decode_attention import decode_attention, plan_stream, traffic
+from directkv.kernels.cuda.probe import measure_ceilings
+from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
+from directkv.kernels.paged import PagedKV
+from directkv.timing import time_fn
+
+ANCHORS = ("sdpa_hbm", "sdpa_zero_copy", "swap_sdpa")
+
+
+class _Point:
+    """The cache of one (context, batch) point: `copies` page pools in pinned memory and in HBM.
+
+    Pools are `[batch * pages_per_seq, page_size, num_kv_heads, head_dim]`; copy i's block table maps
+    sequence b to a random permutation of the pages (or in order), seq_lens all `context`.
+    """
+
+    def __init__(self, arena: torch.Tensor, context: int, batch: int, copies: int, *, num_heads: int,
+                 num_kv_heads: int, head_dim: int, dtype: torch.dtype, page_size: int, page_order: str,
+                 gen: torch.Generator):
+        self.context, self.batch, self.copies = context, batch, copies
+        pages_per_seq = math.ceil(context / page_size)
+        shape = (batch * pages_per_seq, page_size, num_kv_heads, head_dim)
+        numel = math.prod(shape)
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        self.host, self.views, self.hbm, self.tables = [], [], [], []
+        for i in range(2 * copies):  # K0, V0, K1, V1, ...
+            pinned = arena[i * nbytes : (i + 1) * nbytes].view(dtype).view(shape)
+            hbm = torch.randn(shape, dtype=dtype, device="cuda", generator=gen)
+            pinned.copy_(hbm)
+            self.host.append(pinned)
+            self.views.append(device_view(pinned))
+            self.hbm.append(hbm)
+        for _ in range(copies):
+            ids = torch.arange(batch * pages_per_seq, device="cuda")
+            if page_order == "random":
+                ids = ids[torch.randperm(len(ids), device="cuda", generator=gen)]
+            self.tables.append(ids.view(batch, pages_per_seq).to(torch.int32))
+        self.seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+        self.q = torch.randn((batch, num_heads, head_dim), dtype=dtype, device="cuda", generator=gen)
+        empty = torch.empty((0, *shape[1:]), dtype=dtype, device="cuda")
+        self.kvs = [PagedKV(self.views[2 * i], self.views[2 * i + 1], empty, empty, self.tables[i], self.seq_lens)
+                    for i in range(copies)]
+
+    def dense(self, pools: list[torch.Tensor], i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy i's K, V as `[batch, num_kv_heads, context, head_dim]` views in physical page order (SDPA)."""
+        def view(t: torch.Tensor) -> torch.Tensor:
+            return t.view(self.batch, -1, *t.shape[2:])[:, : self.context].transpose(1, 2)
+
+        return view(pools[2 * i]), view(pools[2 * i + 1])
+
+    def reference(self) -> torch.Tensor:
+        """fp32 attention of copy 0 in logical order, `[batch, num_heads, head_dim]`."""
+        idx = self.tables[0].long()
+
+        def logical(t: torch.Tensor) -> torch.Tensor:
+            return t[idx].flatten(1, 2)[:, : self.context].transpose(1, 2).float()
+
+        q = self.q.float().unsqueeze(2)
+        return F.scaled_dot_product_attention(q, logical(self.hbm[0]), logical(self.hbm[1]), enable_gqa=True)[:, :, 0]
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q.unsqueeze(2), k, v, enable_gqa=True)
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+def bench_decode(
+    contexts: Sequence[int],
+    batches: Sequence[int],
+    *,
+    num_heads: int = 32,
+    num_kv_heads: int = 8,
+    head_dim: int = 128,
+    dtype: torch.dtype = torch.bfloat16,
+    page_size: int = 16,
+    variants: Sequence[str] = ("naive", "tiled", "stream"),
+    anchors: Sequence[str] = ANCHORS,
+    repeats: int = 5,
+    target_ms: float = 20.0,
+    max_host_bytes: int = 16 << 30,
+    page_order: str = "random",
+    ceilings: dict[str, float] | None = None,
+    seed: int = 0,
+) -> list[dict]:
+    """Time decode attention at every (context, batch); one dict per point and variant or anchor.
+
+    Parameters
+    ----------
+    contexts, batches : tokens per sequence and sequences per batch, swept as a grid.
+    max_host_bytes : pinned bytes a point may use (its K/V copies); larger points get status "oom" rows
+        (e.g. 128K x 64 at Llama-3.1-8B shapes is 34 GB per copy).
+    page_order : "random" (pages of all sequences shuffled, as a KV manager leaves them) or "sequential".
+    ceilings : measure_ceilings() result to reuse; measured here when None.
+
+    Returns
+    -------
+    Rows with op, variant, context_len, batch, shape and dtype fields, time_ms, link_gbps, kv_bytes,
+    link_read_bytes (closed form), floor_ms (kv_bytes / ce_h2d), sm_read_ceiling_gbps, ce_h2d_gbps,
+    pct_of_sm_ceiling, rel_err (vs fp32 SDPA; variants only), inner, mode="measured", status, error.
+    """
+    ceilings = ceilings or measure_ceilings()
+    esize = torch.empty((), dtype=dtype).element_size()
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    points = [(c, b) for c in contexts for b in batches]
+
+    def kv_bytes(c: int, b: int) -> int:
+        return 2 * b * math.ceil(c / page_size) * page_size * num_kv_heads * head_dim * esize
+
+    def copies(c: int, b: int) -> int:
+        return max(1, math.ceil(3 * l2 / kv_bytes(c, b)))
+
+    fits = [(c, b) for c, b in points if copies(c, b) * kv_bytes(c, b) <= max_host_bytes]
+    arena = pinned_empty((max((copies(c, b) * kv_bytes(c, b) for c, b in fits), default=16),), torch.uint8)
+    rows: list[dict] = []
+    for c, b in points:
+        base = dict(op="decode", context_len=c, batch=b, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                    head_dim=head_dim, dtype=str(dtype).removeprefix("torch."), page_size=page_size,
+                    kv_bytes=kv_bytes(c, b), floor_ms=kv_bytes(c, b) / ceilings["ce_h2d_gbps"] / 1e6,
+                    sm_read_ceiling_gbps=ceilings["sm_read_gbps"], ce_h2d_gbps=ceilings["ce_h2d_gbps"],
+                    hbm_copy_gbps=ceilings["hbm_copy_gbps"], mode="measured")
+        names = [*variants, *anchors]
+        if (c, b) not in fits:
+            msg = f"needs {copies(c, b) * kv_bytes(c, b)} pinned bytes > max_host_bytes {max_host_bytes}"
+            rows += [dict(base, variant=v, status="oom", error=msg) for v in names]
+            continue
+        try:
+            point = _Point(arena, c, b, copies(c, b), num_heads=num_heads, num_kv_heads=num_kv_heads,
+                           head_dim=head_dim, dtype=dtype, page_size=page_size, page_order=page_order, gen=gen)
+            ref = point.reference()
+        except Exception as exc:  # noqa: BLE001 - one bad point must not end the sweep
+            status = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "error"
+            rows += [dict(base, variant=v, status=status, error=f"{type(exc).__name__}: {exc}") for v in names]
+            continue
+        for name in names:
+            rows.append(dict(base, variant=name, **_measure(point, name, ref, base, repeats, target_ms)))
+        del point, ref
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _calls(point: _Point, name: str) -> tuple[Callable[[int], torch.Tensor], int]:
+    """(call i -> output, link_read_bytes) of a variant or anchor."""
+    out = torch.empty_like(point.q)
+    if name in ANCHORS:
+        if name == "swap_sdpa":
+            stage = [torch.empty_like(t) for t in point.hbm[:2]]
+
+            def swap(i: int) -> torch.Tensor:
+                for dst, src in zip(stage, point.host[2 * (i % point.copies) : 2 * (i % point.copies) + 2], strict=True):
+                    dst.copy_(src, non_blocking=True)
+                return _sdpa(point.q, *point.dense(stage, 0))
+
+            return swap, point.kvs[0].host_k.numel() * 2 * point.q.element_size()
+        pools = point.hbm if name == "sdpa_hbm" else point.views
+        link = 0 if name == "sdpa_hbm" else point.kvs[0].host_k.numel() * 2 * point.q.element_size()
+        return (lambda i: _sdpa(point.q, *point.dense(pools, i % point.copies))), link
+    if name == "stream":  # the copy engine reads host DRAM, not L2: one copy suffices
+        plan = plan_stream(point.kvs[0])
+        return (lambda i: decode_attention(point.q, point.kvs[0], variant="stream", out=out, plan=plan)[0]), \
+            traffic(point.kvs[0], num_heads=point.q.shape[1], variant="stream").link_read_bytes
+    return (lambda i: decode_attention(point.q, point.kvs[i % point.copies], variant=name, out=out)[0]), \
+        traffic(point.kvs[0], num_heads=point.q.shape[1], variant=name).link_read_bytes
+
+
+def _measure(point: _Point, name: str, ref: torch.Tensor, base: dict, repeats: int, target_ms: float) -> dict:
+    try:
+        call, link_bytes = _calls(point, name)
+        first = call(0)  # warms up the build, the split plan and the traffic memo
+        # anchors read pages in physical order, which mixes sequences: their output is not comparable
+        rel_err = float("nan") if name in ANCHORS else _rel_err(first, ref)
+        rate = base["hbm_copy_gbps"] / 2 if name == "sdpa_hbm" else base["sm_read_ceiling_gbps"]
+        est_ms = max(base["kv_bytes"] / rate / 1e6, 1e-3)
+        inner = max(1, min(1000, round(target_ms / est_ms)))
+        timing = time_fn(lambda: [call(i) for i in range(inner)], warmup=1, repeats=repeats)
+        time_ms = timing.median_ms / inner
+        gbps = base["kv_bytes"] / time_ms / 1e6
+        return dict(status="ok", error="", time_ms=time_ms, time_min_ms=timing.min_ms / inner, inner=inner,
+                    link_gbps=gbps, link_read_bytes=link_bytes, rel_err=rel_err,
+                    pct_of_sm_ceiling=100 * gbps / base["sm_read_ceiling_gbps"])
+    except Exception as exc:  # noqa: BLE001 - one bad point must not end the sweep
+        status = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "error"
+        return dict(status=status, error=f"{type(exc).__name__}: {exc}")

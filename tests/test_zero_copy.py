@@ -1,0 +1,64 @@
+"""Zero-copy views: the CUDA tensor aliases the pinned memory (writes visible both ways, no copy)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from directkv.kernels.cuda.zero_copy import _HostArray, device_view, pinned_empty
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_array_interface_describes_the_memory():
+    t = torch.randn(4, 6, dtype=torch.float16)[:, 1:5]  # strided on purpose
+    iface = _HostArray(t).__cuda_array_interface__
+    assert iface["shape"] == (4, 4)
+    assert iface["typestr"] == "<f2"
+    assert iface["strides"] == (12, 2)
+    assert iface["data"] == (t.data_ptr(), False)
+    assert iface["version"] == 3
+    with pytest.raises(TypeError):
+        _HostArray(torch.randn(2, dtype=torch.bfloat16))  # bf16 must travel as int16
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only fallback")
+def test_cpu_fallback_returns_the_tensor():
+    t = pinned_empty((3, 5), torch.bfloat16)
+    assert t.shape == (3, 5) and t.dtype == torch.bfloat16 and t.device.type == "cpu"
+    assert device_view(t) is t
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.int32])
+def test_view_aliases_pinned_memory(dtype):
+    pinned = pinned_empty((37, 5, 8), dtype)
+    assert pinned.is_pinned()
+    pinned.copy_(torch.randn(pinned.shape).to(dtype))
+    view = device_view(pinned)
+    assert view.device.type == "cuda" and view.dtype == dtype and view.shape == pinned.shape
+    assert view.data_ptr() == pinned.data_ptr()  # same address: nothing was copied
+    assert torch.equal(view.cpu(), pinned)
+
+    fresh = torch.randn(pinned.shape, device="cuda").to(dtype)
+    view.copy_(fresh)  # GPU writes land in host memory
+    torch.cuda.synchronize()
+    assert torch.equal(pinned, fresh.cpu())
+
+    pinned[3].copy_(torch.randn(pinned.shape[1:]).to(dtype))  # host writes are seen by the GPU
+    assert torch.equal(view[3].cpu(), pinned[3])
+    assert torch.equal((view * 1).cpu(), pinned)  # a kernel reading the view sees host data
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_view_of_a_strided_slice_and_lifetime():
+    pinned = pinned_empty((8, 16), torch.bfloat16)
+    pinned.copy_(torch.randn(8, 16))
+    part = pinned[2:6, 4:12]
+    view = device_view(part)
+    assert view.data_ptr() == part.data_ptr() and view.stride() == part.stride()
+    expected = part.clone()
+    del pinned, part  # the view keeps the pinned memory alive
+    assert torch.equal(view.cpu(), expected)
