@@ -24,4 +24,5 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
         wl = synthetic_workload(int(cfg.batch_size), ctx, out, seed=int(cfg.seed))
         row = base_row(cfg, s, system=pol.name, variant=pol.variant) | {
             "context_len": float(ctx), "output_len": out, "batch_size": int(cfg.batch_size), "rate": float("inf")}
-        writer.add(serve_point(pol, s, wl.requests, row, whole_batch=True))
+        for r in serve_point(pol, s, wl.requests, row, whole_batch=True):
+            writer.add(r)

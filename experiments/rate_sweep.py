@@ -32,4 +32,5 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
         wl = with_arrivals(workloads[d], rate, float(cfg.burstiness), seed=int(cfg.seed))
         save_schedule(wl, writer.run_dir / "schedules" / f"{d}-rate{rate:g}.parquet")  # replayable on a GPU
         row = base_row(cfg, s, system=pol.name, variant=pol.variant) | {"dataset": d, "rate": rate}
-        writer.add(serve_point(pol, s, wl.requests, row, whole_batch=False))
+        for r in serve_point(pol, s, wl.requests, row, whole_batch=False):
+            writer.add(r)

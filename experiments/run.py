@@ -18,7 +18,6 @@ from directkv.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = ("exp", "model", "hardware", "system", "workload")
-SERVING = ("context_sweep", "rate_sweep")  # measured serving needs the GPU executor (not built yet)
 log = logging.getLogger("directkv")
 
 
@@ -59,12 +58,6 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> Path:
     module = _experiment(cfg.exp_name)
     device = resolve_device(cfg.device)
     extra = {"device": device}
-    if cfg.exp_name in SERVING and device == "cuda":
-        if cfg.device == "cuda":
-            raise ConfigError(f"device=cuda for {cfg.exp_name} needs the GPU serving executor, which is not "
-                              "implemented yet; use device=cpu for the calibrated simulation")
-        extra["note"] = "GPU present but the GPU serving executor is not implemented yet: simulated"
-        log.warning(extra["note"])
     writer = ResultsWriter(run_dir, exp=cfg.exp_name, config=plain(cfg), extra=extra)
     module.run(cfg, writer)
     path = writer.finish()

@@ -1,4 +1,8 @@
-"""Shared serving-point runner for the context and rate sweeps: one (workload, system) point -> one row."""
+"""Shared serving-point runner for the context and rate sweeps: one (workload, system) point -> rows.
+
+On a GPU a point is served for real (mode=measured) and also simulated with the same requests
+(mode=simulated), so every measured row has its cost-model twin in the same table.
+"""
 
 from __future__ import annotations
 
@@ -21,20 +25,11 @@ def batch_fits(policy: SystemPolicy, s: Setup, requests: list[Request]) -> str:
     budget = hbm if policy.kv_tier == "hbm" else host
     need = sum(r.prompt_len + r.output_len for r in requests) * policy.kv_bytes_per_token(s.model)
     if need > budget:
-        return (f"batch KV {need / 1e9:.1f} GB exceeds the {policy.kv_tier} KV budget {budget / 1e9:.1f} GB")
+        return f"batch KV {need / 1e9:.1f} GB exceeds the {policy.kv_tier} KV budget {budget / 1e9:.1f} GB"
     return ""
 
 
-def serve_point(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, whole_batch: bool) -> dict:
-    """Simulate one point and fill `row` with metrics, memory and traffic; OOM becomes status=oom."""
-    row = dict(row, num_requests=len(requests))
-    try:
-        why = batch_fits(policy, s, requests) if whole_batch else ""
-        if why:
-            return row | {"status": "oom", "error": why}
-        res: ServeResult = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched)
-    except KVCapacityError as e:
-        return row | {"status": "oom", "error": str(e)}
+def _fill(row: dict, res: ServeResult, s: Setup, extra: dict) -> dict:
     m = res.metrics
     status = "ok" if m["completed"] else "oom"
     return row | {k: m[k] for k in METRIC_KEYS} | {
@@ -50,4 +45,33 @@ def serve_point(policy: SystemPolicy, s: Setup, requests: list[Request], row: di
         "link_write_bytes": float(res.traffic.link_write_bytes),
         "hbm_budget_gb": s.mem.hbm_budget_bytes / 1e9,
         "steps": res.steps,
-    }
+    } | extra
+
+
+def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, measure: bool, warmup: int) -> dict:
+    try:
+        if measure:
+            from directkv.engine.gpu.executor import run_gpu
+
+            res, extra = run_gpu(requests, policy, s.model, mem=s.mem, sched_cfg=s.sched, warmup=warmup)
+            return _fill(row | {"mode": "measured"}, res, s, extra)
+        return _fill(row, simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup),
+                     s, {})
+    except KVCapacityError as e:
+        return row | {"status": "oom", "error": str(e)}
+    except Exception as e:  # noqa: BLE001 - a failing point is recorded and the sweep goes on
+        import torch
+
+        oom = isinstance(e, torch.cuda.OutOfMemoryError)
+        return row | {"status": "oom" if oom else "error", "error": f"{type(e).__name__}: {e}"[:500]}
+
+
+def serve_point(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, whole_batch: bool,
+                warmup: int = 0) -> list[dict]:
+    """Rows of one point: simulated, plus measured on a GPU; OOM and failures become status rows."""
+    row = dict(row, num_requests=len(requests) - warmup, warmup_requests=warmup)
+    why = batch_fits(policy, s, requests) if whole_batch else ""
+    modes = [True, False] if s.device == "cuda" else [False]
+    if why:
+        return [row | {"status": "oom", "error": why} | ({"mode": "measured"} if m else {}) for m in modes]
+    return [_one(policy, s, requests, row, measure=m, warmup=warmup) for m in modes]

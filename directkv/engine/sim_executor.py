@@ -49,8 +49,9 @@ class CostModelStepper:
 
 
 def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm: CostModel, *,
-             mem: MemoryConfig, sched_cfg: SchedulerConfig = SchedulerConfig(), warmup: int = 0) -> ServeResult:
+             mem: MemoryConfig, sched_cfg: SchedulerConfig | None = None, warmup: int = 0) -> ServeResult:
     """Serve `requests` with `policy` on the cost model; raises KVCapacityError if weights alone don't fit."""
+    sched_cfg = sched_cfg or SchedulerConfig()
     hbm_kv, host_kv = kv_budgets(policy, model, mem, sched_cfg)
     kv = KVCacheManager(model, page_size=mem.page_size, hbm_budget_bytes=hbm_kv, host_budget_bytes=host_kv,
                         bytes_per_token=policy.kv_bytes_per_token(model))

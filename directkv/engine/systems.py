@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from directkv.costmodel import CostModel
-from directkv.engine.state import Step
 from directkv.engine import step_traffic as st
+from directkv.engine.state import Step
 from directkv.errors import ConfigError, unknown_name
 from directkv.kernels.traffic import Traffic
 from directkv.specs import ModelSpec

@@ -52,18 +52,21 @@ class KVCacheManager:
 
     def __init__(self, model: ModelSpec, *, page_size: int = 16, hbm_budget_bytes: float, host_budget_bytes: float,
                  bytes_per_token: int | None = None, materialize: bool = False, dtype: torch.dtype = torch.bfloat16,
-                 hbm_device: str | torch.device | None = None):
+                 hbm_device: str | torch.device | None = None, arena: HostArena | None = None):
         if page_size < 1 or page_size & (page_size - 1):
             raise ConfigError(f"page_size must be a power of two >= 1, got {page_size}")
         for tier, b in (("hbm", hbm_budget_bytes), ("host", host_budget_bytes)):
             if b < 0:
                 raise ConfigError(f"{tier} KV budget must be >= 0 bytes, got {b}")
         self.model = model
+        self.dtype = dtype
         self.page_size = page_size
         self.bytes_per_token = int(bytes_per_token or model.kv_bytes_per_token())
         self.page_bytes = self.page_size * self.bytes_per_token
         self.budget = {"hbm": int(hbm_budget_bytes), "host": int(host_budget_bytes)}
         self.capacity_pages = {t: self.budget[t] // self.page_bytes for t in TIERS}
+        if arena is not None:  # reuse a pinned arena across runs: pinning is slow (DESIGN.md §2)
+            self.capacity_pages["host"] = min(self.capacity_pages["host"], arena.k.shape[1])
         self._free = {t: list(range(self.capacity_pages[t] - 1, -1, -1)) if materialize else None for t in TIERS}
         self._used = {"hbm": 0, "host": 0}
         self._next = {"hbm": 0, "host": 0}
@@ -72,12 +75,12 @@ class KVCacheManager:
         self.arena: HostArena | None = None
         self.hbm_k = self.hbm_v = None
         if materialize:
-            self._materialize(dtype, hbm_device)
+            self._materialize(dtype, hbm_device, arena)
 
     # ---- storage ---------------------------------------------------------------------------
-    def _materialize(self, dtype: torch.dtype, hbm_device) -> None:
+    def _materialize(self, dtype: torch.dtype, hbm_device, arena: HostArena | None) -> None:
         m = self.model
-        self.arena = HostArena.allocate(m, self.capacity_pages["host"], self.page_size, dtype=dtype)
+        self.arena = arena or HostArena.allocate(m, self.capacity_pages["host"], self.page_size, dtype=dtype)
         dev = hbm_device or ("cuda" if torch.cuda.is_available() else "cpu")
         shape = (m.num_layers, self.capacity_pages["hbm"], self.page_size, m.num_kv_heads, m.head_dim)
         self.hbm_k = torch.empty(shape, dtype=dtype, device=dev)
@@ -157,15 +160,37 @@ class KVCacheManager:
     def view(self, layer: int, req_ids: list[int]) -> PagedKV:
         """PagedKV of one layer for these requests, host pools as zero-copy device views."""
         self._need_storage()
-        width = max((len(self._seqs[r].pages) for r in req_ids), default=0) or 1
-        table = torch.zeros((len(req_ids), width), dtype=torch.int32)
-        for i, r in enumerate(req_ids):
-            pages = self._seqs[r].pages
-            table[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        table = self.block_table(req_ids)
         lens = torch.tensor([self._seqs[r].length for r in req_ids], dtype=torch.int32)
         dev = self.hbm_k.device
         return PagedKV(self.arena.k_view[layer], self.arena.v_view[layer], self.hbm_k[layer], self.hbm_v[layer],
                        table.to(dev), lens.to(dev))
+
+    def pages(self, req_id: int) -> list[int]:
+        """Encoded block-table entries of a request's pages, in token order."""
+        return self._seqs[req_id].pages
+
+    def slots(self, req_id: int, start: int, n: int) -> torch.Tensor:
+        """Flat slot index (page * page_size + offset, within the request's tier pool) of tokens start..start+n-1."""
+        pages = torch.tensor([e if e >= 0 else -(e + 1) for e in self._seqs[req_id].pages], dtype=torch.int64)
+        pos = torch.arange(start, start + n, dtype=torch.int64)
+        return pages[pos // self.page_size] * self.page_size + pos % self.page_size
+
+    def block_table(self, req_ids: list[int], width: int | None = None) -> torch.Tensor:
+        """[len(req_ids), width] int32 table of encoded page entries (padding 0 past each request's pages)."""
+        width = width or max((len(self._seqs[r].pages) for r in req_ids), default=0) or 1
+        table = torch.zeros((len(req_ids), width), dtype=torch.int32)
+        for i, r in enumerate(req_ids):
+            pages = self._seqs[r].pages[:width]
+            table[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        return table
+
+    def pools(self, layer: int, tier: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Device-visible K, V pools `[num_pages, page_size, num_kv_heads, head_dim]` of one layer and tier."""
+        self._need_storage()
+        if tier == "host":
+            return self.arena.k_view[layer], self.arena.v_view[layer]
+        return self.hbm_k[layer], self.hbm_v[layer]
 
     def write(self, layer: int, req_id: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V `[n, num_kv_heads, head_dim]` at token positions start..start+n-1 (pages must be reserved)."""

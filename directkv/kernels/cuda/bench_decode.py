@@ -103,6 +103,8 @@ def bench_decode(
     target_ms: float = 20.0,
     max_host_bytes: int = 16 << 30,
     page_order: str = "random",
+    tile_kv: int = 64,
+    num_splits: int | None = None,
     ceilings: dict[str, float] | None = None,
     seed: int = 0,
 ) -> list[dict]:
@@ -114,6 +116,7 @@ def bench_decode(
     max_host_bytes : pinned bytes a point may use (its K/V copies); larger points get status "oom" rows
         (e.g. 128K x 64 at Llama-3.1-8B shapes is 34 GB per copy).
     page_order : "random" (pages of all sequences shuffled, as a KV manager leaves them) or "sequential".
+    tile_kv, num_splits : passed to the CUDA variants.
     ceilings : measure_ceilings() result to reuse; measured here when None.
 
     Returns
@@ -156,14 +159,15 @@ def bench_decode(
             status = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "error"
             rows += [dict(base, variant=v, status=status, error=f"{type(exc).__name__}: {exc}") for v in names]
             continue
+        opts = dict(tile_kv=tile_kv, num_splits=num_splits)
         for name in names:
-            rows.append(dict(base, variant=name, **_measure(point, name, ref, base, repeats, target_ms)))
+            rows.append(dict(base, variant=name, **_measure(point, name, ref, base, repeats, target_ms, opts)))
         del point, ref
         torch.cuda.empty_cache()
     return rows
 
 
-def _calls(point: _Point, name: str) -> tuple[Callable[[int], torch.Tensor], int]:
+def _calls(point: _Point, name: str, opts: dict) -> tuple[Callable[[int], torch.Tensor], int]:
     """(call i -> output, link_read_bytes) of a variant or anchor."""
     out = torch.empty_like(point.q)
     if name in ANCHORS:
@@ -181,15 +185,17 @@ def _calls(point: _Point, name: str) -> tuple[Callable[[int], torch.Tensor], int
         return (lambda i: _sdpa(point.q, *point.dense(pools, i % point.copies))), link
     if name == "stream":  # the copy engine reads host DRAM, not L2: one copy suffices
         plan = plan_stream(point.kvs[0])
-        return (lambda i: decode_attention(point.q, point.kvs[0], variant="stream", out=out, plan=plan)[0]), \
+        return (lambda i: decode_attention(point.q, point.kvs[0], variant="stream", out=out, plan=plan,
+                                              **opts)[0]), \
             traffic(point.kvs[0], num_heads=point.q.shape[1], variant="stream").link_read_bytes
-    return (lambda i: decode_attention(point.q, point.kvs[i % point.copies], variant=name, out=out)[0]), \
+    return (lambda i: decode_attention(point.q, point.kvs[i % point.copies], variant=name, out=out, **opts)[0]), \
         traffic(point.kvs[0], num_heads=point.q.shape[1], variant=name).link_read_bytes
 
 
-def _measure(point: _Point, name: str, ref: torch.Tensor, base: dict, repeats: int, target_ms: float) -> dict:
+def _measure(point: _Point, name: str, ref: torch.Tensor, base: dict, repeats: int, target_ms: float,
+             opts: dict) -> dict:
     try:
-        call, link_bytes = _calls(point, name)
+        call, link_bytes = _calls(point, name, opts)
         first = call(0)  # warms up the build, the split plan and the traffic memo
         # anchors read pages in physical order, which mixes sequences: their output is not comparable
         rel_err = float("nan") if name in ANCHORS else _rel_err(first, ref)
@@ -205,3 +211,47 @@ def _measure(point: _Point, name: str, ref: torch.Tensor, base: dict, repeats: i
     except Exception as exc:  # noqa: BLE001 - one bad point must not end the sweep
         status = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "error"
         return dict(status=status, error=f"{type(exc).__name__}: {exc}")
+
+
+def format_rows(rows: list[dict]) -> str:
+    """A compact fixed-width table of bench rows (what a device run prints last)."""
+    head = f"{'variant':<15}{'ctx':>7}{'batch':>6}{'time_ms':>10}{'GB/s':>8}{'%sm':>7}{'rel_err':>9}  status"
+    lines = [head]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"{r['variant']:<15}{r['context_len']:>7}{r['batch']:>6}  {r['status']}: {r['error'][:60]}")
+            continue
+        lines.append(f"{r['variant']:<15}{r['context_len']:>7}{r['batch']:>6}{r['time_ms']:>10.3f}"
+                     f"{r['link_gbps']:>8.2f}{r['pct_of_sm_ceiling']:>7.1f}{r['rel_err']:>9.1e}  ok")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description="Decode attention benchmark (CUDA variants + torch anchors)")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768, 131072])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--variants", nargs="*", default=["naive", "tiled", "stream"])
+    ap.add_argument("--anchors", nargs="*", default=list(ANCHORS))
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--tile-kv", type=int, default=64)
+    ap.add_argument("--page-order", default="random", choices=["random", "sequential"])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--max-host-gb", type=float, default=16.0)
+    ap.add_argument("--json", help="write the rows and ceilings here")
+    args = ap.parse_args(argv)
+    ceilings = measure_ceilings()
+    print(" ".join(f"{k}={v:.2f}" for k, v in ceilings.items() if k.endswith("gbps")))
+    rows = bench_decode(args.contexts, args.batches, variants=args.variants, anchors=args.anchors,
+                        page_size=args.page_size, tile_kv=args.tile_kv, page_order=args.page_order,
+                        repeats=args.repeats, max_host_bytes=int(args.max_host_gb * 2**30), ceilings=ceilings)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ceilings": ceilings, "rows": rows}, f, indent=1)
+    print(format_rows(rows))
+
+
+if __name__ == "__main__":
+    main()

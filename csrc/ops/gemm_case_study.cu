@@ -1,0 +1,131 @@
+// Launcher of the GEMM case study: argument checks, variant / alignment / output-dtype dispatch, launch on
+// the caller's stream. The k-split plan is host-side arithmetic done by the Python wrapper.
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "directkv/gemm_case_study.cuh"
+
+namespace directkv {
+namespace {
+
+using gemm::GemmParams;
+
+template <bool V>
+using Bool = std::integral_constant<bool, V>;
+
+enum Variant : int { kNaive = 0, kTiled = 1, kPipelined = 2 };
+
+template <typename F>
+void dispatch_out(int code, F&& f) {
+  switch (code) {
+    case kFloat16: return f(__half());
+    case kFloat32: return f(float());
+    default: throw std::runtime_error("gemm_case_study: output dtype code " + std::to_string(code) + " is not fp16 (0) or fp32 (2)");
+  }
+}
+
+// 16-byte copies need every row start 16-byte aligned: ld % 8 == 0 and an aligned base.
+template <typename F>
+void dispatch_vec(bool vec, F&& f) {
+  if (vec) return f(Bool<true>());
+  return f(Bool<false>());
+}
+
+template <typename K>
+void allow_smem(K kernel, size_t smem) {
+  int device = 0, limit = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  require(smem <= static_cast<size_t>(limit), "gemm_case_study: needs " + std::to_string(smem) +
+                                                  " B of shared memory; the device allows " + std::to_string(limit));
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+             "gemm_case_study: cudaFuncSetAttribute");
+}
+
+void launch(const GemmParams& p, int variant, int out_dtype, cudaStream_t stream) {
+  require(p.m >= 1 && p.n >= 1 && p.k >= 1, "gemm_case_study: m, n, k must be >= 1");
+  require(p.a && p.b && p.c, "gemm_case_study: null a, b or c");
+  const bool vec = p.k % 8 == 0 && p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.a) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(p.b) % 16 == 0;
+  const int64_t ntiles = (p.n + gemm::kBN - 1) / gemm::kBN, mtiles = (p.m + gemm::kBM - 1) / gemm::kBM;
+  if (variant == kNaive) {
+    require(mtiles <= 65535, "gemm_case_study: m too large for the naive grid");
+    dispatch_out(out_dtype, [&](auto o) {
+      dispatch_vec(vec, [&](auto v) {
+        auto kernel = gemm::gemm_naive_kernel<decltype(v)::value, decltype(o)>;
+        const size_t smem = gemm::kNaiveStages * (gemm::kATile + gemm::kBTile) * sizeof(__half);
+        allow_smem(kernel, smem);
+        kernel<<<dim3(static_cast<unsigned>(ntiles), static_cast<unsigned>(mtiles)), gemm::kThreads, smem, stream>>>(p);
+        check_cuda(cudaGetLastError(), "gemm_case_study: naive kernel launch");
+      });
+    });
+    return;
+  }
+  require(variant == kTiled || variant == kPipelined,
+          "gemm_case_study: variant code " + std::to_string(variant) + " is not naive (0), tiled (1) or pipelined (2)");
+  require(p.part, "gemm_case_study: tiled / pipelined need the partial-C workspace");
+  require(p.ldp == ntiles * gemm::kBN, "gemm_case_study: ldp must be 128 * ceil(n / 128)");
+  require(p.chunks == (p.k + gemm::kChunkK - 1) / gemm::kChunkK, "gemm_case_study: chunks must be ceil(k / 512)");
+  require(p.k_splits >= 1 && p.k_splits <= p.chunks, "gemm_case_study: k_splits must be in 1.." + std::to_string(p.chunks));
+  require(ntiles * p.k_splits < (int64_t{1} << 31), "gemm_case_study: grid too large");
+  const unsigned grid = static_cast<unsigned>(ntiles * p.k_splits);
+  dispatch_vec(vec, [&](auto v) {
+    constexpr bool V = decltype(v)::value;
+    if (variant == kTiled) {
+      const size_t smem = (static_cast<size_t>(gemm::kChunkK) * gemm::kBStride + gemm::kTiledStages * gemm::kATile) * sizeof(__half);
+      allow_smem(gemm::gemm_tiled_kernel<V>, smem);
+      gemm::gemm_tiled_kernel<V><<<grid, gemm::kThreads, smem, stream>>>(p);
+    } else {
+      allow_smem(gemm::gemm_pipelined_kernel<V>, gemm::kPipeSmem);
+      gemm::gemm_pipelined_kernel<V><<<grid, gemm::kThreads + 32, gemm::kPipeSmem, stream>>>(p);
+    }
+    check_cuda(cudaGetLastError(), "gemm_case_study: kernel launch");
+  });
+  dispatch_out(out_dtype, [&](auto o) {
+    constexpr int kReduceThreads = 256;
+    const int64_t elems = static_cast<int64_t>(p.m) * p.n;
+    gemm::gemm_reduce_kernel<decltype(o)><<<static_cast<unsigned>((elems + kReduceThreads - 1) / kReduceThreads), kReduceThreads, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "gemm_case_study: reduce kernel launch");
+  });
+}
+
+}  // namespace
+
+void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, int m, int n, int k, int ldp,
+                         int k_splits, int variant, bool prefetch, int out_dtype, uintptr_t stream) {
+  GemmParams p{};
+  p.a = reinterpret_cast<const __half*>(a);
+  p.b = reinterpret_cast<const __half*>(b);
+  p.c = reinterpret_cast<void*>(c);
+  p.part = reinterpret_cast<float*>(part);
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.ldp = ldp;
+  p.k_splits = k_splits;
+  p.chunks = (k + gemm::kChunkK - 1) / gemm::kChunkK;
+  p.prefetch = prefetch ? 1 : 0;
+  launch(p, variant, out_dtype, reinterpret_cast<cudaStream_t>(stream));
+}
+
+// "host" when ptr is page-locked host memory (read across the link), "hbm" for device memory.
+std::string gemm_pointer_tier(uintptr_t ptr) {
+  cudaPointerAttributes attr{};
+  check_cuda(cudaPointerGetAttributes(&attr, reinterpret_cast<const void*>(ptr)), "cudaPointerGetAttributes");
+  switch (attr.type) {
+    case cudaMemoryTypeHost: return "host";
+    case cudaMemoryTypeDevice: return "hbm";
+    default: throw std::runtime_error("gemm_case_study: B is neither pinned host nor device memory (pageable or managed)");
+  }
+}
+
+std::pair<int, int> gemm_device_limits() {
+  int device = 0, sms = 0, smem = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  return {sms, smem};
+}
+
+}  // namespace directkv

@@ -1,0 +1,149 @@
+// Launcher of prefill attention: argument checks, dtype / head_dim dispatch, launch on the caller's stream.
+// The split plan (kv_chunk, num_splits, threads) is host-side arithmetic done by the Python wrapper.
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "directkv/prefill_attention.cuh"
+
+namespace directkv {
+namespace {
+
+using prefill::PrefillParams;
+
+template <int V>
+using Int = std::integral_constant<int, V>;
+
+template <typename F>
+void dispatch_dtype(int code, F&& f) {
+  switch (code) {
+    case kFloat16: return f(__half());
+    case kBFloat16: return f(__nv_bfloat16());
+    default: throw std::runtime_error("prefill_attention: dtype code " + std::to_string(code) + " is not fp16 (0) or bf16 (1)");
+  }
+}
+
+template <typename F>
+void dispatch_head_dim(int head_dim, F&& f) {
+  switch (head_dim) {
+    case 64: return f(Int<64>());
+    case 128: return f(Int<128>());
+    default: throw std::runtime_error("prefill_attention: head_dim " + std::to_string(head_dim) + " is not 64 or 128");
+  }
+}
+
+int max_smem_optin() {
+  int device = 0, bytes = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  return bytes;
+}
+
+// Lets `kernel` use up to the device's opt-in shared memory (above 48 KB a kernel must ask).
+template <typename K>
+void allow_smem(K kernel, size_t smem) {
+  const int limit = max_smem_optin();
+  require(smem <= static_cast<size_t>(limit), "prefill_attention: needs " + std::to_string(smem) +
+                                                  " B of shared memory; the device allows " + std::to_string(limit));
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit),
+             "prefill_attention: cudaFuncSetAttribute");
+}
+
+void check_params(const PrefillParams& p, int variant, int threads) {
+  require(p.q_len >= 1 && p.past_len >= 0, "prefill_attention: need q_len >= 1 and past_len >= 0");
+  require(p.num_heads >= 1 && p.num_kv_heads >= 1 && p.num_heads % p.num_kv_heads == 0,
+          "prefill_attention: num_heads " + std::to_string(p.num_heads) + " is not a multiple of num_kv_heads " +
+              std::to_string(p.num_kv_heads));
+  require(p.num_kv_heads <= 65535, "prefill_attention: num_kv_heads must be <= 65535");
+  require(p.page_size >= 1, "prefill_attention: page_size must be >= 1");
+  require(p.past_len == 0 || p.block_table, "prefill_attention: no block table for a non-empty past");
+  for (const void* ptr : {p.q, p.k_new, p.v_new, p.host_k, p.host_v, p.hbm_k, p.hbm_v, static_cast<const void*>(p.out)}) {
+    require(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "prefill_attention: tensors and KV pools must be 16-byte aligned");
+  }
+  require(p.q && p.k_new && p.v_new && p.out, "prefill_attention: null q, k_new, v_new or out");
+  if (variant == 1) {
+    require(p.kv_chunk >= prefill::kTileKV && p.kv_chunk % prefill::kTileKV == 0,
+            "prefill_attention: kv_chunk " + std::to_string(p.kv_chunk) + " is not a positive multiple of 64");
+    require(p.num_chunks == (p.past_len + p.q_len + p.kv_chunk - 1) / p.kv_chunk,
+            "prefill_attention: num_chunks does not match past_len + q_len and kv_chunk");
+    require(p.num_splits >= 1 && p.num_splits <= p.num_chunks,
+            "prefill_attention: num_splits must be in 1.." + std::to_string(p.num_chunks));
+    require(p.part_o && p.part_ml, "prefill_attention: the tiled variant needs the part_o / part_ml workspace");
+    require(threads == 128 || threads == 256, "prefill_attention: threads must be 128 or 256");
+    require(static_cast<int64_t>(p.num_kv_heads) * p.num_splits < (int64_t{1} << 31), "prefill_attention: grid too large");
+  }
+}
+
+void launch(const PrefillParams& p, int variant, int dtype, int head_dim, int threads, cudaStream_t stream) {
+  check_params(p, variant, threads);
+  dispatch_dtype(dtype, [&](auto t) {
+    dispatch_head_dim(head_dim, [&](auto hd) {
+      using T = decltype(t);
+      constexpr int D = hd.value;
+      constexpr size_t kRowBytes = prefill::kStride<D> * sizeof(T);
+      if (variant == 0) {
+        const size_t smem = 2 * 2 * prefill::kTileKV * kRowBytes;
+        const int64_t rows = static_cast<int64_t>(p.q_len) * (p.num_heads / p.num_kv_heads);
+        const int64_t ctas = (rows + prefill::kNaiveWarps * prefill::kWarpRows - 1) / (prefill::kNaiveWarps * prefill::kWarpRows);
+        require(ctas < (int64_t{1} << 31), "prefill_attention: grid too large");
+        allow_smem(prefill::prefill_naive_kernel<T, D>, smem);
+        prefill::prefill_naive_kernel<T, D><<<dim3(static_cast<unsigned>(ctas), p.num_kv_heads), prefill::kNaiveWarps * 32, smem, stream>>>(p);
+        check_cuda(cudaGetLastError(), "prefill_attention: naive kernel launch");
+      } else if (variant == 1) {
+        const size_t smem = 2 * static_cast<size_t>(p.kv_chunk) * kRowBytes;
+        allow_smem(prefill::prefill_tiled_kernel<T, D>, smem);
+        prefill::prefill_tiled_kernel<T, D><<<p.num_kv_heads * p.num_splits, threads, smem, stream>>>(p);
+        check_cuda(cudaGetLastError(), "prefill_attention: tiled kernel launch");
+        constexpr int kMergeWarps = 8;
+        const int64_t rows = static_cast<int64_t>(p.q_len) * p.num_heads;
+        prefill::prefill_merge_kernel<T, D><<<static_cast<unsigned>((rows + kMergeWarps - 1) / kMergeWarps), kMergeWarps * 32, 0, stream>>>(p);
+        check_cuda(cudaGetLastError(), "prefill_attention: merge kernel launch");
+      } else {
+        throw std::runtime_error("prefill_attention: variant code " + std::to_string(variant) + " is not naive (0) or tiled (1)");
+      }
+    });
+  });
+}
+
+}  // namespace
+
+// {number of SMs, opt-in shared memory per block}: what the Python split plan sizes against.
+std::pair<int, int> prefill_device_limits() {
+  int device = 0, sms = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return {sms, max_smem_optin()};
+}
+
+void prefill_attention_run(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintptr_t host_k, uintptr_t host_v,
+                           uintptr_t hbm_k, uintptr_t hbm_v, uintptr_t block_table, uintptr_t out, uintptr_t part_o,
+                           uintptr_t part_ml, int q_len, int past_len, int num_heads, int num_kv_heads, int head_dim,
+                           int page_size, bool causal, int variant, int kv_chunk, int num_splits, int threads,
+                           bool prefetch, float sm_scale, int dtype, uintptr_t stream) {
+  PrefillParams p{};
+  p.q = reinterpret_cast<const void*>(q);
+  p.k_new = reinterpret_cast<const void*>(k_new);
+  p.v_new = reinterpret_cast<const void*>(v_new);
+  p.host_k = reinterpret_cast<const void*>(host_k);
+  p.host_v = reinterpret_cast<const void*>(host_v);
+  p.hbm_k = reinterpret_cast<const void*>(hbm_k);
+  p.hbm_v = reinterpret_cast<const void*>(hbm_v);
+  p.block_table = reinterpret_cast<const int*>(block_table);
+  p.out = reinterpret_cast<void*>(out);
+  p.part_o = reinterpret_cast<float*>(part_o);
+  p.part_ml = reinterpret_cast<float*>(part_ml);
+  p.q_len = q_len;
+  p.past_len = past_len;
+  p.num_heads = num_heads;
+  p.num_kv_heads = num_kv_heads;
+  p.page_size = page_size;
+  p.causal = causal ? 1 : 0;
+  p.kv_chunk = kv_chunk;
+  p.num_chunks = kv_chunk > 0 ? (past_len + q_len + kv_chunk - 1) / kv_chunk : 0;
+  p.num_splits = num_splits;
+  p.prefetch = prefetch ? 1 : 0;
+  p.scale_log2 = sm_scale * 1.4426950408889634f;
+  launch(p, variant, dtype, head_dim, threads, reinterpret_cast<cudaStream_t>(stream));
+}
+
+}  // namespace directkv

@@ -1,0 +1,148 @@
+"""GPU executor: serve requests for real with a system's KV path; GPU memory measured, not computed.
+
+Expensive set-up is done once per process and reused across the points of a sweep: random weights per
+model, and the pinned host arena (pinning is slow: 64 GB took 43 s on the H200 host), grown on demand.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import torch
+
+from directkv.engine.gpu.stepper import GPUStepper
+from directkv.engine.loop import ServeResult, serve
+from directkv.engine.scheduler import SchedulerConfig
+from directkv.engine.sim_executor import MemoryConfig, kv_budgets
+from directkv.engine.systems import SystemPolicy
+from directkv.memory import HostArena, KVCacheManager
+from directkv.model.runner import ModelRunner
+from directkv.model.weights import init_weights
+from directkv.specs import ModelSpec
+from workloads.request import Request
+
+_runners: dict[tuple[str, str], ModelRunner] = {}
+_arenas: dict[tuple[str, int], HostArena] = {}
+
+
+def runner_for(model: ModelSpec, device: torch.device) -> ModelRunner:
+    key = (model.name, str(device))
+    if key not in _runners:
+        _runners.clear()  # one model's weights at a time
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+        _runners[key] = ModelRunner(model, init_weights(model, device=device))
+    return _runners[key]
+
+
+def arena_for(model: ModelSpec, pages: int, page_size: int) -> HostArena:
+    key = (model.name, page_size)
+    have = _arenas.get(key)
+    if have is None or have.k.shape[1] < pages:
+        _arenas.pop(key, None)
+        _arenas[key] = HostArena.allocate(model, pages, page_size)
+    return _arenas[key]
+
+
+class NvmlSampler:
+    """Background sampler of NVML memory used and PCIe throughput: a cross-check of our own accounting."""
+
+    def __init__(self, period_s: float = 0.05):
+        self.period_s, self.samples, self._stop = period_s, [], threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml, self.handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        except Exception:  # no NVML: the row says so with NaNs
+            self.nvml = None
+
+    def __enter__(self):
+        if self.nvml:
+            self.thread = threading.Thread(target=self._run, daemon=True)
+            self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        n = self.nvml
+        while not self._stop.is_set():
+            used = n.nvmlDeviceGetMemoryInfo(self.handle).used
+            rx = n.nvmlDeviceGetPcieThroughput(self.handle, n.NVML_PCIE_UTIL_RX_BYTES)  # KB/s, 20 ms window
+            self.samples.append((time.perf_counter(), used, rx))
+            self._stop.wait(self.period_s)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self.nvml:
+            self.thread.join()
+
+    def summary(self) -> dict:
+        if not self.samples:
+            return {"nvml_used_gb": float("nan"), "nvml_pcie_rx_gbps_mean": float("nan")}
+        return {"nvml_used_gb": max(s[1] for s in self.samples) / 1e9,
+                "nvml_pcie_rx_gbps_mean": sum(s[2] for s in self.samples) / len(self.samples) * 1e3 / 1e9}
+
+
+def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, mem: MemoryConfig,
+            sched_cfg: SchedulerConfig, device: str = "cuda", warmup: int = 0, seed: int = 0) -> tuple[ServeResult, dict]:
+    """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns."""
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    runner = runner_for(model, dev)
+    hbm_kv, host_kv = kv_budgets(policy, model, mem, sched_cfg)
+    need_pages = sum(-(-(r.prompt_len + r.output_len) // mem.page_size) for r in requests)
+    per_token = policy.kv_bytes_per_token(model)
+    host_kv = min(host_kv, need_pages * mem.page_size * per_token)  # pin what the run can use, not the budget
+    hbm_kv = min(hbm_kv, need_pages * mem.page_size * per_token)
+    extra: dict = {}
+    arena = None
+    if policy.kv_tier == "host" and policy.name != "flexgen":
+        t0 = time.perf_counter()
+        arena = arena_for(model, host_kv // (mem.page_size * per_token), mem.page_size)
+        extra["pin_s"] = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(dev).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, mem.hbm_budget_bytes / total), dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    kv = KVCacheManager(model, page_size=mem.page_size, hbm_budget_bytes=hbm_kv, host_budget_bytes=host_kv,
+                        bytes_per_token=per_token, materialize=policy.name != "flexgen", hbm_device=dev, arena=arena)
+    threads = int(os.environ.get("DIRECTKV_CPU_THREADS", os.cpu_count() or 1))
+    stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads)
+    # warm-up outside the measurement: kernel builds and first launches, library handles
+    serve([Request(-1, 64, 3), Request(-2, 40, 3)], stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(dev)
+    base = torch.cuda.memory_allocated(dev) if cuda else 0
+    with NvmlSampler() if cuda else _Null() as sampler:
+        res = serve(requests, stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg, warmup=warmup)
+    if cuda:
+        res.gpu_mem_bytes = torch.cuda.max_memory_reserved(dev)
+        extra |= {"gpu_peak_allocated_gb": torch.cuda.max_memory_allocated(dev) / 1e9,
+                  "gpu_weights_and_pools_gb": base / 1e9} | sampler.summary()
+        if policy.name == "flexgen":
+            shadow = sum(t.numel() * t.element_size() for t in stepper.path.shadow)
+            res.gpu_mem_bytes -= shadow  # the exact layer-0 cache exists only to measure accuracy
+            extra["flexgen_shadow_gb"] = shadow / 1e9
+    if policy.name == "flexgen":
+        errs = stepper.path.errors
+        res.host_pinned_bytes = stepper.path.pinned_bytes()
+        extra |= {"flexgen_rel_err_mean": sum(errs) / len(errs) if errs else float("nan"),
+                  "flexgen_rel_err_max": max(errs, default=float("nan"))}
+    elif arena is not None:
+        res.host_pinned_bytes = arena.nbytes
+    return res, extra
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def summary(self) -> dict:
+        return {}

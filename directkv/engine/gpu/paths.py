@@ -1,0 +1,277 @@
+"""Each system's KV path on the GPU: where new K/V are stored and how attention reaches the cache.
+
+A path sees one step at a time (`begin(plan)`), then one call per layer (`attend`), and accounts the
+link bytes it caused. Kernels come from `directkv.kernels` (CUDA backend on a GPU, reference elsewhere),
+so the same code runs in the CPU tests at toy sizes.
+
+* ``ZeroCopyPath`` — directkv (KV in pinned host pages, read in place by the kernels) and hbm (pages in HBM).
+* ``StagedPath`` — swap: before each layer, the copy engine moves that layer's pages of the step's
+  requests into an HBM staging pool on a side stream, one layer ahead (double-buffered), then HBM attention.
+* ``CpuAttnPath`` — cpu_attn: decode attention on the CPU over the pinned pages; prefill like swap.
+* FlexGen's compressed path is in ``flexgen_path.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from directkv.engine.gpu.plan import StepPlan
+from directkv.kernels import get_op
+from directkv.kernels.paged import PagedKV
+from directkv.kernels.traffic import Traffic
+from directkv.memory import KVCacheManager
+
+
+def kernel_backend() -> str:
+    return "cuda" if torch.cuda.is_available() else "reference"
+
+
+class ZeroCopyPath:
+    """Attention kernels read the pages where they are: zero-copy from host, or HBM."""
+
+    def __init__(self, kv: KVCacheManager, tier: str, variant: str, *, tile_kv: int = 64):
+        self.kv, self.tier, self.variant, self.tile_kv = kv, tier, variant, tile_kv
+        backend = kernel_backend()
+        self.decode = get_op("decode_attention", backend)
+        self.prefill = get_op("prefill_attention", backend)
+        self.traffic = Traffic()
+        self.staging_bytes = 0
+
+    def begin(self, plan: StepPlan) -> None:
+        self.plan = plan
+
+    def _paged(self, k_pool, v_pool, table, lens) -> PagedKV:
+        empty = k_pool[:0]
+        if self.tier == "host":
+            return PagedKV(k_pool, v_pool, empty, empty, table, lens)
+        return PagedKV(empty, empty, k_pool, v_pool, table, lens)
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scatter the step's new K/V into their slots (zero-copy stores for the host tier)."""
+        k_pool, v_pool = self.kv.pools(layer, self.tier)
+        flat = (-1, *k_pool.shape[2:])
+        k_pool.view(flat)[self.plan.slots] = k
+        v_pool.view(flat)[self.plan.slots] = v
+        if self.tier == "host":
+            self.traffic.link_write_bytes += 2 * k.numel() * k.element_size()
+        return k_pool, v_pool
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k_pool, v_pool = self.store(layer, k, v)
+        return self.attention(q, k, v, k_pool, v_pool, self.plan.decode_table, self.plan.chunk_tables)
+
+    def attention(self, q, k, v, k_pool, v_pool, decode_table, chunk_tables) -> torch.Tensor:
+        p, out = self.plan, torch.empty_like(q)
+        variant = "naive" if self.variant == "naive" else "tiled"
+        if p.num_decodes:
+            o, t = self.decode(q[: p.num_decodes], self._paged(k_pool, v_pool, decode_table, p.decode_lens),
+                               variant=variant)
+            out[: p.num_decodes] = o
+            self.traffic = self.traffic + t
+        for c, table in zip(p.chunks, chunk_tables, strict=True):
+            rows = slice(c.start, c.start + c.length)
+            lens = torch.tensor([c.past_len], dtype=torch.int32, device=table.device)
+            o, t = self.prefill(q[rows], k[rows], v[rows], self._paged(k_pool, v_pool, table, lens),
+                                variant=variant, causal=True)
+            out[rows] = o
+            self.traffic = self.traffic + t
+        return out
+
+
+class _Stager:
+    """Copies one layer's pages of the step's requests into HBM, one layer ahead, on a side stream.
+
+    Pages are copied as contiguous runs of page ids (one cudaMemcpy per run); the block tables are
+    remapped onto the staging pool, whose entries are HBM pages.
+    """
+
+    def __init__(self, host_pools, device: torch.device):
+        self.host_pools = host_pools  # layer -> list of pinned CPU tensors [num_pages, ...]
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.buffers: list[list[torch.Tensor]] = [[], []]
+        self.ready = [None, None]
+        self.free = [None, None]
+
+    def plan(self, page_lists: list[list[int]]) -> list[torch.Tensor]:
+        """Fix this step's page set; returns the remapped block tables (one per page list)."""
+        order: dict[int, int] = {}
+        for pages in page_lists:
+            for e in pages:
+                order.setdefault(e, len(order))
+        self.pages = list(order)
+        self.runs = _runs(self.pages)
+        n = max(1, len(self.pages))
+        for b in range(2):
+            self.buffers[b] = [torch.empty((n, *p.shape[1:]), dtype=p.dtype, device=self.device)
+                               for p in self.host_pools(0)]
+        return [torch.tensor([[-(order[e] + 1) for e in pages] or [0]], dtype=torch.int32) for pages in page_lists]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for buf in self.buffers for b in buf)
+
+    def issue(self, layer: int) -> None:
+        buf = layer % 2
+        bufs, pools = self.buffers[buf], self.host_pools(layer)
+        if not self.cuda:
+            for dst, src in zip(bufs, pools, strict=True):
+                for dst_start, src_start, n in self.runs:
+                    dst[dst_start:dst_start + n] = src[src_start:src_start + n]
+            return
+        with torch.cuda.stream(self.stream):
+            if self.free[buf] is not None:
+                self.stream.wait_event(self.free[buf])  # the layer that used this buffer is done
+            for dst, src in zip(bufs, pools, strict=True):
+                for dst_start, src_start, n in self.runs:
+                    dst[dst_start:dst_start + n].copy_(src[src_start:src_start + n], non_blocking=True)
+            self.ready[buf] = torch.cuda.Event()
+            self.ready[buf].record(self.stream)
+
+    def acquire(self, layer: int) -> list[torch.Tensor]:
+        buf = layer % 2
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_event(self.ready[buf])
+        return self.buffers[buf]
+
+    def release(self, layer: int) -> None:
+        if self.cuda:
+            self.free[layer % 2] = torch.cuda.Event()
+            self.free[layer % 2].record(torch.cuda.current_stream(self.device))
+
+    def bytes_per_layer(self) -> int:
+        return sum(n for _, _, n in self.runs) * sum(p[0].numel() * p.element_size() for p in self.host_pools(0))
+
+
+def _runs(pages: list[int]) -> list[tuple[int, int, int]]:
+    """(staging index, host page, length) runs of consecutive host pages."""
+    runs = []
+    for i, e in enumerate(pages):
+        if runs and e == runs[-1][1] + runs[-1][2] and i == runs[-1][0] + runs[-1][2]:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((i, e, 1))
+    return runs
+
+
+class StagedPath(ZeroCopyPath):
+    """Pie-like swap: KV stays in pinned host pages; each layer's pages are staged into HBM by the copy engine."""
+
+    def __init__(self, kv: KVCacheManager, *, tile_kv: int = 64):
+        super().__init__(kv, "host", "tiled", tile_kv=tile_kv)
+        self.stager = _Stager(lambda layer: [kv.arena.k[layer], kv.arena.v[layer]], kv.hbm_k.device)
+
+    def begin(self, plan: StepPlan) -> None:
+        super().begin(plan)
+        tables = self.stager.plan(plan.page_lists(self.kv))
+        dev = self.stager.device
+        nd = plan.num_decodes
+        width = max(t.shape[1] for t in tables) if tables else 1
+        self.decode_table = (torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tables[:nd]])
+                             if nd else torch.zeros((0, 1), dtype=torch.int32)).to(dev)
+        self.chunk_tables = [t.to(dev) for t in tables[nd:]]
+        self.staging_bytes = max(self.staging_bytes, self.stager.nbytes)
+        self.remap = self._slot_remap(plan.slots)  # once per step, not per layer
+        self.stager.issue(0)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k_st, v_st = self.stager.acquire(layer)
+        if layer + 1 < self.kv.model.num_layers:
+            self.stager.issue(layer + 1)  # overlaps this layer's compute
+        self.store(layer, k, v)  # new K/V to the host pages (the cache of record)
+        flat = (-1, *k_st.shape[2:])
+        # and into the staged copy, so this step's attention sees them: remap slots to staging pages
+        k_st.view(flat)[self.remap] = k
+        v_st.view(flat)[self.remap] = v
+        self.traffic.link_read_bytes += self.stager.bytes_per_layer()
+        out = self.attention_staged(q, k, v, k_st, v_st)
+        self.stager.release(layer)
+        return out
+
+    def _slot_remap(self, slots: torch.Tensor) -> torch.Tensor:
+        """Host-pool slots of new tokens -> slots in the staging pool (pages were staged in stager order)."""
+        ps = self.kv.page_size
+        lut = torch.full((max(self.stager.pages, default=0) + 1,), -1, dtype=torch.int64)
+        lut[torch.tensor(self.stager.pages, dtype=torch.int64)] = torch.arange(len(self.stager.pages))
+        host = slots.cpu()
+        return (lut[host // ps] * ps + host % ps).to(slots.device)
+
+    def attention_staged(self, q, k, v, k_st, v_st) -> torch.Tensor:
+        self.tier = "hbm"  # the staged pages are HBM pages
+        try:
+            return self.attention(q, k, v, k_st, v_st, self.decode_table, self.chunk_tables)
+        finally:
+            self.tier = "host"
+
+
+class CpuAttnPath(StagedPath):
+    """Neo-like: decode attention on the CPU over the pinned pages; prompt chunks attend on the GPU (staged)."""
+
+    def __init__(self, kv: KVCacheManager, *, threads: int | None = None, tile_kv: int = 64):
+        super().__init__(kv, tile_kv=tile_kv)
+        if threads:
+            torch.set_num_threads(threads)
+
+    def begin(self, plan: StepPlan) -> None:
+        ZeroCopyPath.begin(self, plan)
+        tables = self.stager.plan(plan.page_lists(self.kv, decodes=False))
+        self.decode_table = torch.zeros((0, 1), dtype=torch.int32, device=self.stager.device)
+        self.chunk_tables = [t.to(self.stager.device) for t in tables]
+        self.staging_bytes = max(self.staging_bytes, self.stager.nbytes)
+        self.lens = plan.decode_lens_host
+        if plan.chunks:
+            self.remap = self._slot_remap(plan.slots[plan.num_decodes:])
+            self.stager.issue(0)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        p = self.plan
+        self.store(layer, k, v)
+        out = torch.empty_like(q)
+        if p.chunks:
+            k_st, v_st = self.stager.acquire(layer)
+            if layer + 1 < self.kv.model.num_layers:
+                self.stager.issue(layer + 1)
+            flat = (-1, *k_st.shape[2:])
+            k_st.view(flat)[self.remap] = k[p.num_decodes:]
+            v_st.view(flat)[self.remap] = v[p.num_decodes:]
+            self.traffic.link_read_bytes += self.stager.bytes_per_layer()
+            rows = slice(p.num_decodes, None)
+            saved = self.plan
+            self.plan = _only_chunks(p)
+            self.tier = "hbm"
+            try:
+                out[rows] = self.attention(q[rows], k[rows], v[rows], k_st, v_st, self.decode_table,
+                                           self.chunk_tables)
+            finally:
+                self.plan, self.tier = saved, "host"
+            self.stager.release(layer)
+        if p.num_decodes:
+            out[: p.num_decodes] = self._cpu_decode(layer, q[: p.num_decodes])
+        return out
+
+    def _cpu_decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        kv, ps = self.kv, self.kv.page_size
+        qc = q.to("cpu", torch.float32)  # Q crosses the link once; CPU math in fp32 (bf16 CPU GEMV is slow)
+        k_host, v_host = kv.arena.k[layer], kv.arena.v[layer]
+        outs = []
+        group = qc.shape[1] // k_host.shape[2]
+        for i, r in enumerate(self.plan.decode_ids):
+            n = self.lens[i]
+            pages = torch.tensor(kv.pages(r)[: -(-n // ps)])
+            kk = k_host[pages].reshape(-1, *k_host.shape[2:])[:n].float().repeat_interleave(group, dim=1)
+            vv = v_host[pages].reshape(-1, *v_host.shape[2:])[:n].float().repeat_interleave(group, dim=1)
+            s = torch.einsum("hd,nhd->hn", qc[i], kk) / qc.shape[-1] ** 0.5
+            outs.append(torch.einsum("hn,nhd->hd", s.softmax(-1), vv))
+        self.traffic.link_read_bytes += q.numel() * q.element_size()
+        self.traffic.link_write_bytes += q.numel() * q.element_size()
+        return torch.stack(outs).to(q.device, q.dtype)
+
+
+def _only_chunks(p: StepPlan) -> StepPlan:
+    from dataclasses import replace
+
+    shift = p.num_decodes
+    chunks = [type(c)(c.req_id, c.start - shift, c.length, c.past_len) for c in p.chunks]
+    return replace(p, decode_ids=[], decode_lens_host=[], decode_lens=p.decode_lens[:0], chunks=chunks, slots=p.slots[shift:],
+                   positions=p.positions[shift:])

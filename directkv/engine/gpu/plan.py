@@ -1,0 +1,71 @@
+"""Per-step layout shared by every KV path: where each token of the flat batch goes, and what it attends to.
+
+The model runs one flat token batch per step: first one token per decoding request, then the prompt
+chunks back to back. Everything here is computed once per step and reused by all layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from directkv.engine.state import Step
+from directkv.memory import KVCacheManager
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    req_id: int
+    start: int  # first row of the chunk in the flat batch
+    length: int
+    past_len: int
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    decode_ids: list[int]
+    decode_lens_host: list[int]
+    decode_lens: torch.Tensor  # [num_decodes] int32: cached tokens incl. this step's, on device
+    decode_table: torch.Tensor  # [num_decodes, width] int32 on device
+    chunks: list[ChunkPlan]
+    chunk_tables: list[torch.Tensor]  # per chunk [1, width] int32 on device
+    slots: torch.Tensor  # [num_tokens] int64 flat slot of each new token in its tier pool, on device
+    positions: torch.Tensor  # [num_tokens] int64 absolute positions
+
+    @property
+    def num_decodes(self) -> int:
+        return len(self.decode_ids)
+
+    def page_lists(self, kv: KVCacheManager, *, decodes: bool = True) -> list[list[int]]:
+        """Pages each decode (if `decodes`) and then each chunk touches this step, new tokens included."""
+        ps = kv.page_size
+        lists = [kv.pages(r)[: -(-n // ps)] for r, n in zip(self.decode_ids, self.decode_lens_host, strict=True)]
+        lists = lists if decodes else []
+        return lists + [kv.pages(c.req_id)[: -(-(c.past_len + c.length) // ps)] for c in self.chunks]
+
+
+def plan_step(step: Step, kv: KVCacheManager, device: torch.device) -> StepPlan:
+    dec = [s.req_id for s in step.decodes]
+    ctx = [s.context_len for s in step.decodes]
+    slots, pos = [], []
+    for r, c in zip(dec, ctx, strict=True):
+        slots.append(kv.slots(r, c, 1))
+        pos.append(torch.tensor([c]))
+    chunks, row = [], len(dec)
+    for c in step.prefills:
+        chunks.append(ChunkPlan(c.state.req_id, row, c.chunk_len, c.past_len))
+        slots.append(kv.slots(c.state.req_id, c.past_len, c.chunk_len))
+        pos.append(torch.arange(c.past_len, c.past_len + c.chunk_len))
+        row += c.chunk_len
+    to = dict(device=device, non_blocking=True)
+    return StepPlan(
+        decode_ids=dec,
+        decode_lens_host=[c + 1 for c in ctx],
+        decode_lens=torch.tensor([c + 1 for c in ctx], dtype=torch.int32).to(**to),
+        decode_table=kv.block_table(dec).to(**to),
+        chunks=chunks,
+        chunk_tables=[kv.block_table([c.req_id]).to(**to) for c in chunks],
+        slots=torch.cat(slots).to(**to),
+        positions=torch.cat(pos).to(**to),
+    )

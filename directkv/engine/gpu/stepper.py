@@ -1,0 +1,84 @@
+"""GPU stepper: one engine step for real — the model's layers with the system's KV path, timed by CUDA events.
+
+Runs on the CPU too (reference kernels, perf_counter), which is how the tests check it at toy sizes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from directkv.engine.gpu.flexgen_path import FlexgenPath
+from directkv.engine.gpu.paths import CpuAttnPath, StagedPath, ZeroCopyPath
+from directkv.engine.gpu.plan import plan_step
+from directkv.engine.state import Step
+from directkv.engine.systems import StepCost, SystemPolicy
+from directkv.errors import ConfigError
+from directkv.memory import KVCacheManager
+from directkv.model.runner import ModelRunner
+
+
+def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None = None):
+    if policy.name in ("directkv", "hbm"):
+        if policy.variant == "fused":
+            raise ConfigError("directkv variant 'fused' has no GPU kernel yet; valid on the GPU: naive, tiled")
+        return ZeroCopyPath(kv, policy.kv_tier, policy.variant or "tiled")
+    if policy.name == "swap":
+        return StagedPath(kv)
+    if policy.name == "cpu_attn":
+        return CpuAttnPath(kv, threads=cpu_threads)
+    return FlexgenPath(kv, device)
+
+
+class GPUStepper:
+    def __init__(self, policy: SystemPolicy, runner: ModelRunner, kv: KVCacheManager, device: torch.device, *,
+                 seed: int = 0, cpu_threads: int | None = None):
+        self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
+        self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
+        self.outputs: dict[int, list[int]] = {}  # request -> generated ids (tests compare systems on them)
+        self.vocab = runner.spec.vocab_size
+
+    def _tokens(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat input ids and the rows whose logits are needed (decodes + prompt-finishing chunks)."""
+        ids = [self.last_token[s.req_id] for s in step.decodes]
+        rows = list(range(len(step.decodes)))
+        n = len(ids)
+        for c in step.prefills:  # prompts are lengths only; their ids are random, seeded
+            ids += torch.randint(0, self.vocab, (c.chunk_len,), generator=self.gen).tolist()
+            n += c.chunk_len
+            if c.past_len + c.chunk_len >= c.state.req.prompt_len:
+                rows.append(n - 1)
+        return torch.tensor(ids, dtype=torch.int64), torch.tensor(rows, dtype=torch.int64)
+
+    def run_step(self, step: Step) -> StepCost:
+        ids, rows = self._tokens(step)
+        cuda = self.device.type == "cuda"
+        before = replace(self.path.traffic)  # paths add to their record in place
+        if cuda:
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        plan = plan_step(step, self.kv, self.device)
+        self.path.begin(plan)
+        # a step of mid-prompt chunks only needs no logits; the runner wants one row, which is then dropped
+        want = rows if rows.numel() else torch.tensor([ids.numel() - 1])
+        logits = self.runner.forward(ids.to(self.device), plan.positions, self.path.attend, want.to(self.device))
+        nxt = logits.argmax(-1).tolist()[: rows.numel()]  # greedy; ignore_eos: lengths come from the workload
+        if cuda:
+            stop.record()
+            stop.synchronize()
+            seconds = start.elapsed_time(stop) / 1e3
+        else:
+            seconds = time.perf_counter() - t0
+        owners = [s.req_id for s in step.decodes] + [
+            c.state.req_id for c in step.prefills if c.past_len + c.chunk_len >= c.state.req.prompt_len]
+        self.last_token.update(zip(owners, nxt, strict=True))
+        for r, t in zip(owners, nxt, strict=True):
+            self.outputs.setdefault(r, []).append(t)
+        after = self.path.traffic
+        delta = type(after)(**{k: getattr(after, k) - getattr(before, k) for k in after.as_dict()})
+        return StepCost(seconds, delta, self.path.staging_bytes)

@@ -1,0 +1,229 @@
+"""CUDA prefill attention of one sequence over a paged two-tier KV cache (csrc/include/directkv/prefill_attention.cuh).
+
+Variants
+--------
+naive : FlashAttention order: a CTA owns 64 query rows (the G = num_heads / num_kv_heads heads of
+        64 / G tokens) and streams all the K/V it can see, so past K/V cross the link once per CTA.
+tiled : CPU-memory-aware: a chunk of `kv_chunk` K/V tokens of one KV head is loaded into shared memory
+        once and meets every query row; per-split partial (O, max, sum) live in HBM and a merge kernel
+        combines the splits. Past K/V cross the link once. By default the next chunk is prefetched into
+        L2 while the current one is computed.
+
+The split plan (chunk size, CTAs per KV head) is host-side arithmetic on the SM count and shared memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from directkv.errors import check, unknown_name
+from directkv.kernels.cuda import build
+from directkv.kernels.paged import PagedKV
+from directkv.kernels.traffic import Traffic
+from directkv.kernels.traffic_model import prefill_traffic
+
+VARIANTS = ("naive", "tiled")
+DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
+HEAD_DIMS = (64, 128)
+TILE_Q = 64  # query rows per naive CTA (4 warps x 16): the kernel's only Q tile
+TILE_KV = 64  # keys per shared-memory tile: the kernel's only K/V tile
+SMEM_PAD = 8  # elements of padding per shared-memory row (bank-conflict-free ldmatrix)
+WORKSPACE_CAP = 3 << 30  # bytes of split partial state at most; fewer splits beyond it
+_TRAFFIC_MEMO: dict[tuple, Traffic] = {}
+
+
+@dataclass(frozen=True)
+class TiledPlan:
+    """Launch plan of the tiled kernel: `num_splits` CTAs per KV head of `threads` threads, each owning a
+    contiguous run of the `num_chunks` chunks of `kv_chunk` keys."""
+
+    kv_chunk: int
+    num_chunks: int
+    num_splits: int
+    threads: int
+
+
+def plan_tiled(
+    keys: int,
+    *,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    part_bytes_per_split: int,
+    sms: int,
+    smem_optin: int,
+    kv_chunk: int | None = None,
+    num_splits: int | None = None,
+) -> TiledPlan:
+    """Plan the tiled kernel for `keys` = past_len + q_len keys per KV head.
+
+    Default: one 8-warp CTA per SM holding the largest chunk that fits shared memory, sized so every CTA
+    gets the same number of chunks (a big chunk keeps the partial-O traffic per key low). A given kv_chunk
+    small enough for two CTAs per SM runs 4-warp CTAs, two per SM. num_splits is clipped to the chunk count
+    and to WORKSPACE_CAP bytes of partial state.
+    """
+    chunk_bytes = 2 * (head_dim + SMEM_PAD) * dtype_bytes  # K + V row
+    max_chunk = smem_optin // chunk_bytes // TILE_KV * TILE_KV
+    if kv_chunk is None:
+        splits = max(1, sms // num_kv_heads)
+        rounds = math.ceil(keys / (splits * max_chunk))
+        kv_chunk = TILE_KV * math.ceil(keys / (splits * rounds * TILE_KV))
+        per_sm = 1
+    else:
+        check(
+            isinstance(kv_chunk, int) and TILE_KV <= kv_chunk <= max_chunk and kv_chunk % TILE_KV == 0,
+            f"kv_chunk {kv_chunk!r} must be a multiple of {TILE_KV} in {TILE_KV}..{max_chunk} "
+            f"(shared memory) for head_dim {head_dim}",
+        )
+        per_sm = 2 if 2 * kv_chunk * chunk_bytes <= smem_optin else 1
+        splits = max(1, sms * per_sm // num_kv_heads)
+    if num_splits is not None:
+        check(isinstance(num_splits, int) and num_splits >= 1, f"num_splits must be a positive int; got {num_splits!r}")
+        splits = num_splits
+    chunks = math.ceil(keys / kv_chunk)
+    splits = max(1, min(splits, chunks, WORKSPACE_CAP // max(1, part_bytes_per_split)))
+    return TiledPlan(kv_chunk, chunks, splits, 128 if per_sm == 2 else 256)
+
+
+@cache
+def _device_limits(device: int) -> tuple[int, int]:
+    with torch.cuda.device(device):
+        return tuple(build.load("prefill_attention").device_limits())
+
+
+def _check_inputs(q, k_new, v_new, kv: PagedKV, variant: str, tile_q: int, tile_kv: int, out) -> None:
+    if variant not in VARIANTS:
+        raise unknown_name("prefill_attention variant", variant, VARIANTS)
+    check(tile_q == TILE_Q, f"tile_q {tile_q!r} is not supported by the CUDA kernel; valid: {TILE_Q} (query rows per CTA)")
+    check(tile_kv == TILE_KV, f"tile_kv {tile_kv!r} is not supported by the CUDA kernel; valid: {TILE_KV}")
+    check(q.dim() == 3, f"q must be [q_len, num_heads, head_dim]; got shape {tuple(q.shape)}")
+    q_len, num_heads, head_dim = q.shape
+    check(q_len >= 1, "prefill needs q_len >= 1")
+    check(q.dtype in DTYPE_CODES, f"dtype {q.dtype} is not supported; valid: float16, bfloat16")
+    check(head_dim in HEAD_DIMS, f"head_dim {head_dim} is not supported; valid: {HEAD_DIMS}")
+    check(kv.batch == 1, f"prefill takes one sequence; kv.batch is {kv.batch}")
+    check((kv.dtype, kv.head_dim) == (q.dtype, head_dim), f"KV {kv.dtype} head_dim {kv.head_dim} does not match q "
+          f"{q.dtype} head_dim {head_dim}")
+    check(num_heads % kv.num_kv_heads == 0, f"num_heads {num_heads} is not a multiple of num_kv_heads {kv.num_kv_heads}")
+    want = (q_len, kv.num_kv_heads, head_dim)
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        check(tuple(t.shape) == want and t.dtype == q.dtype, f"{name} must be {q.dtype} {list(want)}; got "
+              f"{t.dtype} {list(t.shape)}")
+    for name, t in (("q", q), ("k_new", k_new), ("v_new", v_new), ("hbm_k", kv.hbm_k), ("hbm_v", kv.hbm_v)):
+        check(t.device.type == "cuda" and t.is_contiguous(), f"{name} must be a contiguous CUDA tensor; got {t.device}")
+    for name, t in (("host_k", kv.host_k), ("host_v", kv.host_v)):
+        zero_copy = t.device.type == "cuda" or (t.device.type == "cpu" and t.is_pinned())
+        check(zero_copy and t.is_contiguous(), f"{name} must be a contiguous zero-copy view (zero_copy.device_view) or a "
+              f"pinned CPU tensor; got {t.device}")
+    if out is not None:
+        check(out.shape == q.shape and out.dtype == q.dtype and out.device == q.device and out.is_contiguous(),
+              f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}")
+
+
+def traffic(q_len: int, past_len: int, kv: PagedKV, *, num_heads: int, variant: str, causal: bool,
+            kv_chunk: int = TILE_KV) -> Traffic:
+    """Closed-form Traffic of one call (traffic_model.prefill_traffic), memoised per block-table version.
+
+    Link bytes are exact: naive reads every past host token once per CTA of 64 rows, tiled once. HBM bytes
+    are the reference schedule's at the kernel's tiles (naive: 64 // G query tokens; tiled: tile_kv =
+    kv_chunk); the kernel's chunks also straddle the past / new boundary and its merge adds one partial pass
+    per split, which the closed form leaves out.
+    """
+    table = kv.block_table
+    key = (variant, q_len, past_len, num_heads, kv.num_kv_heads, kv.head_dim, kv.dtype, causal, kv_chunk,
+           table.data_ptr(), table._version, kv.page_size)
+    if key not in _TRAFFIC_MEMO:
+        if len(_TRAFFIC_MEMO) > 256:
+            _TRAFFIC_MEMO.clear()
+        pages = -(-past_len // kv.page_size)
+        entries = table[0, :pages].cpu().to(torch.int64)
+        tokens = (past_len - torch.arange(pages) * kv.page_size).clamp(max=kv.page_size)
+        hbm_tokens = int((tokens * (entries < 0)).sum())
+        group = num_heads // kv.num_kv_heads
+        tile_q = max(1, TILE_Q // group) if variant == "naive" else TILE_Q
+        t = prefill_traffic(q_len, past_len, num_heads=num_heads, num_kv_heads=kv.num_kv_heads, head_dim=kv.head_dim,
+                            dtype_bytes=kv.host_k.element_size(), variant=variant, causal=causal, tile_q=tile_q,
+                            tile_kv=kv_chunk if variant == "tiled" else TILE_KV, past_hbm_tokens=hbm_tokens)
+        if variant == "naive":  # exact also when G does not divide 64 (a CTA then holds part of a token's heads)
+            ctas = -(-q_len * group // TILE_Q)
+            t.link_read_bytes = ctas * (past_len - hbm_tokens) * 2 * kv.num_kv_heads * kv.head_dim * kv.host_k.element_size()
+        _TRAFFIC_MEMO[key] = t
+    return _TRAFFIC_MEMO[key]
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    kv: PagedKV,
+    *,
+    variant: str,
+    causal: bool = True,
+    tile_q: int = TILE_Q,
+    tile_kv: int = TILE_KV,
+    sm_scale: float | None = None,
+    out: torch.Tensor | None = None,
+    kv_chunk: int | None = None,
+    num_splits: int | None = None,
+    prefetch: bool = True,
+) -> tuple[torch.Tensor, Traffic]:
+    """Attention of q_len new tokens over the past_len = kv.seq_lens[0] cached tokens and themselves.
+
+    Parameters
+    ----------
+    q : `[q_len, num_heads, head_dim]` CUDA tensor, fp16 or bf16, head_dim 64 or 128; query i sits at
+        absolute position past_len + i.
+    k_new, v_new : `[q_len, num_kv_heads, head_dim]` CUDA tensors (the new tokens' K/V, in HBM).
+    kv : one-sequence paged cache; pools `[num_pages, page_size, num_kv_heads, head_dim]`, host pools as
+        zero-copy views of pinned memory (or pinned CPU tensors), HBM pools on the GPU; block_table
+        `[1, max_pages]` and seq_lens `[1]` int32 (CPU or GPU; a CPU block table is copied to the GPU).
+    variant : "naive" or "tiled" (module docstring).
+    causal : new query i sees new tokens j <= i (all past tokens always).
+    tile_q, tile_kv : must be 64 (query rows per naive CTA, keys per shared-memory tile).
+    sm_scale : softmax scale, default 1 / sqrt(head_dim).
+    out : optional `[q_len, num_heads, head_dim]` output buffer (q's dtype).
+    kv_chunk, num_splits : tiled only: force the stationary chunk (keys, multiple of 64) and the CTAs per KV
+        head; None plans them (plan_tiled).
+    prefetch : tiled only: prefetch the next chunk into L2 while computing the current one.
+
+    Returns
+    -------
+    (out `[q_len, num_heads, head_dim]`, Traffic from the closed form, see `traffic`)
+    """
+    _check_inputs(q, k_new, v_new, kv, variant, tile_q, tile_kv, out)
+    q_len, num_heads, head_dim = q.shape
+    past_len = int(kv.seq_lens[0])
+    pages = -(-past_len // kv.page_size)
+    check(past_len >= 0 and pages <= kv.block_table.shape[1], f"past_len {past_len} needs {pages} pages; the block "
+          f"table has {kv.block_table.shape[1]}")
+    table = kv.block_table[0]
+    if table.device != q.device or table.dtype != torch.int32:
+        table = table.to(device=q.device, dtype=torch.int32)
+    table = table.contiguous()
+    out = torch.empty_like(q) if out is None else out
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+    device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    part_o = part_ml = None
+    plan = TiledPlan(0, 0, 1, 4 * 32)
+    if variant == "tiled":
+        sms, smem = _device_limits(device)
+        plan = plan_tiled(past_len + q_len, num_kv_heads=kv.num_kv_heads, head_dim=head_dim,
+                          dtype_bytes=q.element_size(), part_bytes_per_split=q_len * num_heads * (head_dim + 2) * 4,
+                          sms=sms, smem_optin=smem, kv_chunk=kv_chunk, num_splits=num_splits)
+        part_o = torch.empty(plan.num_splits, q_len, num_heads, head_dim, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(plan.num_splits, q_len, num_heads, 2, dtype=torch.float32, device=q.device)
+    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+    build.load("prefill_attention").run(
+        q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), kv.host_k.data_ptr(), kv.host_v.data_ptr(),
+        kv.hbm_k.data_ptr(), kv.hbm_v.data_ptr(), table.data_ptr(), out.data_ptr(), ptr(part_o), ptr(part_ml),
+        q_len, past_len, num_heads, kv.num_kv_heads, head_dim, kv.page_size, bool(causal),
+        VARIANTS.index(variant), plan.kv_chunk, plan.num_splits, plan.threads, bool(prefetch), float(scale),
+        DTYPE_CODES[q.dtype], torch.cuda.current_stream(q.device).cuda_stream,
+    )  # fmt: skip
+    t = traffic(q_len, past_len, kv, num_heads=num_heads, variant=variant, causal=causal,
+                kv_chunk=plan.kv_chunk if variant == "tiled" else TILE_KV)
+    return out, t

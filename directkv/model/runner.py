@@ -1,0 +1,162 @@
+"""The decoder stack on one flat token batch, with the KV path supplied by the caller.
+
+Continuous batching: one step's tokens (decode tokens of many requests and prompt chunks) are
+concatenated into `tokens` `[n]`. Everything except attention is per token, so the runner never needs to
+know which request a token belongs to; the caller's `attend` does (it stores the new K/V wherever the
+system under test keeps KV and reads the cache back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from directkv.errors import check
+from directkv.model.layers import RopeCache, layer_norm, mlp, rms_norm
+from directkv.model.weights import LayerWeights, Weights, check_weights
+from directkv.specs.models import ModelSpec
+
+# attend(layer, q [n, Hq, D], k [n, Hkv, D], v [n, Hkv, D]) -> out [n, Hq, D]
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+# OPT's learned position table starts at row 2 (rows 0-1 are a padding artefact kept upstream).
+OPT_POSITION_OFFSET = 2
+
+
+def sample_greedy(logits: torch.Tensor) -> torch.Tensor:
+    """Token ids `[...]` int64 of the largest logit of `logits` `[..., vocab]`."""
+    return logits.argmax(dim=-1)
+
+
+class ModelRunner:
+    """Prefill and decode of `spec` with `weights` (from init_weights).
+
+    Parameters
+    ----------
+    spec, weights : the model; weights are checked against spec's shapes.
+    max_positions : largest position + 1 the runner accepts; sizes the RoPE table (llama). Defaults to
+        spec.max_context. OPT is always limited by its position table (spec.max_context rows in use).
+    check_ranges : check token ids and positions against the vocab and position limits. Free for CPU
+        inputs; for device inputs it costs one device-to-host sync per call, so a caller that builds
+        them from its own state may switch it off (an out-of-range index then fails on the device).
+    """
+
+    def __init__(self, spec: ModelSpec, weights: Weights, *, max_positions: int | None = None,
+                 check_ranges: bool = True):
+        check_weights(weights, spec)
+        limit = spec.max_context
+        if max_positions is not None:
+            check(isinstance(max_positions, int) and 1 <= max_positions <= limit,
+                  f"max_positions must be an int in [1, {limit}] for {spec.name!r}; got {max_positions!r}")
+            limit = max_positions
+        self.spec, self.weights, self.max_positions = spec, weights, limit
+        self.device, self.dtype = weights.device, weights.dtype
+        self.check_ranges = check_ranges
+        self.rope = (RopeCache(spec.head_dim, spec.rope_theta, limit, self.device)
+                     if spec.family == "llama" else None)
+
+    # ---- public entry points -------------------------------------------------------------------
+    def prefill(self, tokens: torch.Tensor, positions: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        """One prompt (or prompt chunk) of one request.
+
+        tokens, positions : `[n]` int64. Returns float32 logits `[vocab]` of the last token.
+        """
+        check(tokens.dim() == 1 and tokens.numel() >= 1, f"prefill tokens must be [n] with n >= 1; "
+              f"got shape {tuple(tokens.shape)}")
+        last = torch.tensor([tokens.numel() - 1], dtype=torch.int64)
+        return self.forward(tokens, positions, attend, last)[0]
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        """One new token for each of `batch` requests.
+
+        tokens, positions : `[batch]` int64. Returns float32 logits `[batch, vocab]`.
+        """
+        check(tokens.dim() == 1, f"decode tokens must be [batch]; got shape {tuple(tokens.shape)}")
+        return self.forward(tokens, positions, attend, torch.arange(tokens.numel(), dtype=torch.int64))
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend: AttendFn,
+                logits_rows: torch.Tensor) -> torch.Tensor:
+        """Run the layer stack on a flat token batch.
+
+        Parameters
+        ----------
+        tokens : `[n]` int64 token ids of one step, requests concatenated.
+        positions : `[n]` int64 absolute position of each token in its own sequence.
+        attend : called once per layer as `attend(layer, q, k, v)` with q `[n, Hq, D]`, k and v
+            `[n, Hkv, D]` (contiguous, model dtype, RoPE already applied to q and k for llama); must
+            store k/v and return the causal attention output `[n, Hq, D]` of every token.
+        logits_rows : `[r]` int64 indices into the batch (typically each sequence's last token).
+
+        Returns
+        -------
+        float32 logits `[r, vocab]` for the selected rows only.
+        """
+        tokens, positions, logits_rows = self._inputs(tokens, positions, logits_rows)
+        spec, w = self.spec, self.weights
+        # no_grad rather than inference_mode: tensors handed to `attend` may be kept by the caller and
+        # updated in place later, which inference tensors forbid outside inference mode.
+        with torch.no_grad():
+            x = w.embed[tokens]  # [n, hidden]
+            if spec.family == "opt":
+                x = x + w.pos_embed[positions + OPT_POSITION_OFFSET]
+            for index, layer in enumerate(w.layers):
+                x = self._layer(index, layer, x, positions, attend)
+            x = self._norm(x[logits_rows], w.final_norm, w.final_norm_bias)
+            return (x @ w.lm_head).float()
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _layer(self, index: int, layer: LayerWeights, x: torch.Tensor, positions: torch.Tensor,
+               attend: AttendFn) -> torch.Tensor:
+        spec = self.spec
+        n, d = x.shape[0], spec.head_dim
+        h = self._norm(x, layer.attn_norm, layer.attn_norm_bias)
+        qkv = h @ layer.wqkv if layer.bqkv is None else torch.addmm(layer.bqkv, h, layer.wqkv)
+        q, k, v = qkv.split([spec.q_dim, spec.kv_dim, spec.kv_dim], dim=-1)
+        q = q.reshape(n, spec.num_heads, d)
+        k = k.reshape(n, spec.num_kv_heads, d)
+        v = v.reshape(n, spec.num_kv_heads, d).contiguous()
+        if self.rope is not None:
+            q, k = self.rope.apply(q, positions), self.rope.apply(k, positions)
+        else:
+            q, k = q.contiguous(), k.contiguous()
+        out = attend(index, q, k, v)
+        check(isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(q.shape) and out.device == x.device,
+              f"attend(layer={index}) must return [n, Hq, D] = {list(q.shape)} on {x.device}; got "
+              + (f"{list(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__))
+        # A kernel may accumulate and return float32; the residual stream stays in the model dtype.
+        out = out.to(x.dtype).reshape(n, spec.q_dim)
+        x = x + (out @ layer.wo if layer.bo is None else torch.addmm(layer.bo, out, layer.wo))
+        h = self._norm(x, layer.mlp_norm, layer.mlp_norm_bias)
+        return x + mlp(h, layer, spec.family)
+
+    @staticmethod
+    def _norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return rms_norm(x, weight) if bias is None else layer_norm(x, weight, bias)
+
+    def _inputs(self, tokens: torch.Tensor, positions: torch.Tensor,
+                logits_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Validate shapes/dtypes (and values, see check_ranges); move to the model's device."""
+        named = {"tokens": tokens, "positions": positions, "logits_rows": logits_rows}
+        for name, t in named.items():
+            check(isinstance(t, torch.Tensor) and t.dim() == 1 and t.dtype == torch.int64,
+                  f"{name} must be a 1-D int64 tensor; got "
+                  + (f"shape {tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__))
+        n = tokens.numel()
+        check(n >= 1, "tokens must hold at least one token; got an empty batch")
+        check(positions.numel() == n, f"positions must have one entry per token ({n}); got {positions.numel()}")
+        check(logits_rows.numel() >= 1, "logits_rows must select at least one row; got none")
+        inputs = (tokens, positions, logits_rows)
+        if len({t.device for t in inputs}) > 1:
+            inputs = tuple(t.to(self.device) for t in inputs)
+        if self.check_ranges and inputs[0].device.type != "meta":
+            self._check_ranges(*inputs)
+        return tuple(t.to(self.device, non_blocking=True) for t in inputs)
+
+    def _check_ranges(self, tokens: torch.Tensor, positions: torch.Tensor, logits_rows: torch.Tensor) -> None:
+        # Checked where the inputs live (free on the CPU); one combined fetch, so one sync on a GPU.
+        lo, hi = torch.stack([torch.stack([t.min(), t.max()]) for t in (tokens, positions, logits_rows)]).cpu().unbind(1)
+        limits = {"tokens": self.spec.vocab_size, "positions": self.max_positions, "logits_rows": tokens.numel()}
+        for (name, limit), low, high in zip(limits.items(), lo.tolist(), hi.tolist(), strict=True):
+            check(low >= 0 and high < limit,
+                  f"{name} must lie in [0, {limit}) for {self.spec.name!r}; got values in [{low}, {high}]")

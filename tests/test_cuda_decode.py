@@ -1,0 +1,193 @@
+"""CUDA decode attention against a float64 dense reference on the GPU, plus its host-side plans (CPU)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from directkv.errors import ConfigError
+from directkv.kernels.cuda.decode_attention import (
+    decode_attention,
+    heads_per_cta,
+    plan_splits,
+    plan_stream,
+    stream_schedule,
+    traffic,
+)
+from directkv.kernels.paged import PagedKV
+from directkv.kernels.reference import decode_attention as reference_decode
+from directkv.kernels.reference.fixtures import random_paged_kv
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+TOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
+LENS = [1, 7, 63, 65, 1000, 4097]
+
+
+def make_kv(lens, *, page_size, num_kv_heads, head_dim, dtype, hbm_fraction=0.4, seed=None) -> PagedKV:
+    """A random cache on the GPU: host pools pinned + zero-copy views, HBM pools in HBM, pages shuffled."""
+    from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
+
+    gen = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    kv = random_paged_kv(lens, page_size=page_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+                         hbm_fraction=hbm_fraction, generator=gen)
+
+    def host(t: torch.Tensor) -> torch.Tensor:
+        pinned = pinned_empty(t.shape, t.dtype)
+        pinned.copy_(t)
+        return device_view(pinned)
+
+    return PagedKV(host(kv.host_k), host(kv.host_v), kv.hbm_k.cuda(), kv.hbm_v.cuda(), kv.block_table.cuda(),
+                   kv.seq_lens.cuda())
+
+
+def dense_reference(q: torch.Tensor, kv: PagedKV, scale: float) -> torch.Tensor:
+    """float64 attention per sequence on upcast inputs, `[batch, num_heads, head_dim]`."""
+    group = q.shape[1] // kv.num_kv_heads
+    outs = []
+    for b in range(q.shape[0]):
+        k, v = (t.double().repeat_interleave(group, dim=1) for t in kv.gather(b))  # [n, heads, dim]
+        p = torch.softmax(torch.einsum("hd,nhd->hn", q[b].double(), k) * scale, dim=-1)
+        outs.append(torch.einsum("hn,nhd->hd", p, v))
+    return torch.stack(outs)
+
+
+def run_and_check(kv: PagedKV, num_heads: int, variant: str, **kwargs) -> torch.Tensor:
+    q = torch.randn(kv.batch, num_heads, kv.head_dim, device="cuda").to(kv.dtype)
+    out = torch.full_like(q, float("nan"))  # poisoned: an unwritten element fails
+    got, _ = decode_attention(q, kv, variant=variant, out=out, **kwargs)
+    assert got.data_ptr() == out.data_ptr()
+    ref = dense_reference(q, kv, 1.0 / math.sqrt(kv.head_dim))
+    assert not torch.isnan(out).any()
+    err = float((out.double() - ref).norm() / ref.norm())
+    assert err < TOL[kv.dtype], f"rel err {err:.2e}"
+    return out
+
+
+# ---- GPU: correctness -----------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("variant", ["naive", "tiled", "stream"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("gqa", [1, 4, 8])
+def test_decode_matches_reference(variant, dtype, head_dim, gqa):
+    for page_size in (16, 64):
+        kv = make_kv(LENS, page_size=page_size, num_kv_heads=2, head_dim=head_dim, dtype=dtype)
+        run_and_check(kv, 2 * gqa, variant)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("variant", ["naive", "tiled", "stream"])
+@pytest.mark.parametrize("num_splits", [1, 2, 7])
+def test_forced_splits(variant, num_splits):
+    kv = make_kv([4097, 1, 300, 2000], page_size=32, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16)
+    run_and_check(kv, 4, variant, num_splits=num_splits)  # gqa 2: two heads per CTA in "tiled"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("hbm_fraction", [0.0, 1.0])
+@pytest.mark.parametrize("tile_kv", [32, 64])
+def test_single_tier_and_tiles(hbm_fraction, tile_kv):
+    kv = make_kv([33, 513, 2049], page_size=16, num_kv_heads=4, head_dim=128, dtype=torch.float16,
+                 hbm_fraction=hbm_fraction)
+    for variant in ("naive", "tiled", "stream"):
+        run_and_check(kv, 16, variant, tile_kv=tile_kv)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_repeated_calls_reuse_counters_and_stream_ring():
+    kv = make_kv([5000, 17, 3000], page_size=16, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16)
+    plan = plan_stream(kv, chunk_bytes=64 << 10, num_slots=2)  # many chunks through a 2-slot ring
+    assert len(plan.copies) > 4
+    outs = [run_and_check(kv, 8, "stream", plan=plan) for _ in range(2)]
+    outs += [run_and_check(kv, 8, "tiled", num_splits=9) for _ in range(3)]  # counters must be left zero
+    assert all(not torch.isnan(o).any() for o in outs)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_empty_sequence_gives_zeros():
+    kv = make_kv([40, 40], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16)
+    kv = PagedKV(kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v, kv.block_table,
+                 torch.tensor([40, 0], dtype=torch.int32, device="cuda"))
+    q = torch.randn(2, 4, 128, device="cuda").to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, kv, variant="tiled", out=out)
+    assert torch.equal(out[1], torch.zeros_like(out[1])) and not torch.isnan(out[0]).any()
+
+
+# ---- CPU: plans, traffic and validation ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("groups", [1, 8, 32, 512, 4096])
+@pytest.mark.parametrize("max_tiles", [1, 3, 64, 2048])
+def test_plan_splits_covers_every_tile(groups, max_tiles):
+    splits, per = plan_splits(groups, max_tiles, slots=264)
+    assert splits * per >= max_tiles and (splits - 1) * per < max_tiles  # no empty trailing split
+    assert per >= min(2, max_tiles) or splits == 1
+    # small batches are split to fill the GPU, down to two tiles a split
+    assert groups * splits >= min(264, groups * math.ceil(max_tiles / 2))
+    assert plan_splits(groups, max_tiles, 264, num_splits=1) == (1, max_tiles)
+
+
+def test_heads_per_cta():
+    assert [heads_per_cta("tiled", g) for g in (1, 2, 4, 8, 16, 6, 3)] == [1, 2, 4, 8, 8, 2, 1]
+    assert heads_per_cta("naive", 8) == 1
+
+
+@pytest.mark.parametrize("chunk_pages", [1, 3, 64])
+def test_stream_schedule_covers_every_token_once(chunk_pages):
+    lens = [1, 15, 16, 17, 200, 64]
+    kv = random_paged_kv(lens, page_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float16, hbm_fraction=0.3,
+                         generator=torch.Generator().manual_seed(torch.seed() % 2**31))
+    tables, plens, copies, hbm_pass = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages)
+    used_hbm = any(int(kv.block_table[b, j]) < 0 for b, n in enumerate(lens) for j in range(math.ceil(n / 16)))
+    assert hbm_pass == used_hbm and tables.shape[0] == len(copies) + used_hbm
+    got: list[list[tuple[int, int]]] = [[] for _ in lens]
+    for c in range(tables.shape[0]):
+        ring = {}
+        if c < len(copies):
+            assert sum(n for _, _, n in copies[c]) <= chunk_pages
+            for src, dst, n in copies[c]:
+                ring.update({dst + i: src + i for i in range(n)})
+        for b in range(len(lens)):
+            n = int(plens[c, b])
+            for j in range(math.ceil(n / 16)):
+                e = int(tables[c, b, j])
+                entry = ring[-(e + 1)] if c < len(copies) else e
+                assert (entry >= 0) == (c < len(copies))
+                got[b].append((entry, min(16, n - 16 * j)))
+    for b, n in enumerate(lens):
+        want = [(int(kv.block_table[b, j]), min(16, n - 16 * j)) for j in range(math.ceil(n / 16))]
+        assert sorted(got[b]) == sorted(want)
+
+
+def test_traffic_matches_reference_counting():
+    kv = random_paged_kv([1, 63, 65, 1000], page_size=16, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16,
+                         hbm_fraction=0.5, generator=torch.Generator().manual_seed(3))
+    meta = PagedKV(*(t.to("meta") for t in (kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v)), kv.block_table, kv.seq_lens)
+    q = torch.empty(4, 8, 64, dtype=torch.bfloat16, device="meta")
+    for variant in ("naive", "tiled"):
+        _, counted = reference_decode(q, meta, variant=variant, compute=False)
+        assert traffic(kv, num_heads=8, variant=variant) == counted
+    stream, tiled = traffic(kv, num_heads=8, variant="stream"), traffic(kv, num_heads=8, variant="tiled")
+    assert stream.link_read_bytes == tiled.link_read_bytes
+    assert stream.hbm_write_bytes == tiled.hbm_write_bytes + tiled.link_read_bytes
+
+
+def test_bad_arguments_raise_config_error():
+    kv = random_paged_kv([10], page_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float16)
+    q = torch.randn(1, 2, 64).to(torch.float16)
+    with pytest.raises(ConfigError, match="variant"):
+        decode_attention(q, kv, variant="fast")
+    with pytest.raises(ConfigError, match="tile_kv"):
+        decode_attention(q, kv, variant="tiled", tile_kv=48)
+    with pytest.raises(ConfigError, match="CUDA"):
+        decode_attention(q, kv, variant="tiled")  # CPU tensors
