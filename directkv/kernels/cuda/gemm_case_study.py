@@ -1,0 +1,116 @@
+"""CUDA GEMM case study: C = A B with B in pinned host memory (csrc/include/directkv/gemm_case_study.cuh).
+
+Variants
+--------
+naive     : output-stationary 128x128 C tiles; B crosses the link once per 128-row tile of A.
+tiled     : B-stationary: a 512x128 B chunk sits in shared memory while the CTA sweeps every row tile of
+            A; fp32 partial C per k-split in HBM, summed by a reduce kernel. B crosses the link once.
+pipelined : tiled plus a producer warp (mbarrier ring for A, L2 prefetch of the next B chunk).
+
+The k-split plan is host-side arithmetic on the SM count: enough CTAs to fill the GPU in few waves.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import torch
+
+from directkv.errors import check, unknown_name
+from directkv.kernels.cuda import build
+from directkv.kernels.traffic import Traffic
+from directkv.kernels.traffic_model import gemm_traffic
+
+VARIANTS = ("naive", "tiled", "pipelined")
+TILE_M, TILE_N, TILE_K = 128, 128, 64
+CHUNK_K = 512  # B rows per stationary chunk (tiled, pipelined)
+OUT_CODES = {torch.float16: 0, torch.float32: 2}
+WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most
+
+
+def plan_k_splits(m: int, n: int, k: int, *, sms: int, k_splits: int | None = None) -> int:
+    """CTAs per 128-column strip for tiled / pipelined: the split count minimising waves x chunks per CTA
+    (one CTA per SM), the smallest on ties, within WORKSPACE_CAP bytes of partial C; a given value is
+    clipped to the chunk count."""
+    strips, chunks = math.ceil(n / TILE_N), math.ceil(k / CHUNK_K)
+    cap = max(1, WORKSPACE_CAP // (m * strips * TILE_N * 4))
+    if k_splits is not None:
+        check(isinstance(k_splits, int) and k_splits >= 1, f"k_splits must be a positive int; got {k_splits!r}")
+        return max(1, min(k_splits, chunks, cap))
+    cost = lambda s: math.ceil(strips * s / sms) * math.ceil(chunks / s)  # noqa: E731
+    return min(range(1, min(chunks, cap) + 1), key=lambda s: (cost(s), s))
+
+
+@cache
+def _device_limits(device: int) -> tuple[int, int]:
+    with torch.cuda.device(device):
+        return tuple(build.load("gemm_case_study").device_limits())
+
+
+def b_tier(b: torch.Tensor) -> str:
+    """'host' when b's memory is page-locked host memory (a zero-copy view or a pinned CPU tensor), else 'hbm'."""
+    return build.load("gemm_case_study").pointer_tier(b.data_ptr())
+
+
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    variant: str,
+    out: torch.Tensor | None = None,
+    tile_m: int = TILE_M,
+    tile_n: int = TILE_N,
+    tile_k: int = TILE_K,
+    k_splits: int | None = None,
+    prefetch: bool = True,
+) -> tuple[torch.Tensor, Traffic]:
+    """C = A B on the tensor cores (fp16 operands, fp32 accumulation).
+
+    Parameters
+    ----------
+    a : `[M, K]` contiguous fp16 CUDA tensor (HBM).
+    b : `[K, N]` contiguous fp16: a zero-copy view of pinned memory (zero_copy.device_view), a pinned CPU
+        tensor, or an HBM tensor.
+    variant : "naive", "tiled" or "pipelined" (module docstring).
+    out : optional `[M, N]` contiguous CUDA output, fp16 or fp32 (default fp16).
+    tile_m, tile_n, tile_k : must be 128, 128, 64 (the kernels' tiles).
+    k_splits : tiled / pipelined: force the CTAs per column strip; None plans it (plan_k_splits).
+    prefetch : pipelined: prefetch the next B chunk into L2 while computing the current one.
+
+    Returns
+    -------
+    (c `[M, N]`, Traffic from traffic_model.gemm_traffic; for tiled / pipelined at tile_k = 512, the
+    stationary chunk, i.e. one fp32 partial-C pass per chunk; the split reduction's extra pass is left out)
+    """
+    if variant not in VARIANTS:
+        raise unknown_name("gemm variant", variant, VARIANTS)
+    check((tile_m, tile_n, tile_k) == (TILE_M, TILE_N, TILE_K), f"tiles ({tile_m}, {tile_n}, {tile_k}) are not "
+          f"supported by the CUDA kernels; valid: ({TILE_M}, {TILE_N}, {TILE_K})")
+    check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0], f"need a [M, K] and b [K, N]; got "
+          f"{tuple(a.shape)} and {tuple(b.shape)}")
+    check(a.dtype == torch.float16 and b.dtype == torch.float16, f"a and b must be float16; got {a.dtype}, {b.dtype}")
+    check(a.device.type == "cuda" and a.is_contiguous(), f"a must be a contiguous CUDA tensor; got {a.device}")
+    check(b.is_contiguous() and (b.device.type == "cuda" or b.is_pinned()),
+          f"b must be a contiguous CUDA tensor (zero-copy view or HBM) or pinned CPU tensor; got {b.device}")
+    m, k = a.shape
+    n = b.shape[1]
+    check(min(m, n, k) >= 1, f"M, N, K must be >= 1; got {m}, {n}, {k}")
+    if out is None:
+        out = torch.empty(m, n, dtype=torch.float16, device=a.device)
+    check(out.shape == (m, n) and out.dtype in OUT_CODES and out.device == a.device and out.is_contiguous(),
+          f"out must be a contiguous float16 or float32 [{m}, {n}] tensor on {a.device}")
+    part, ldp, splits = None, 0, 1
+    if variant != "naive":
+        device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+        splits = plan_k_splits(m, n, k, sms=_device_limits(device)[0], k_splits=k_splits)
+        ldp = math.ceil(n / TILE_N) * TILE_N
+        part = torch.empty(splits, m, ldp, dtype=torch.float32, device=a.device)
+    build.load("gemm_case_study").run(
+        a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if part is None else part.data_ptr(), m, n, k, ldp, splits,
+        VARIANTS.index(variant), bool(prefetch), OUT_CODES[out.dtype], torch.cuda.current_stream(a.device).cuda_stream,
+    )  # fmt: skip
+    traffic = gemm_traffic(m, n, k, dtype_bytes=2, variant=variant, b_tier=b_tier(b), tile_m=TILE_M, tile_n=TILE_N,
+                           tile_k=TILE_K if variant == "naive" else CHUNK_K)
+    traffic.hbm_write_bytes += m * n * (out.element_size() - 2)  # the closed form writes C in a's dtype
+    return out, traffic

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device session on a lent GPU machine: environment, build, GPU tests, then the named experiments.
+# Usage: bash experiments/device/h200.sh [STEP ...]   (steps: env build test probe kernels gemm serve ...)
+# Results are packed into $OUT/results.tar.gz (the device tool returns at most 2 folder levels), logs into $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD DIRECTKV_CACHE=${DIRECTKV_CACHE:-/tmp/dkvcache} DIRECTKV_TOKENIZER=${DIRECTKV_TOKENIZER:-approx}
+RES=/tmp/dkv-results
+mkdir -p $RES
+run() { echo "=== $* ($(date +%T))"; "$@"; echo "=== rc=$? ($(date +%T))"; }
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env build test)
+for step in "${steps[@]}"; do
+  case $step in
+    env) run nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv
+         run python3 -c "import torch,sys;print(sys.version.split()[0],torch.__version__,torch.version.cuda,torch.cuda.get_device_name(0))" ;;
+    build) run python3 -c "from directkv.kernels.cuda import build;import time;t=time.time();print(build.build_all());print('build s',time.time()-t)" ;;
+    test) run python3 -m pytest -q -m gpu -x tests 2>&1 | tail -40 ;;
+    probe) run python3 -c "from directkv.kernels.cuda.probe import measure_ceilings as m;print(m())" ;;
+    kernels) run python3 -m experiments.run +exp=kernel_ablation device=cuda results_root=$RES progress=false ${KERNEL_ARGS:-} ;;
+    gemm) run python3 -m experiments.run +exp=gemm_case_study device=cuda results_root=$RES progress=false ${GEMM_ARGS:-} ;;
+    context) run python3 -m experiments.run +exp=context_sweep device=cuda results_root=$RES progress=false ${CONTEXT_ARGS:-} ;;
+    rate) run python3 -m experiments.run +exp=rate_sweep device=cuda results_root=$RES progress=false ${RATE_ARGS:-} ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+tar czf "$OUT/results.tar.gz" -C $RES . 2>/dev/null
+ls -la "$OUT"

@@ -1,0 +1,75 @@
+"""Measured path of the kernel experiments (device=cuda): the CUDA benchmark functions, labelled rows,
+ceilings measured once per run, and Nsight Compute counters when `counters=ncu`."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from directkv.errors import check
+from experiments.common import Setup, base_row
+
+COUNTERS = ("none", "ncu")
+NCU_VARIANTS = ("naive", "tiled", "pipelined", "sdpa_zero_copy", "cublas_zero_copy")
+_ceilings: dict | None = None
+
+
+def ceilings() -> dict:
+    """SM zero-copy read, copy-engine and HBM ceilings, measured once per process, in the same run."""
+    global _ceilings
+    if _ceilings is None:
+        from directkv.kernels.cuda.probe import measure_ceilings
+
+        _ceilings = measure_ceilings()
+    return _ceilings
+
+
+def _label(cfg: DictConfig, s: Setup, rows: list[dict]) -> list[dict]:
+    out = []
+    for r in rows:
+        anchor = r["variant"] not in ("naive", "tiled", "pipelined", "stream", "fused", "separate")
+        base = base_row(cfg, s, system="anchor" if anchor else "directkv", variant=r["variant"], mode="measured")
+        out.append(base | {k: v for k, v in r.items() if k not in ("mode",)} | {"mode": "measured"})
+    return out
+
+
+def _with_counters(cfg: DictConfig, rows: list[dict], args_of) -> list[dict]:
+    mode = str(cfg.get("counters", "none"))
+    check(mode in COUNTERS, f"unknown counters {mode!r}; valid: {', '.join(COUNTERS)}")
+    if mode != "ncu":
+        return rows
+    from directkv.counters import profile
+
+    for r in rows:
+        if r["variant"] in NCU_VARIANTS and r["status"] == "ok":
+            r.update(profile(args_of(r)))
+    return rows
+
+
+def measure(cfg: DictConfig, s: Setup, op: str, ctx: int, q_len: int, batch: int) -> list[dict]:
+    import torch
+
+    dtype = getattr(torch, str(cfg.dtype))
+    m = s.model
+    shape = dict(num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, dtype=dtype)
+    if op == "decode":
+        from directkv.kernels.cuda.bench_decode import bench_decode
+
+        rows = bench_decode([ctx], [batch], ceilings=ceilings(), **shape)
+    else:
+        from directkv.kernels.cuda.bench_prefill import bench_prefill
+
+        rows = bench_prefill(q_lens=(q_len,), past_len=ctx, ceilings=ceilings(), **shape)
+    for r in rows:
+        r.setdefault("q_len", q_len)
+        r.setdefault("batch", batch)
+        r["context_len"] = float(ctx)
+    return _with_counters(cfg, _label(cfg, s, rows),
+                          lambda r: [op, r["variant"], "--context", str(ctx), "--batch", str(batch),
+                                     "--q-len", str(q_len)])
+
+
+def measure_gemm(cfg: DictConfig, s: Setup, n: int) -> list[dict]:
+    from directkv.kernels.cuda.bench_gemm import bench_gemm
+
+    rows = bench_gemm(sizes=(n,), ceilings=ceilings())
+    return _with_counters(cfg, _label(cfg, s, rows), lambda r: ["gemm", r["variant"], "--context", str(n)])

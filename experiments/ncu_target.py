@@ -1,0 +1,87 @@
+"""One kernel call to profile under Nsight Compute (see directkv/counters.py).
+
+`python -m experiments.ncu_target OP VARIANT --context N [--batch B] [--q-len Q]`: builds host-resident
+inputs (pinned memory, zero-copy views), runs the call once to warm up, then once inside an NVTX range
+named `measure`, which is what ncu profiles. Llama-3.1-8B attention shapes (32/8 heads, head_dim 128, bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from directkv.kernels import get_op
+from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
+from directkv.kernels.paged import PagedKV
+
+HQ, HKV, D, PAGE = 32, 8, 128, 16
+DT = torch.bfloat16
+
+
+def host_paged(batch: int, context: int) -> PagedKV:
+    pages = -(-context // PAGE)
+    shape = (batch * pages, PAGE, HKV, D)
+    k, v = pinned_empty(shape, DT), pinned_empty(shape, DT)
+    k.copy_(torch.randn(shape, dtype=DT))
+    v.copy_(torch.randn(shape, dtype=DT))
+    table = torch.randperm(batch * pages, dtype=torch.int32).view(batch, pages).cuda()
+    empty = torch.empty((0, PAGE, HKV, D), dtype=DT, device="cuda")
+    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    return PagedKV(device_view(k), device_view(v), empty, empty, table, lens)
+
+
+def host_dense(context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous `[1, num_kv_heads, context, head_dim]` K, V in pinned memory, as zero-copy views."""
+    out = []
+    for _ in range(2):
+        t = pinned_empty((1, HKV, context, D), DT)
+        t.copy_(torch.randn(t.shape, dtype=DT))
+        out.append(device_view(t))
+    return out[0], out[1]
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+
+def call(op: str, variant: str, context: int, batch: int, q_len: int):
+    if op == "gemm":
+        a = torch.randn(context, context, dtype=torch.float16, device="cuda")
+        b_host = pinned_empty((context, context), torch.float16)
+        b_host.copy_(torch.randn(context, context, dtype=torch.float16))
+        b = device_view(b_host)
+        if variant == "cublas_zero_copy":
+            return lambda: a @ b
+        return lambda: get_op("gemm", "cuda")(a, b, variant=variant)
+    if variant == "sdpa_zero_copy":  # the naive zero-copy anchor: SDPA reading host K/V in place
+        k, v = host_dense(context)
+        q = torch.randn(1, HQ, 1 if op == "decode" else q_len, D, dtype=DT, device="cuda")
+        return lambda: sdpa(q, k, v, causal=False)  # prefill: all past visible, no mask needed
+    kv = host_paged(batch, context)
+    if op == "decode":
+        q = torch.randn(batch, HQ, D, dtype=DT, device="cuda")
+        return lambda: get_op("decode_attention", "cuda")(q, kv, variant=variant)
+    q = torch.randn(q_len, HQ, D, dtype=DT, device="cuda")
+    kn, vn = (torch.randn(q_len, HKV, D, dtype=DT, device="cuda") for _ in range(2))
+    return lambda: get_op("prefill_attention", "cuda")(q, kn, vn, kv, variant=variant, causal=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("op", choices=["decode", "prefill", "gemm"])
+    ap.add_argument("variant")
+    ap.add_argument("--context", type=int, required=True)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--q-len", type=int, default=2048)
+    a = ap.parse_args()
+    fn = call(a.op, a.variant, a.context, a.batch, a.q_len)
+    fn()
+    torch.cuda.synchronize()
+    with torch.cuda.nvtx.range("measure"):
+        fn()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
