@@ -18,6 +18,8 @@ from pathlib import Path
 METRICS = ("pcie__read_bytes.sum", "pcie__write_bytes.sum", "lts__t_sector_hit_rate.pct",
            "dram__bytes_read.sum", "gpu__time_duration.sum")
 REPO = Path(__file__).resolve().parents[1]
+# to bytes and nanoseconds, in case a unit other than the base one comes back
+UNITS = {"Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "usecond": 1e3, "msecond": 1e6, "second": 1e9}
 
 
 def ncu_path() -> str | None:
@@ -40,7 +42,7 @@ def aggregate(rows: list[dict]) -> dict[str, float]:
     """Sum bytes and time over the kernels of the range; L2 hit rate weighted by each kernel's time."""
     per_kernel: dict[str, dict[str, float]] = {}
     for r in rows:
-        value = float(str(r["Metric Value"]).replace(",", "") or "nan")
+        value = float(str(r["Metric Value"]).replace(",", "") or "nan") * UNITS.get(r.get("Metric Unit", ""), 1.0)
         per_kernel.setdefault(r["ID"], {})[r["Metric Name"]] = value
     out = {"ncu_kernels": float(len(per_kernel))}
     if not per_kernel:
@@ -60,7 +62,7 @@ def profile(target_args: list[str], *, timeout_s: int = 300) -> dict[str, float]
     ncu = ncu_path()
     if ncu is None:
         return {"ncu_error": "ncu not found"}
-    cmd = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "measure/", "--metrics", ",".join(METRICS),
+    cmd = [ncu, "--clock-control", "none", "--print-units", "base", "--nvtx", "--nvtx-include", "measure/", "--metrics", ",".join(METRICS),
            "--csv", sys.executable, "-m", "experiments.ncu_target", *target_args]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
