@@ -1,6 +1,5 @@
-"""Model runner: weight shapes and bytes, a float64 per-token reference, chunked prefill, KV-cache
-consistency of decode, OPT's position offset, and input validation. CPU, float32, models 'tiny' and a
-tiny OPT built here."""
+"""Model runner on CPU in float32 ('tiny' and a tiny OPT): weight bytes, a float64 per-token reference,
+chunked prefill, decode-after-prefill consistency, OPT's position offset, input validation."""
 
 from __future__ import annotations
 
@@ -82,9 +81,7 @@ def reference_logits(spec: ModelSpec, w, seq: list[int]) -> torch.Tensor:
             out[i], out[i + d // 2] = x1 * math.cos(a) - x2 * math.sin(a), x2 * math.cos(a) + x1 * math.sin(a)
         return out
 
-    keys = [[] for _ in w.layers]
-    vals = [[] for _ in w.layers]
-    logits = []
+    keys, vals, logits = [[] for _ in w.layers], [[] for _ in w.layers], []
     for pos, tok in enumerate(seq):
         x = W(w.embed)[tok]
         if spec.family == "opt":
@@ -98,8 +95,7 @@ def reference_logits(spec: ModelSpec, w, seq: list[int]) -> torch.Tensor:
             if spec.family == "llama":
                 q = torch.stack([rope(q[i], pos) for i in range(spec.num_heads)])
                 k = torch.stack([rope(k[i], pos) for i in range(spec.num_kv_heads)])
-            keys[li].append(k)
-            vals[li].append(v)
+            keys[li].append(k), vals[li].append(v)
             heads = []
             for hq in range(spec.num_heads):
                 s = torch.tensor([q[hq] @ kk[hq // group] / math.sqrt(d) for kk in keys[li]], dtype=torch.float64)
@@ -155,10 +151,8 @@ def test_rope_matches_reference_kernel_rope():
 # ---- (b) batched forward == per-token float64 reference -------------------------------------------
 @pytest.mark.parametrize("name", SPECS)
 def test_batched_forward_matches_per_token_reference(name):
-    spec = SPECS[name]
-    w = make_weights(spec)
-    runner = ModelRunner(spec, w)
-    gen = torch.Generator().manual_seed(1)
+    spec, w = SPECS[name], make_weights(SPECS[name])
+    runner, gen = ModelRunner(spec, w), torch.Generator().manual_seed(1)
     seq_a = torch.randint(0, spec.vocab_size, (6,), generator=gen).tolist()
     seq_b = torch.randint(0, spec.vocab_size, (5,), generator=gen).tolist()
     kv = ContiguousKV()
@@ -198,9 +192,8 @@ def test_chunked_prefill_equals_one_chunk(name):
 
 @pytest.mark.parametrize("name", SPECS)
 def test_decode_after_prefill_equals_longer_prefill(name):
-    spec = SPECS[name]
+    spec, gen = SPECS[name], torch.Generator().manual_seed(3)
     runner = ModelRunner(spec, make_weights(spec))
-    gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, spec.vocab_size, (n,), generator=gen).tolist() for n in (7, 4)]
     kv = ContiguousKV()
     firsts = [sample_greedy(run_prefill(runner, kv, req, p, 0)).item() for req, p in enumerate(prompts)]
@@ -219,13 +212,11 @@ def test_sample_greedy():
 
 # ---- (e) OPT position offset ----------------------------------------------------------------------
 def test_opt_reads_position_rows_with_offset_two():
-    spec = TINY_OPT
-    w = make_weights(spec)
+    spec, w = TINY_OPT, make_weights(TINY_OPT)
     runner = ModelRunner(spec, w)
 
     def single_token_logits(pos):
-        kv = ContiguousKV()
-        return run_prefill(runner, kv, 0, [5], pos)
+        return run_prefill(runner, ContiguousKV(), 0, [5], pos)
 
     for pos in (0, 17, spec.max_context - 1):
         clean = single_token_logits(pos)
@@ -284,8 +275,10 @@ def test_bad_inputs_raise_config_error():
             runner.forward(args[0], args[1], kv, args[2])
     with pytest.raises(ConfigError, match=r"attend\(layer=0\) must return \[n, Hq, D\] = \[2, 8, 32\]"):
         runner.forward(ok_t, ok_p, lambda layer, q, k, v: q[:, :2], ok_r)
-    with pytest.raises(ConfigError, match="prefill tokens must be"):
+    with pytest.raises(ConfigError, match="prefill tokens must be a"):
         runner.prefill(torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64), kv)
+    with pytest.raises(ConfigError, match=r"decode tokens must be a \[batch\] tensor; got \[1, 2\]"):
+        runner.decode([1, 2], ok_p, kv)
 
 
 def test_bad_weights_or_limits_raise_config_error():

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from directkv.errors import check
-from directkv.model.layers import RopeCache, layer_norm, mlp, rms_norm
+from directkv.model.layers import RopeCache, layer_norm, mlp, rms_norm, rope
 from directkv.model.weights import LayerWeights, Weights, check_weights
 from directkv.specs.models import ModelSpec
 
@@ -62,8 +62,8 @@ class ModelRunner:
 
         tokens, positions : `[n]` int64. Returns float32 logits `[vocab]` of the last token.
         """
-        check(tokens.dim() == 1 and tokens.numel() >= 1, f"prefill tokens must be [n] with n >= 1; "
-              f"got shape {tuple(tokens.shape)}")
+        check(isinstance(tokens, torch.Tensor) and tokens.dim() == 1 and tokens.numel() >= 1,
+              f"prefill tokens must be a [n] tensor with n >= 1; got {getattr(tokens, 'shape', tokens)!r}")
         last = torch.tensor([tokens.numel() - 1], dtype=torch.int64)
         return self.forward(tokens, positions, attend, last)[0]
 
@@ -72,7 +72,8 @@ class ModelRunner:
 
         tokens, positions : `[batch]` int64. Returns float32 logits `[batch, vocab]`.
         """
-        check(tokens.dim() == 1, f"decode tokens must be [batch]; got shape {tuple(tokens.shape)}")
+        check(isinstance(tokens, torch.Tensor) and tokens.dim() == 1,
+              f"decode tokens must be a [batch] tensor; got {getattr(tokens, 'shape', tokens)!r}")
         return self.forward(tokens, positions, attend, torch.arange(tokens.numel(), dtype=torch.int64))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend: AttendFn,
@@ -100,26 +101,24 @@ class ModelRunner:
             x = w.embed[tokens]  # [n, hidden]
             if spec.family == "opt":
                 x = x + w.pos_embed[positions + OPT_POSITION_OFFSET]
+            rot = self.rope.lookup(positions) if self.rope is not None else None
             for index, layer in enumerate(w.layers):
-                x = self._layer(index, layer, x, positions, attend)
+                x = self._layer(index, layer, x, rot, attend)
             x = self._norm(x[logits_rows], w.final_norm, w.final_norm_bias)
             return (x @ w.lm_head).float()
 
     # ---- internals -----------------------------------------------------------------------------
-    def _layer(self, index: int, layer: LayerWeights, x: torch.Tensor, positions: torch.Tensor,
-               attend: AttendFn) -> torch.Tensor:
+    def _layer(self, index: int, layer: LayerWeights, x: torch.Tensor,
+               rot: tuple[torch.Tensor, torch.Tensor] | None, attend: AttendFn) -> torch.Tensor:
         spec = self.spec
-        n, d = x.shape[0], spec.head_dim
+        n, d, hq = x.shape[0], spec.head_dim, spec.num_heads
         h = self._norm(x, layer.attn_norm, layer.attn_norm_bias)
         qkv = h @ layer.wqkv if layer.bqkv is None else torch.addmm(layer.bqkv, h, layer.wqkv)
-        q, k, v = qkv.split([spec.q_dim, spec.kv_dim, spec.kv_dim], dim=-1)
-        q = q.reshape(n, spec.num_heads, d)
-        k = k.reshape(n, spec.num_kv_heads, d)
-        v = v.reshape(n, spec.num_kv_heads, d).contiguous()
-        if self.rope is not None:
-            q, k = self.rope.apply(q, positions), self.rope.apply(k, positions)
-        else:
-            q, k = q.contiguous(), k.contiguous()
+        qk = qkv[:, : spec.q_dim + spec.kv_dim].view(n, hq + spec.num_kv_heads, d)
+        if rot is not None:
+            qk = rope(qk, *rot)  # q and k in one pass: half the kernels of rotating each
+        q, k = qk[:, :hq].contiguous(), qk[:, hq:].contiguous()
+        v = qkv[:, spec.q_dim + spec.kv_dim:].reshape(n, spec.num_kv_heads, d).contiguous()
         out = attend(index, q, k, v)
         check(isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(q.shape) and out.device == x.device,
               f"attend(layer={index}) must return [n, Hq, D] = {list(q.shape)} on {x.device}; got "
