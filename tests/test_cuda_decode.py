@@ -91,6 +91,22 @@ def test_forced_splits(variant, num_splits):
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("load_mode", ["cp_async_l2", "cp_async_l1", "registers", "cp_async_l2_128", "cp_async_l2_256"])
+@pytest.mark.parametrize("split_major", [False, True])
+def test_load_modes_and_grid_orders(load_mode, split_major, monkeypatch):
+    import directkv.kernels.cuda.decode_attention as dec
+
+    monkeypatch.setattr(dec, "LOAD_MODE", load_mode)
+    monkeypatch.setattr(dec, "SPLIT_MAJOR", split_major)
+    for head_dim, gqa, dtype in ((128, 4, torch.bfloat16), (64, 8, torch.float16)):
+        kv = make_kv(LENS, page_size=16, num_kv_heads=2, head_dim=head_dim, dtype=dtype)
+        for variant in ("naive", "tiled"):
+            run_and_check(kv, 2 * gqa, variant)
+            run_and_check(kv, 2 * gqa, variant, num_splits=3, tile_kv=32)
+
+
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("hbm_fraction", [0.0, 1.0])
 @pytest.mark.parametrize("tile_kv", [32, 64])
 def test_single_tier_and_tiles(hbm_fraction, tile_kv):

@@ -105,8 +105,11 @@ void launch(const DecodeParams& p, int dtype, int head_dim, int heads_per_cta, i
     require(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "decode_attention: q and KV pools must be 16-byte aligned");
   }
   require(p.batch <= 65535 && p.num_splits <= 65535, "decode_attention: batch and num_splits must be <= 65535");
+  require(p.load_mode >= kCpAsyncL2 && p.load_mode <= kCpAsyncL2Pair,
+          "decode_attention: load_mode " + std::to_string(p.load_mode) + " is not in 0..4 (see DecodeLoad)");
   with_kernel(dtype, head_dim, heads_per_cta, tile, [&](auto kernel, size_t smem, int threads) {
-    const dim3 grid(p.num_heads / heads_per_cta, p.batch, p.num_splits);
+    const int groups = p.num_heads / heads_per_cta;
+    const dim3 grid = p.split_major ? dim3(p.num_splits, groups, p.batch) : dim3(groups, p.batch, p.num_splits);
     kernel<<<grid, threads, smem, stream>>>(p);
     check_cuda(cudaGetLastError(), "decode_attention: kernel launch");
   });
@@ -119,7 +122,7 @@ void decode_attention_run(uintptr_t q, uintptr_t host_k, uintptr_t host_v, uintp
                           uintptr_t lse_out, uintptr_t part_o, uintptr_t part_lse, uintptr_t counters, int batch,
                           int num_heads, int num_kv_heads, int head_dim, int max_pages, int page_size,
                           int num_splits, int tiles_per_split, int heads_per_cta, int tile, float sm_scale,
-                          int dtype, uintptr_t stream) {
+                          int dtype, int load_mode, int split_major, uintptr_t stream) {
   require(is_pow2(page_size), "decode_attention: page_size " + std::to_string(page_size) + " is not a power of two");
   DecodeParams p{};
   p.q = reinterpret_cast<const void*>(q);
@@ -142,6 +145,8 @@ void decode_attention_run(uintptr_t q, uintptr_t host_k, uintptr_t host_v, uintp
   p.page_shift = log2_int(page_size);
   p.num_splits = num_splits;
   p.tiles_per_split = tiles_per_split;
+  p.load_mode = load_mode;
+  p.split_major = split_major;
   p.scale_log2 = sm_scale * 1.4426950408889634f;
   launch(p, dtype, head_dim, heads_per_cta, tile, reinterpret_cast<cudaStream_t>(stream));
 }

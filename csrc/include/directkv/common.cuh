@@ -58,11 +58,22 @@ __device__ __forceinline__ float from_float(float x, float) { return x; }
 __device__ __forceinline__ __half from_float(float x, __half) { return __float2half_rn(x); }
 __device__ __forceinline__ __nv_bfloat16 from_float(float x, __nv_bfloat16) { return __float2bfloat16_rn(x); }
 
-// 16-byte asynchronous global->shared copy that bypasses L1 (.cg). The source may be pinned host memory
-// reached through UVA: the load crosses the link, nothing is staged.
+// 16-byte asynchronous global->shared copy. The source may be pinned host memory reached through UVA: the
+// load crosses the link, nothing is staged. MODE 0: .cg (L2 only); 1: .ca (through L1); 2: .cg with the
+// L2::128B prefetch hint; 3: .cg with L2::256B. Which one streams host memory fastest is measured
+// (bench_decode.tune_decode), not assumed.
+template <int MODE>
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* src) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+  if constexpr (MODE == 1) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+  } else if constexpr (MODE == 2) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+  } else if constexpr (MODE == 3) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+  }
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

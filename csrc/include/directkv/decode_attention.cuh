@@ -3,7 +3,7 @@
 // One CTA owns HPC query heads of one KV head (HPC = the whole GQA group for variant "tiled", so each K/V
 // byte crosses the link once; HPC = 1 for "naive", which reads K/V once per query head) and one split of
 // the sequence (flash-decoding). K/V tiles stream into a STAGES-deep shared-memory ring with 16-byte
-// cp.async, whatever tier a page is in: a host page is read straight from pinned memory through its UVA
+// cp.async (or LDG, see DecodeLoad), whatever tier a page is in: a host page is read straight from pinned memory through its UVA
 // pointer, nothing is staged. Splits write a normalised partial O and its log-sum-exp to an HBM workspace;
 // the last split of a (sequence, head group) to finish merges them, so there is no second launch.
 #pragma once
@@ -29,8 +29,15 @@ struct DecodeParams {
   int batch, num_heads, num_kv_heads, max_pages;
   int page_shift;          // log2(page_size)
   int num_splits, tiles_per_split;
+  int load_mode;           // DecodeLoad: how K/V tiles move from global (host or HBM) into shared memory
+  int split_major;         // grid order: 0 = (group, batch, split), 1 = (split, group, batch)
   float scale_log2;        // sm_scale * log2(e): scores come out in log2 units, so exp2f is the exponential
 };
+
+// How a tile reaches shared memory. The cp.async flavours keep STAGES - 1 tiles in flight per CTA; the
+// register path loads a batch of 16-byte vectors with plain LDG, then stores them (in flight: one batch).
+// On the H200 over PCIe, .ca and LDG reach the SM zero-copy ceiling; .cg (any L2 hint) gets ~40% of it.
+enum DecodeLoad : int { kCpAsyncL2 = 0, kCpAsyncL1 = 1, kRegisters = 2, kCpAsyncL2Line = 3, kCpAsyncL2Pair = 4 };
 
 template <typename T, int HD, int HPC, int TILE, int STAGES>
 struct DecodeConfig {
@@ -41,6 +48,7 @@ struct DecodeConfig {
   static constexpr int kRowsPerWarp = TILE / kWarps;
   static constexpr int kSteps = kRowsPerWarp / kRowsPerStep;
   static constexpr int kCopiesPerThread = TILE * kLanesPerRow / kThreads;  // 16-byte copies per tensor
+  static constexpr int kRegBatch = kCopiesPerThread < 4 ? kCopiesPerThread : 4;  // register path, per tensor
   static constexpr size_t kRingBytes = size_t(STAGES) * 2 * TILE * HD * sizeof(T);
   static constexpr size_t kMergeBytes = size_t(kWarps) * HPC * (HD + 2) * sizeof(float);
   static constexpr size_t kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
@@ -63,7 +71,8 @@ __device__ __forceinline__ void store_final(const DecodeParams& p, int b, int qh
   if (p.lse_out && d == 0) p.lse_out[row] = lse2 * 0.69314718055994531f;
 }
 
-// grid = (num_heads / HPC, batch, num_splits), block = 128 threads.
+// grid = (num_heads / HPC, batch, num_splits), or (num_splits, num_heads / HPC, batch) when split_major;
+// block = 128 threads.
 template <typename T, int HD, int HPC, int TILE, int STAGES>
 __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParams p) {
   using C = DecodeConfig<T, HD, HPC, TILE, STAGES>;
@@ -72,7 +81,9 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   T* ks = reinterpret_cast<T*>(smem);  // [STAGES][TILE][HD]
   T* vs = ks + STAGES * TILE * HD;     // [STAGES][TILE][HD]
 
-  const int group = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
+  const int group = p.split_major ? blockIdx.y : blockIdx.x;
+  const int b = p.split_major ? blockIdx.z : blockIdx.y;
+  const int split = p.split_major ? blockIdx.x : blockIdx.z;
   const int qh0 = group * HPC;
   const int kvh = qh0 / (p.num_heads / p.num_kv_heads);
   const int len = p.seq_lens[b];
@@ -99,19 +110,55 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   const T* hbm_k = static_cast<const T*>(p.hbm_k) + kvh * HD;
   const T* hbm_v = static_cast<const T*>(p.hbm_v) + kvh * HD;
 
-  // Thread `tid` copies rows tid / kLanesPerRow + i * (kThreads / kLanesPerRow), 16 bytes each of K and V.
+  // Copy i of this thread: row idx / kLanesPerRow, 16-byte chunk idx % kLanesPerRow of K and of V.
+  // Returns false past the end of the sequence (the row is never read then).
+  auto locate = [&](int tile, int stage, int i, const T*& k_src, const T*& v_src, int& s) {
+    const int idx = tid + i * C::kThreads;
+    const int r = idx / C::kLanesPerRow, c = idx % C::kLanesPerRow;
+    const int pos = tile * TILE + r;
+    if (pos >= len) return false;
+    const int e = __ldg(bt + (pos >> p.page_shift));
+    const int64_t off = (e >= 0 ? int64_t(e) : int64_t(-e - 1)) * page_stride + (pos & page_mask) * token_stride + c * 8;
+    k_src = (e >= 0 ? host_k : hbm_k) + off;
+    v_src = (e >= 0 ? host_v : hbm_v) + off;
+    s = (stage * TILE + r) * HD + c * 8;
+    return true;
+  };
   auto issue = [&](int tile, int stage) {
+    const T *k_src, *v_src;
+    int s;
+    if (p.load_mode == kRegisters) {
+#pragma unroll
+      for (int i0 = 0; i0 < C::kCopiesPerThread; i0 += C::kRegBatch) {
+        uint4 kr[C::kRegBatch], vr[C::kRegBatch];
+        int so[C::kRegBatch];  // ring offset, -1 past the end
+#pragma unroll
+        for (int j = 0; j < C::kRegBatch; ++j) {
+          so[j] = locate(tile, stage, i0 + j, k_src, v_src, s) ? s : -1;
+          if (so[j] >= 0) {
+            kr[j] = *reinterpret_cast<const uint4*>(k_src);
+            vr[j] = *reinterpret_cast<const uint4*>(v_src);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < C::kRegBatch; ++j) {
+          if (so[j] >= 0) {
+            *reinterpret_cast<uint4*>(ks + so[j]) = kr[j];
+            *reinterpret_cast<uint4*>(vs + so[j]) = vr[j];
+          }
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < C::kCopiesPerThread; ++i) {
-      const int idx = tid + i * C::kThreads;
-      const int r = idx / C::kLanesPerRow, c = idx % C::kLanesPerRow;
-      const int pos = tile * TILE + r;
-      if (pos < len) {
-        const int e = __ldg(bt + (pos >> p.page_shift));
-        const int64_t off = (e >= 0 ? int64_t(e) : int64_t(-e - 1)) * page_stride + (pos & page_mask) * token_stride + c * 8;
-        const int s = (stage * TILE + r) * HD + c * 8;
-        cp_async16(ks + s, (e >= 0 ? host_k : hbm_k) + off);
-        cp_async16(vs + s, (e >= 0 ? host_v : hbm_v) + off);
+      if (locate(tile, stage, i, k_src, v_src, s)) {
+        switch (p.load_mode) {
+          case kCpAsyncL1: cp_async16<1>(ks + s, k_src), cp_async16<1>(vs + s, v_src); break;
+          case kCpAsyncL2Line: cp_async16<2>(ks + s, k_src), cp_async16<2>(vs + s, v_src); break;
+          case kCpAsyncL2Pair: cp_async16<3>(ks + s, k_src), cp_async16<3>(vs + s, v_src); break;
+          default: cp_async16<0>(ks + s, k_src), cp_async16<0>(vs + s, v_src);
+        }
       }
     }
   };
@@ -243,7 +290,7 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   __threadfence();
   __syncthreads();
   if (tid == 0) {
-    int* counter = p.counters + int64_t(b) * gridDim.x + group;
+    int* counter = p.counters + int64_t(b) * (p.num_heads / HPC) + group;
     is_last = atomicAdd(counter, 1) == n_active - 1;
     if (is_last) *counter = 0;  // every split has counted: leave it zero for the next launch
   }

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from directkv.kernels.cuda import decode_attention as dec
 from directkv.kernels.cuda.decode_attention import decode_attention, plan_stream, traffic
 from directkv.kernels.cuda.probe import measure_ceilings
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
@@ -145,7 +146,8 @@ def bench_decode(
                     head_dim=head_dim, dtype=str(dtype).removeprefix("torch."), page_size=page_size,
                     kv_bytes=kv_bytes(c, b), floor_ms=kv_bytes(c, b) / ceilings["ce_h2d_gbps"] / 1e6,
                     sm_read_ceiling_gbps=ceilings["sm_read_gbps"], ce_h2d_gbps=ceilings["ce_h2d_gbps"],
-                    hbm_copy_gbps=ceilings["hbm_copy_gbps"], mode="measured")
+                    hbm_copy_gbps=ceilings["hbm_copy_gbps"], load_mode=dec.LOAD_MODE,
+                    split_major=dec.SPLIT_MAJOR, tile_kv=tile_kv, mode="measured")
         names = [*variants, *anchors]
         if (c, b) not in fits:
             msg = f"needs {copies(c, b) * kv_bytes(c, b)} pinned bytes > max_host_bytes {max_host_bytes}"
@@ -213,15 +215,39 @@ def _measure(point: _Point, name: str, ref: torch.Tensor, base: dict, repeats: i
         return dict(status=status, error=f"{type(exc).__name__}: {exc}")
 
 
+def tune_decode(contexts: Sequence[int] = (4096, 32768), batches: Sequence[int] = (1,), *,
+                ceilings: dict[str, float], repeats: int = 3, **kwargs) -> tuple[list[dict], tuple[str, bool]]:
+    """Time the tiled variant under every load mode and grid order; set the fastest as the module default.
+
+    Returns (rows, (load_mode, split_major) picked by the geometric mean of link_gbps over the points).
+    """
+    rows, score, previous = [], {}, (dec.LOAD_MODE, dec.SPLIT_MAJOR)
+    for mode in dec.LOAD_MODES:
+        for split_major in (False, True):
+            dec.LOAD_MODE, dec.SPLIT_MAJOR = mode, split_major
+            got = bench_decode(contexts, batches, variants=("tiled",), anchors=(), ceilings=ceilings,
+                               repeats=repeats, **kwargs)
+            rows += got
+            ok = [r["link_gbps"] for r in got if r["status"] == "ok" and r["rel_err"] < 1e-2]
+            if len(ok) == len(got):
+                score[(mode, split_major)] = math.exp(sum(map(math.log, ok)) / len(ok))
+    best = max(score, key=score.get) if score else previous
+    dec.LOAD_MODE, dec.SPLIT_MAJOR = best
+    return rows, best
+
+
 def format_rows(rows: list[dict]) -> str:
     """A compact fixed-width table of bench rows (what a device run prints last)."""
     head = f"{'variant':<15}{'ctx':>7}{'batch':>6}{'time_ms':>10}{'GB/s':>8}{'%sm':>7}{'rel_err':>9}  status"
     lines = [head]
     for r in rows:
+        name = r["variant"]
+        if r.get("tuning"):
+            name = f"{name}:{r['load_mode'].removeprefix('cp_async_')}:{'S' if r['split_major'] else 'H'}"
         if r["status"] != "ok":
-            lines.append(f"{r['variant']:<15}{r['context_len']:>7}{r['batch']:>6}  {r['status']}: {r['error'][:60]}")
+            lines.append(f"{name:<15}{r['context_len']:>7}{r['batch']:>6}  {r['status']}: {r['error'][:60]}")
             continue
-        lines.append(f"{r['variant']:<15}{r['context_len']:>7}{r['batch']:>6}{r['time_ms']:>10.3f}"
+        lines.append(f"{name:<15}{r['context_len']:>7}{r['batch']:>6}{r['time_ms']:>10.3f}"
                      f"{r['link_gbps']:>8.2f}{r['pct_of_sm_ceiling']:>7.1f}{r['rel_err']:>9.1e}  ok")
     return "\n".join(lines)
 
@@ -240,16 +266,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--page-order", default="random", choices=["random", "sequential"])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-host-gb", type=float, default=16.0)
+    ap.add_argument("--tune", action="store_true", help="pick load mode and grid order first (tune_decode)")
     ap.add_argument("--json", help="write the rows and ceilings here")
     args = ap.parse_args(argv)
     ceilings = measure_ceilings()
     print(" ".join(f"{k}={v:.2f}" for k, v in ceilings.items() if k.endswith("gbps")))
+    tuning: list[dict] = []
+    if args.tune:
+        tuning, best = tune_decode(ceilings=ceilings, page_size=args.page_size, tile_kv=args.tile_kv)
+        tuning = [dict(r, tuning=True) for r in tuning]
+        print(format_rows(tuning), f"\npicked load_mode={best[0]} split_major={best[1]}", flush=True)
     rows = bench_decode(args.contexts, args.batches, variants=args.variants, anchors=args.anchors,
                         page_size=args.page_size, tile_kv=args.tile_kv, page_order=args.page_order,
                         repeats=args.repeats, max_host_bytes=int(args.max_host_gb * 2**30), ceilings=ceilings)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"ceilings": ceilings, "rows": rows}, f, indent=1)
+            json.dump({"ceilings": ceilings, "tuning": tuning, "rows": rows}, f, indent=1)
     print(format_rows(rows))
 
 

@@ -35,6 +35,14 @@ MAX_RING_BYTES = 64 << 20
 MIN_TILES_PER_SPLIT = 2
 # CTAs per resident slot to aim for: one full wave plus slack, so no slot idles at the tail.
 WAVES = 2
+# csrc DecodeLoad: cp.async .cg / .ca / .cg + L2::128B / .cg + L2::256B, or plain LDG through registers
+LOAD_MODES = {"cp_async_l2": 0, "cp_async_l1": 1, "registers": 2, "cp_async_l2_128": 3, "cp_async_l2_256": 4}
+# Tuning knobs (module-level so a benchmark can sweep them; bench_decode.tune_decode does). Measured on the
+# H200 (PCIe Gen5), tiled, Llama-3.1-8B shapes, 4K and 32K x batch 1: cp.async .ca and plain LDG stream
+# pinned host memory at 47.8-50.5 GB/s (93-99% of the SM probe); cp.async .cg, with or without an L2
+# prefetch hint, only 20-21 GB/s (~40%). The grid order made no difference (< 1%).
+LOAD_MODE = "cp_async_l1"
+SPLIT_MAJOR = False  # grid order: False = CTAs of one split's head groups adjacent, True = splits adjacent
 
 
 def plan_splits(num_groups: int, max_tiles: int, slots: int, num_splits: int | None = None) -> tuple[int, int]:
@@ -82,6 +90,7 @@ class _Workspace:
     def ensure(self, rows: int, head_dim: int, groups: int, device: torch.device) -> _Workspace:
         if self.part_o.numel() < rows * head_dim or self.part_o.device != device:
             self.part_o = torch.empty(rows * head_dim, dtype=torch.float32, device=device)
+        if self.part_lse.numel() < rows or self.part_lse.device != device:
             self.part_lse = torch.empty(rows, dtype=torch.float32, device=device)
         if self.counters.numel() < groups or self.counters.device != device:
             self.counters = torch.zeros(groups, dtype=torch.int32, device=device)
@@ -116,7 +125,7 @@ def _launch(q, host_k, host_v, hbm_k, hbm_v, block_table, seq_lens, *, variant, 
         ptr(ws.part_o) if splits > 1 else 0, ptr(ws.part_lse) if splits > 1 else 0,
         ptr(ws.counters) if splits > 1 else 0, batch, num_heads, num_kv_heads, head_dim,
         block_table.shape[1], page_size, splits, tiles_per_split, hpc, tile_kv, sm_scale, code,
-        stream.cuda_stream,
+        LOAD_MODES[LOAD_MODE], int(SPLIT_MAJOR), stream.cuda_stream,
     )  # fmt: skip
 
 
@@ -159,9 +168,12 @@ def traffic(kv: PagedKV, *, num_heads: int, variant: str) -> Traffic:
         cols = torch.arange(table.shape[1])
         tokens = (lens[:, None] - cols[None, :] * kv.page_size).clamp(0, kv.page_size)  # tokens per column's page
         hbm_tokens = (tokens * (table < 0)).sum(1)
-        t = decode_traffic(lens.tolist(), num_heads=num_heads, num_kv_heads=kv.num_kv_heads, head_dim=kv.head_dim,
-                           dtype_bytes=kv.host_k.element_size(), variant="naive" if variant == "naive" else "tiled",
-                           hbm_tokens=hbm_tokens.tolist())
+        full = lens > 0  # an empty sequence reads nothing and writes its zero output row
+        esize = kv.host_k.element_size()
+        t = decode_traffic(lens[full].tolist(), num_heads=num_heads, num_kv_heads=kv.num_kv_heads,
+                           head_dim=kv.head_dim, dtype_bytes=esize, variant="naive" if variant == "naive" else "tiled",
+                           hbm_tokens=hbm_tokens[full].tolist()) if bool(full.any()) else Traffic()
+        t.hbm_write_bytes += int((~full).sum()) * num_heads * kv.head_dim * esize
         if variant == "stream":  # host bytes are written into the HBM ring, then read from it by the kernel
             t = Traffic(t.link_read_bytes, t.link_write_bytes, t.hbm_read_bytes + t.link_read_bytes,
                         t.hbm_write_bytes + t.link_read_bytes, t.flops)
@@ -278,11 +290,19 @@ def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size
     return torch.stack(out_tables).to(torch.int32), torch.stack(out_lens).to(torch.int32), copies, bool(hbm.any())
 
 
-def plan_stream(kv: PagedKV, *, chunk_bytes: int = 8 << 20, num_slots: int = 3) -> StreamPlan:
+def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2, min_chunks: int = 1,
+                min_chunk_bytes: int = 2 << 20) -> StreamPlan:
     """Plan the stream variant for `kv` (reads its block table once); the HBM ring is
-    2 * num_slots * chunk_bytes (K and V), at most 64 MiB."""
+    2 * num_slots * chunk_bytes (K and V), at most 64 MiB.
+
+    min_chunks > 1 cuts small caches into that many chunks (of >= min_chunk_bytes) so copy and math overlap;
+    it is off by default because each chunk costs ~0.1 ms of Python launches: on the H200 a 16 MiB cache
+    took 0.63 ms as four 2 MiB chunks and 0.36 ms as one.
+    """
     page_bytes = kv.page_size * kv.num_kv_heads * kv.head_dim * kv.host_k.element_size()
     chunk_pages = chunk_bytes // page_bytes
+    host_pages = int(kv.host_k.shape[0])
+    chunk_pages = min(chunk_pages, max(math.ceil(host_pages / min_chunks), min_chunk_bytes // page_bytes, 1))
     check(chunk_pages >= 1 and num_slots >= 2 and 2 * num_slots * chunk_pages * page_bytes <= MAX_RING_BYTES,
           f"stream ring of {num_slots} slots x 2 x {chunk_bytes} B must hold >= 1 page ({page_bytes} B) per slot, "
           f">= 2 slots and <= {MAX_RING_BYTES} B")
