@@ -26,7 +26,7 @@ def ceilings() -> dict:
 def _label(cfg: DictConfig, s: Setup, rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
-        anchor = r["variant"] not in ("naive", "tiled", "pipelined", "stream", "fused", "separate")
+        anchor = r["variant"].split(":")[0] not in ("naive", "tiled", "pipelined", "stream", "fused", "separate")
         base = base_row(cfg, s, system="anchor" if anchor else "directkv", variant=r["variant"], mode="measured")
         out.append(base | {k: v for k, v in r.items() if k not in ("mode",)} | {"mode": "measured"})
     return out

@@ -70,6 +70,7 @@ void check_params(const PrefillParams& p, int variant, int threads) {
             "prefill_attention: num_splits must be in 1.." + std::to_string(p.num_chunks));
     require(p.part_o && p.part_ml, "prefill_attention: the tiled variant needs the part_o / part_ml workspace");
     require(threads == 128 || threads == 256, "prefill_attention: threads must be 128 or 256");
+    require(p.num_buffers == 1 || p.num_buffers == 2, "prefill_attention: num_buffers must be 1 or 2");
     require(static_cast<int64_t>(p.num_kv_heads) * p.num_splits < (int64_t{1} << 31), "prefill_attention: grid too large");
   }
 }
@@ -90,7 +91,7 @@ void launch(const PrefillParams& p, int variant, int dtype, int head_dim, int th
         prefill::prefill_naive_kernel<T, D><<<dim3(static_cast<unsigned>(ctas), p.num_kv_heads), prefill::kNaiveWarps * 32, smem, stream>>>(p);
         check_cuda(cudaGetLastError(), "prefill_attention: naive kernel launch");
       } else if (variant == 1) {
-        const size_t smem = 2 * static_cast<size_t>(p.kv_chunk) * kRowBytes;
+        const size_t smem = static_cast<size_t>(p.num_buffers) * 2 * p.kv_chunk * kRowBytes;
         allow_smem(prefill::prefill_tiled_kernel<T, D>, smem);
         prefill::prefill_tiled_kernel<T, D><<<p.num_kv_heads * p.num_splits, threads, smem, stream>>>(p);
         check_cuda(cudaGetLastError(), "prefill_attention: tiled kernel launch");
@@ -119,7 +120,7 @@ void prefill_attention_run(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintpt
                            uintptr_t hbm_k, uintptr_t hbm_v, uintptr_t block_table, uintptr_t out, uintptr_t part_o,
                            uintptr_t part_ml, int q_len, int past_len, int num_heads, int num_kv_heads, int head_dim,
                            int page_size, bool causal, int variant, int kv_chunk, int num_splits, int threads,
-                           bool prefetch, float sm_scale, int dtype, uintptr_t stream) {
+                           int num_buffers, float sm_scale, int dtype, uintptr_t stream) {
   PrefillParams p{};
   p.q = reinterpret_cast<const void*>(q);
   p.k_new = reinterpret_cast<const void*>(k_new);
@@ -141,7 +142,7 @@ void prefill_attention_run(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintpt
   p.kv_chunk = kv_chunk;
   p.num_chunks = kv_chunk > 0 ? (past_len + q_len + kv_chunk - 1) / kv_chunk : 0;
   p.num_splits = num_splits;
-  p.prefetch = prefetch ? 1 : 0;
+  p.num_buffers = num_buffers;
   p.scale_log2 = sm_scale * 1.4426950408889634f;
   launch(p, variant, dtype, head_dim, threads, reinterpret_cast<cudaStream_t>(stream));
 }

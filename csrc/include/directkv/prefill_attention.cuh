@@ -14,8 +14,9 @@
 //         head; a chunk is loaded into shared memory once and stays there while the warps sweep ALL query rows
 //         over it. Between chunks a row's softmax state (unnormalised O, running max m, running sum l) lives
 //         in an HBM buffer of the CTA's own (split) so no two CTAs write the same bytes; prefill_merge_kernel
-//         combines the splits. Past K/V cross the link exactly once. Optionally the next chunk is prefetched
-//         into L2 while this one is computed, so the link transfer hides behind the tensor-core work.
+//         combines the splits. Past K/V cross the link exactly once. With two chunk buffers the next chunk
+//         is copied into the idle buffer while the warps compute on the current one, so the link transfer
+//         hides behind the tensor-core work (at the price of chunks half as long: twice the partial traffic).
 #pragma once
 
 #include "directkv/prefill_common.cuh"
@@ -47,7 +48,7 @@ struct PrefillParams {
   int kv_chunk;             // tiled: keys per stationary chunk, a multiple of kTileKV
   int num_chunks;           // tiled: ceil((past_len + q_len) / kv_chunk)
   int num_splits;           // tiled: CTAs per KV head (<= num_chunks)
-  int prefetch;             // tiled: prefetch the CTA's next chunk into L2
+  int num_buffers;          // tiled: 1 (load, then compute) or 2 (load chunk c + 1 while computing chunk c)
   float scale_log2;         // sm_scale * log2(e): scores are kept in log2 units so exp2f does the softmax
 };
 
@@ -264,21 +265,6 @@ __device__ __forceinline__ void load_kv(T* ks, T* vs, const PrefillParams& p, in
   }
 }
 
-// L2 prefetch of the cached (past) keys among [key0, key0 + rows).
-template <typename T, int D>
-__device__ __forceinline__ void prefetch_kv(const PrefillParams& p, int kvh, int key0, int rows, int tid, int nthreads) {
-  constexpr int kLines = D * static_cast<int>(sizeof(T)) / 128;
-  constexpr int kLineElems = 128 / static_cast<int>(sizeof(T));
-  const int end = min(key0 + rows, p.past_len);
-  for (int u = tid; u < (end - key0) * kLines; u += nthreads) {
-    const T* k;
-    const T* v;
-    kv_rows<T, D>(p, key0 + u / kLines, kvh, k, v);
-    tc::prefetch_l2(k + (u % kLines) * kLineElems);
-    tc::prefetch_l2(v + (u % kLines) * kLineElems);
-  }
-}
-
 // grid (ceil(q_len * G / 64), num_kv_heads), 128 threads, dynamic smem 2 stages x (K, V) x [64][D + 8].
 template <typename T, int D>
 __global__ void __launch_bounds__(kNaiveWarps * 32) prefill_naive_kernel(const PrefillParams p) {
@@ -316,30 +302,39 @@ __global__ void __launch_bounds__(kNaiveWarps * 32) prefill_naive_kernel(const P
   if (active) store_out<T, D>(s, p, w, lane);
 }
 
-// grid (num_kv_heads * num_splits), 128 or 256 threads, dynamic smem (K, V) x [kv_chunk][D + 8].
+// grid (num_kv_heads * num_splits), 128 or 256 threads, dynamic smem num_buffers x (K, V) x [kv_chunk][D + 8].
 template <typename T, int D>
 __global__ void __launch_bounds__(kTiledMaxThreads, 1) prefill_tiled_kernel(const PrefillParams p) {
   static_assert(D == 64 || D == 128, "head_dim must be 64 or 128");
   constexpr int S = kStride<D>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* ks = reinterpret_cast<T*>(smem_raw);
-  T* vs = ks + p.kv_chunk * S;
+  T* const smem = reinterpret_cast<T*>(smem_raw);
+  const int buffer_elems = 2 * p.kv_chunk * S;  // K then V
   const int kvh = blockIdx.x / p.num_splits, split = blockIdx.x % p.num_splits;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
   const int group = p.num_heads / p.num_kv_heads, rows = p.q_len * group, keys = p.past_len + p.q_len;
   const int c_begin = static_cast<int>(static_cast<int64_t>(split) * p.num_chunks / p.num_splits);
   const int c_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.num_chunks / p.num_splits);
   const int blocks = (rows + kWarpRows - 1) / kWarpRows;
+  const bool double_buffer = p.num_buffers == 2;
+  auto tiles_of = [&](int c) { return (min(p.kv_chunk, keys - c * p.kv_chunk) + kTileKV - 1) / kTileKV; };
+  auto load_chunk = [&](int c, T* buf) {
+    load_kv<T, D>(buf, buf + p.kv_chunk * S, p, kvh, c * p.kv_chunk, tiles_of(c) * kTileKV, threadIdx.x, blockDim.x);
+    cp_async_commit();
+  };
 
   for (int c = c_begin; c < c_end; ++c) {
-    const int key0 = c * p.kv_chunk;
-    const int tiles = (min(p.kv_chunk, keys - key0) + kTileKV - 1) / kTileKV;
-    __syncthreads();  // every warp is done with the previous chunk
-    load_kv<T, D>(ks, vs, p, kvh, key0, tiles * kTileKV, threadIdx.x, blockDim.x);
-    cp_async_commit();
-    tc::cp_async_wait_all();
-    __syncthreads();
-    if (p.prefetch && c + 1 < c_end) prefetch_kv<T, D>(p, kvh, key0 + p.kv_chunk, p.kv_chunk, threadIdx.x, blockDim.x);
+    T* const buf = smem + (double_buffer ? (c - c_begin) & 1 : 0) * buffer_elems;
+    if (!double_buffer || c == c_begin) {
+      __syncthreads();  // single buffer: every warp is done with the previous chunk
+      load_chunk(c, buf);
+    }
+    tc::cp_async_wait_all();  // chunk c has landed (the only copy in flight)
+    __syncthreads();          // ... for every thread; and every warp is done with chunk c - 1
+    if (double_buffer && c + 1 < c_end) load_chunk(c + 1, smem + ((c + 1 - c_begin) & 1) * buffer_elems);
+    const T* ks = buf;
+    const T* vs = buf + p.kv_chunk * S;
+    const int key0 = c * p.kv_chunk, tiles = tiles_of(c);
     const bool first = c == c_begin;
     for (int b = warp; b < blocks; b += nwarps) {  // the stationary chunk meets every query row
       const Rows w = rows_of(p, kvh, b * kWarpRows, lane);

@@ -30,8 +30,8 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, boo
 
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Pulls one 128-byte line into L2 with the evict-last priority, so the streaming partial-O / partial-C
-// traffic of the current chunk does not push it out before the next chunk is loaded from it.
+// Pulls one 128-byte line into L2 with the evict-last priority, so the streaming partial-C traffic of the
+// current chunk does not push it out before the next chunk is loaded from it.
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(p));
 }

@@ -6,15 +6,19 @@ naive : FlashAttention order: a CTA owns 64 query rows (the G = num_heads / num_
         64 / G tokens) and streams all the K/V it can see, so past K/V cross the link once per CTA.
 tiled : CPU-memory-aware: a chunk of `kv_chunk` K/V tokens of one KV head is loaded into shared memory
         once and meets every query row; per-split partial (O, max, sum) live in HBM and a merge kernel
-        combines the splits. Past K/V cross the link once. By default the next chunk is prefetched into
-        L2 while the current one is computed.
+        combines the splits. Past K/V cross the link once. Optionally (double_buffer) two half-size chunk
+        buffers let the next chunk cross the link while the current one is computed; on the H200 this was
+        not faster (2026-11-29: q_len 2048 over 16K host tokens, 6.3 ms vs 5.4 ms), so one buffer is the
+        default.
 
-The split plan (chunk size, CTAs per KV head) is host-side arithmetic on the SM count and shared memory.
+The split plan (chunk size, buffers, CTAs per KV head) is host-side arithmetic on the SM count and shared
+memory: see plan_tiled.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from functools import cache
 
@@ -33,18 +37,20 @@ TILE_Q = 64  # query rows per naive CTA (4 warps x 16): the kernel's only Q tile
 TILE_KV = 64  # keys per shared-memory tile: the kernel's only K/V tile
 SMEM_PAD = 8  # elements of padding per shared-memory row (bank-conflict-free ldmatrix)
 WORKSPACE_CAP = 3 << 30  # bytes of split partial state at most; fewer splits beyond it
-_TRAFFIC_MEMO: dict[tuple, Traffic] = {}
+# key -> (weakref to the block table, Traffic): a new table at a recycled address must not hit an old entry
+_TRAFFIC_MEMO: dict[tuple, tuple[weakref.ref, Traffic]] = {}
 
 
 @dataclass(frozen=True)
 class TiledPlan:
     """Launch plan of the tiled kernel: `num_splits` CTAs per KV head of `threads` threads, each owning a
-    contiguous run of the `num_chunks` chunks of `kv_chunk` keys."""
+    contiguous run of the `num_chunks` chunks of `kv_chunk` keys, with `num_buffers` chunk buffers."""
 
     kv_chunk: int
     num_chunks: int
     num_splits: int
     threads: int
+    num_buffers: int = 1
 
 
 def plan_tiled(
@@ -58,16 +64,19 @@ def plan_tiled(
     smem_optin: int,
     kv_chunk: int | None = None,
     num_splits: int | None = None,
+    double_buffer: bool = False,
 ) -> TiledPlan:
     """Plan the tiled kernel for `keys` = past_len + q_len keys per KV head.
 
-    Default: one 8-warp CTA per SM holding the largest chunk that fits shared memory, sized so every CTA
-    gets the same number of chunks (a big chunk keeps the partial-O traffic per key low). A given kv_chunk
-    small enough for two CTAs per SM runs 4-warp CTAs, two per SM. num_splits is clipped to the chunk count
-    and to WORKSPACE_CAP bytes of partial state.
+    Default: one 8-warp CTA per SM and chunks as large as the buffers allow, sized so every CTA gets the
+    same number of chunks (a big chunk keeps the partial-O traffic per key low). A given kv_chunk small
+    enough for two CTAs per SM runs 4-warp CTAs, two per SM. num_splits is clipped to the chunk count and
+    to WORKSPACE_CAP bytes of partial state.
     """
-    chunk_bytes = 2 * (head_dim + SMEM_PAD) * dtype_bytes  # K + V row
+    buffers = 2 if double_buffer else 1
+    chunk_bytes = 2 * (head_dim + SMEM_PAD) * dtype_bytes * buffers  # K + V row of every buffer
     max_chunk = smem_optin // chunk_bytes // TILE_KV * TILE_KV
+    check(max_chunk >= TILE_KV, f"shared memory ({smem_optin} B) holds no {buffers}-buffer chunk of {TILE_KV} keys")
     if kv_chunk is None:
         splits = max(1, sms // num_kv_heads)
         rounds = math.ceil(keys / (splits * max_chunk))
@@ -86,7 +95,7 @@ def plan_tiled(
         splits = num_splits
     chunks = math.ceil(keys / kv_chunk)
     splits = max(1, min(splits, chunks, WORKSPACE_CAP // max(1, part_bytes_per_split)))
-    return TiledPlan(kv_chunk, chunks, splits, 128 if per_sm == 2 else 256)
+    return TiledPlan(kv_chunk, chunks, splits, 128 if per_sm == 2 else 256, buffers)
 
 
 @cache
@@ -135,8 +144,9 @@ def traffic(q_len: int, past_len: int, kv: PagedKV, *, num_heads: int, variant: 
     """
     table = kv.block_table
     key = (variant, q_len, past_len, num_heads, kv.num_kv_heads, kv.head_dim, kv.dtype, causal, kv_chunk,
-           table.data_ptr(), table._version, kv.page_size)
-    if key not in _TRAFFIC_MEMO:
+           id(table), table._version, kv.page_size)
+    ref, memo = _TRAFFIC_MEMO.get(key, (None, None))
+    if ref is None or ref() is not table:
         if len(_TRAFFIC_MEMO) > 256:
             _TRAFFIC_MEMO.clear()
         pages = -(-past_len // kv.page_size)
@@ -151,8 +161,9 @@ def traffic(q_len: int, past_len: int, kv: PagedKV, *, num_heads: int, variant: 
         if variant == "naive":  # exact also when G does not divide 64 (a CTA then holds part of a token's heads)
             ctas = -(-q_len * group // TILE_Q)
             t.link_read_bytes = ctas * (past_len - hbm_tokens) * 2 * kv.num_kv_heads * kv.head_dim * kv.host_k.element_size()
-        _TRAFFIC_MEMO[key] = t
-    return _TRAFFIC_MEMO[key]
+        _TRAFFIC_MEMO[key] = (weakref.ref(table), t)
+        memo = t
+    return memo
 
 
 def prefill_attention(
@@ -169,7 +180,7 @@ def prefill_attention(
     out: torch.Tensor | None = None,
     kv_chunk: int | None = None,
     num_splits: int | None = None,
-    prefetch: bool = True,
+    double_buffer: bool = False,
 ) -> tuple[torch.Tensor, Traffic]:
     """Attention of q_len new tokens over the past_len = kv.seq_lens[0] cached tokens and themselves.
 
@@ -186,9 +197,9 @@ def prefill_attention(
     tile_q, tile_kv : must be 64 (query rows per naive CTA, keys per shared-memory tile).
     sm_scale : softmax scale, default 1 / sqrt(head_dim).
     out : optional `[q_len, num_heads, head_dim]` output buffer (q's dtype).
-    kv_chunk, num_splits : tiled only: force the stationary chunk (keys, multiple of 64) and the CTAs per KV
-        head; None plans them (plan_tiled).
-    prefetch : tiled only: prefetch the next chunk into L2 while computing the current one.
+    kv_chunk, num_splits, double_buffer : tiled only: force the stationary chunk (keys, multiple of 64), the
+        CTAs per KV head (None plans them, see plan_tiled) and two half-size chunk buffers (load the next
+        chunk while computing the current one).
 
     Returns
     -------
@@ -213,7 +224,8 @@ def prefill_attention(
         sms, smem = _device_limits(device)
         plan = plan_tiled(past_len + q_len, num_kv_heads=kv.num_kv_heads, head_dim=head_dim,
                           dtype_bytes=q.element_size(), part_bytes_per_split=q_len * num_heads * (head_dim + 2) * 4,
-                          sms=sms, smem_optin=smem, kv_chunk=kv_chunk, num_splits=num_splits)
+                          sms=sms, smem_optin=smem, kv_chunk=kv_chunk, num_splits=num_splits,
+                          double_buffer=double_buffer)
         part_o = torch.empty(plan.num_splits, q_len, num_heads, head_dim, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(plan.num_splits, q_len, num_heads, 2, dtype=torch.float32, device=q.device)
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
@@ -221,7 +233,7 @@ def prefill_attention(
         q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), kv.host_k.data_ptr(), kv.host_v.data_ptr(),
         kv.hbm_k.data_ptr(), kv.hbm_v.data_ptr(), table.data_ptr(), out.data_ptr(), ptr(part_o), ptr(part_ml),
         q_len, past_len, num_heads, kv.num_kv_heads, head_dim, kv.page_size, bool(causal),
-        VARIANTS.index(variant), plan.kv_chunk, plan.num_splits, plan.threads, bool(prefetch), float(scale),
+        VARIANTS.index(variant), plan.kv_chunk, plan.num_splits, plan.threads, plan.num_buffers, float(scale),
         DTYPE_CODES[q.dtype], torch.cuda.current_stream(q.device).cuda_stream,
     )  # fmt: skip
     t = traffic(q_len, past_len, kv, num_heads=num_heads, variant=variant, causal=causal,

@@ -1,0 +1,126 @@
+"""GEMM case-study benchmark on the GPU: the CUDA variants beside cuBLAS anchors, in one run.
+
+Rows (one per size x method), all `mode="measured"`, C = A B with square fp16 operands, fp16 C:
+  naive / tiled / pipelined (+ ':' options) : the CUDA kernels with B in pinned host memory (zero-copy view);
+  cublas_hbm        : torch.matmul with B in HBM (the compute anchor);
+  cublas_zero_copy  : torch.matmul reading B through the zero-copy view.
+L2 is flushed before every timed call.
+
+Run: python -m directkv.kernels.cuda.bench_gemm [--sizes 4096 10240] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import torch
+
+from directkv.kernels.cuda.bench_prefill import get_ceilings, print_table, run_point, timed
+from directkv.kernels.cuda.gemm_case_study import gemm
+from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
+
+# name -> extra keyword arguments of gemm (variant is the part before ':'); "_b": "hbm" runs the kernel with
+# B in HBM: its on-chip time with no link in the way.
+KERNELS = {
+    "naive": {},
+    "tiled": {},
+    "pipelined": {},
+    "pipelined:no_prefetch": {"prefetch": False},
+    "tiled:b_hbm": {"_b": "hbm"},
+}
+ANCHORS = ("cublas_hbm", "cublas_zero_copy")
+SLOW = ("naive", "cublas_zero_copy")  # B re-read across the link per row tile: fewer repeats
+
+
+def bench_gemm(
+    sizes: Sequence[int] = (4096, 10240),
+    *,
+    kernels: Sequence[str] = tuple(KERNELS),
+    anchors: Sequence[str] = ANCHORS,
+    warmup: int = 2,
+    repeats: int = 5,
+    ceilings: dict | None = None,
+) -> list[dict]:
+    """Time every kernel and anchor for each size n (m = n = k = size).
+
+    Returns one row per (size, method): time_ms (median), tflops, link_read_bytes (closed form; None where
+    unknown), link_gbps (link_read_bytes, else b_bytes, over time_ms), b_bytes, floor_ms (b_bytes over the
+    copy-engine H2D rate), target_ms (1.15 x max(floor_ms, cublas_hbm time)), rel_err against cublas_hbm,
+    the ceilings of this run, status.
+    """
+    ceilings = get_ceilings() if ceilings is None else ceilings
+    rows: list[dict] = []
+    for size in sizes:
+        m = n = k = size
+        b_bytes = k * n * 2
+        base = dict(op="gemm", m=m, n=n, k=k, dtype="float16", mode="measured", b_bytes=b_bytes, kv_bytes=b_bytes,
+                    floor_ms=b_bytes / (ceilings["ce_h2d_gbps"] * 1e9) * 1e3 if "ce_h2d_gbps" in ceilings else None,
+                    **ceilings)
+        point = _size_rows(m, n, k, base, kernels, anchors, warmup, repeats)
+        hbm = next((r["time_ms"] for r in point if r["variant"] == "cublas_hbm" and r["status"] == "ok"), None)
+        floors = [x for x in (base["floor_ms"], hbm) if x is not None]
+        for r in point:
+            t = r.get("time_ms")
+            moved = r["link_read_bytes"] if r["link_read_bytes"] is not None else b_bytes
+            r["link_gbps"] = moved / (t * 1e-3) / 1e9 if t and moved else None
+            r["tflops"] = 2 * m * n * k / (t * 1e-3) / 1e12 if t else None
+            r["target_ms"] = 1.15 * max(floors) if floors else None
+        rows += point
+    return rows
+
+
+def _size_rows(m: int, n: int, k: int, base: dict, kernels, anchors, warmup: int, repeats: int) -> list[dict]:
+    a = torch.randn(m, k, device="cuda").half()
+    b_hbm = torch.randn(k, n, device="cuda").half()
+    b_pin = pinned_empty((k, n), torch.float16)
+    b_pin.copy_(b_hbm)
+    b_view = device_view(b_pin)
+    out = torch.empty(m, n, dtype=torch.float16, device="cuda")
+    reference = (a @ b_hbm).double()
+
+    def kernel(name: str) -> Callable[[], object]:
+        kwargs = dict(KERNELS[name], variant=name.split(":")[0])
+        b = b_hbm if kwargs.pop("_b", "host") == "hbm" else b_view
+        return lambda: gemm(a, b, out=out, **kwargs)
+
+    methods = {name: (kernel(name), None) for name in kernels}
+    anchor_fns = {"cublas_hbm": (lambda: a @ b_hbm, 0), "cublas_zero_copy": (lambda: a @ b_view, None)}
+    methods.update({name: anchor_fns[name] for name in anchors})
+    rows = []
+    for name, (fn, link_bytes) in methods.items():
+        row = dict(base, variant=name, link_read_bytes=link_bytes)
+        slow = name.split(":")[0] in SLOW
+        rows.append(run_point(row, partial(_measure, fn, row, reference, warmup=1 if slow else warmup,
+                                           repeats=3 if slow else repeats)))
+    return rows
+
+
+def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, warmup: int, repeats: int) -> None:
+    """One checked call (rel_err against cuBLAS in HBM; a kernel's closed-form link bytes), then timing."""
+    result = fn()
+    if isinstance(result, tuple):  # a kernel: (c, Traffic)
+        row["link_read_bytes"] = result[1].link_read_bytes
+        result = result[0]
+    row["rel_err"] = float((result.double() - reference).norm() / reference.norm())
+    row.update(timed(fn, warmup=warmup, repeats=repeats))
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4096, 10240])
+    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    rows = bench_gemm(args.sizes)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+    print_table(rows, ["m", "variant", "status", "time_ms", "target_ms", "floor_ms", "tflops", "link_gbps",
+                       "link_read_bytes", "rel_err"])
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""Prefill attention benchmark on the GPU: the CUDA variants beside torch SDPA anchors, in one run.
+
+Rows (one per q_len x method), all `mode="measured"`:
+  naive / tiled / tiled:* : the CUDA kernels over a paged cache whose past K/V sit in pinned host pages;
+  sdpa_hbm       : torch SDPA with all K/V in HBM (the compute anchor);
+  sdpa_zero_copy : torch SDPA reading K/V through zero-copy views of pinned memory;
+  swap_sdpa      : copy-engine copy of K/V to HBM, then SDPA (staging, not overlapped).
+The anchors hold past and new K/V in one host buffer (SDPA takes one K tensor), so their kv_bytes count
+past + new tokens; the kernels read only the past from the host. L2 is flushed before every timed call.
+
+Run: python -m directkv.kernels.cuda.bench_prefill [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from directkv.kernels.cuda.prefill_attention import prefill_attention
+from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
+from directkv.kernels.paged import PagedKV
+from directkv.timing import time_fn
+
+# name -> extra keyword arguments of prefill_attention (variant is the part before ':'); "_kv": "hbm" runs
+# the same kernel over a copy of the cache in HBM pages: its on-chip time with no link in the way.
+KERNELS = {
+    "naive": {},
+    "tiled": {},
+    "tiled:double": {"double_buffer": True},  # two half-size chunks: load one while computing the other
+    "tiled:kv_hbm": {"_kv": "hbm"},
+}
+
+
+# ---- helpers shared with bench_gemm ----
+
+_FLUSH: list[torch.Tensor] = []
+
+
+def flush_l2() -> None:
+    """Overwrite L2 (60 MiB on an H200) with a 256 MiB write so no timed call starts from warm operands."""
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+    _FLUSH[0].fill_(1)
+
+
+def get_ceilings() -> dict:
+    """probe.measure_ceilings() of this run; if the probe fails, the copy-engine H2D rate alone (noted)."""
+    try:
+        from directkv.kernels.cuda.probe import measure_ceilings
+
+        return dict(measure_ceilings())
+    except Exception as err:  # the benchmark still runs; the row says why the SM ceiling is missing
+        host = pinned_empty((256 << 20,), torch.uint8)
+        dst = torch.empty(host.shape, dtype=torch.uint8, device="cuda")
+        host.copy_(torch.randint(0, 256, host.shape, dtype=torch.uint8, device="cuda"))
+        t = time_fn(lambda: dst.copy_(host, non_blocking=True), warmup=2, repeats=5)
+        return {"ce_h2d_gbps": host.numel() / (t.median_ms * 1e-3) / 1e9, "ceilings_error": f"{type(err).__name__}: {err}"}
+
+
+def timed(fn: Callable[[], object], *, warmup: int, repeats: int) -> dict:
+    """time_fn with an L2 flush before every call (untimed): time_ms (median), min, max, repeats, clock."""
+    return time_fn(fn, warmup=warmup, repeats=repeats, setup=flush_l2).as_dict()
+
+
+def run_point(row: dict, measure: Callable[[], None]) -> dict:
+    """Run measure() (which fills row) and set row["status"]: ok, oom or error (with the message)."""
+    try:
+        measure()
+        row["status"] = "ok"
+    except torch.cuda.OutOfMemoryError as err:
+        row.update(status="oom", error=str(err).splitlines()[0])
+    except Exception as err:  # one failing point must not end the sweep
+        row.update(status="error", error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+    size = row.get("q_len", row.get("m"))
+    print(f"[{row['op']} {size} {row['variant']}] {row['status']} {row.get('time_ms', '-')} ms {row.get('error', '')}",
+          flush=True)  # progress: a later point that hangs still leaves these lines
+    return row
+
+
+def print_table(rows: list[dict], cols: Sequence[str]) -> None:
+    def fmt(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "-" if v is None else str(v)
+
+    table = [list(cols)] + [[fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
+    for line in table:
+        print("  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)))
+    for r in rows:
+        if r.get("error"):
+            print(f"{r['variant']} {r.get('q_len', r.get('m'))}: {r['error']}")
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal SDPA with the new queries at the end of the key range; q `[1, H, q_len, D]`, k/v `[1, Hkv, L, D]`."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    mask = causal_lower_right(q.shape[2], k.shape[2])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def _paged_host_cache(past_len: int, page_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+    """Past K/V in pinned host pages in shuffled order: (PagedKV, the same pages in HBM as a PagedKV, contiguous
+    past K, V `[past, Hkv, D]` on the GPU, the pinned pools)."""
+    pages = math.ceil(past_len / page_size)
+    shape = (pages, page_size, num_kv_heads, head_dim)
+    k = torch.randn(shape, device="cuda").to(dtype)
+    v = torch.randn(shape, device="cuda").to(dtype)
+    host_k, host_v = pinned_empty(shape, dtype), pinned_empty(shape, dtype)
+    perm = torch.randperm(pages, device="cuda")
+    host_k.copy_(k[perm])
+    host_v.copy_(v[perm])
+    table = torch.empty(pages, dtype=torch.int32, device="cuda")
+    table[perm] = torch.arange(pages, dtype=torch.int32, device="cuda")  # logical page i sits at host page table[i]
+    empty = torch.empty((0, page_size, num_kv_heads, head_dim), dtype=dtype, device="cuda")
+    lens = torch.tensor([past_len], dtype=torch.int32)
+    kv = PagedKV(device_view(host_k), device_view(host_v), empty, empty, table[None], lens)
+    kv_hbm = PagedKV(empty, empty, k[perm], v[perm], -(table[None] + 1), lens)
+    flat = lambda t: t.reshape(-1, num_kv_heads, head_dim)[:past_len]  # noqa: E731
+    return kv, kv_hbm, flat(k), flat(v), (host_k, host_v)
+
+
+def bench_prefill(
+    q_lens: Sequence[int] = (512, 2048, 8192),
+    past_len: int = 16384,
+    *,
+    num_heads: int = 32,
+    num_kv_heads: int = 8,
+    head_dim: int = 128,
+    dtype: torch.dtype = torch.bfloat16,
+    page_size: int = 16,
+    kernels: Sequence[str] = tuple(KERNELS),
+    anchors: Sequence[str] = ("sdpa_hbm", "sdpa_zero_copy", "swap_sdpa"),
+    warmup: int = 2,
+    repeats: int = 5,
+    ceilings: dict | None = None,
+) -> list[dict]:
+    """Time every kernel and anchor at each q_len against past_len cached tokens (Llama-3.1-8B heads by default).
+
+    Returns one row per (q_len, method): time_ms (median), link_read_bytes (closed form; None where unknown),
+    link_gbps (link_read_bytes, else kv_bytes, over time_ms), kv_bytes (K/V bytes the method reads from
+    the host), floor_ms (kv_bytes over the copy-engine H2D rate), target_ms (1.15 x max(the kernels'
+    floor_ms, sdpa_hbm time)), rel_err against sdpa_hbm, the ceilings of this run, status.
+    """
+    ceilings = get_ceilings() if ceilings is None else ceilings
+    kv, kv_hbm, k_past, v_past, _pinned = _paged_host_cache(past_len, page_size, num_kv_heads, head_dim, dtype)
+    rows: list[dict] = []
+    for q_len in q_lens:
+        base = dict(op="prefill", q_len=q_len, context_len=past_len, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                    head_dim=head_dim, dtype=str(dtype).removeprefix("torch."), mode="measured", **ceilings)
+        q = torch.randn(q_len, num_heads, head_dim, device="cuda").to(dtype)
+        k_new = torch.randn(q_len, num_kv_heads, head_dim, device="cuda").to(dtype)
+        v_new = torch.randn(q_len, num_kv_heads, head_dim, device="cuda").to(dtype)
+        methods = _methods(q, k_new, v_new, (kv, kv_hbm), torch.cat([k_past, k_new]), torch.cat([v_past, v_new]),
+                           kernels, anchors)
+        reference = methods.pop("_reference")
+        for name, (fn, link_bytes, kv_bytes) in methods.items():
+            row = dict(base, variant=name, kv_bytes=kv_bytes, link_read_bytes=link_bytes,
+                       floor_ms=kv_bytes / (ceilings["ce_h2d_gbps"] * 1e9) * 1e3 if "ce_h2d_gbps" in ceilings else None)
+            slow = name in ("sdpa_zero_copy", "naive")
+            rows.append(run_point(row, partial(_measure, fn, row, reference, warmup=1 if slow else warmup,
+                                               repeats=3 if slow else repeats)))
+        _add_targets(rows, q_len)
+        del methods
+    return rows
+
+
+def _methods(q, k_new, v_new, caches: tuple[PagedKV, PagedKV], k_all, v_all, kernels, anchors) -> dict:
+    """name -> (call, link bytes or None, host K/V bytes) for one q_len, plus "_reference" (SDPA in HBM).
+
+    caches: the paged cache in host pages and its copy in HBM pages; k_all, v_all `[past_len + q_len,
+    num_kv_heads, head_dim]` in HBM; the anchors' pinned copy is made here.
+    """
+    kv = caches[0]
+    tok_bytes = 2 * k_all.shape[1] * k_all.shape[2] * k_all.element_size()
+    past_bytes, all_bytes = int(kv.seq_lens[0]) * tok_bytes, k_all.shape[0] * tok_bytes
+    qh = q.transpose(0, 1)[None]  # SDPA layout [1, heads, tokens, dim]
+    k_pin, v_pin = pinned_empty(k_all.shape, k_all.dtype), pinned_empty(v_all.shape, v_all.dtype)
+    k_pin.copy_(k_all)
+    v_pin.copy_(v_all)
+    k_buf, v_buf = torch.empty_like(k_all), torch.empty_like(v_all)
+    layout = lambda k, v: (k.transpose(0, 1)[None], v.transpose(0, 1)[None])  # noqa: E731
+    hbm_kv, host_kv = layout(k_all, v_all), layout(device_view(k_pin), device_view(v_pin))
+    out = torch.empty_like(q)
+
+    def swap() -> torch.Tensor:
+        k_buf.copy_(k_pin, non_blocking=True)
+        v_buf.copy_(v_pin, non_blocking=True)
+        return _sdpa(qh, *layout(k_buf, v_buf))
+
+    def kernel(name: str):
+        kwargs = dict(KERNELS[name], variant=name.split(":")[0])
+        cache = caches[1] if kwargs.pop("_kv", "host") == "hbm" else kv
+        return lambda: prefill_attention(q, k_new, v_new, cache, out=out, **kwargs)
+
+    methods = {name: (kernel(name), None, 0 if "_kv" in KERNELS[name] else past_bytes) for name in kernels}
+    anchor_fns = {
+        "sdpa_hbm": (lambda: _sdpa(qh, *hbm_kv), 0, 0),
+        "sdpa_zero_copy": (lambda: _sdpa(qh, *host_kv), None, all_bytes),
+        "swap_sdpa": (swap, all_bytes, all_bytes),
+    }
+    methods.update({a: anchor_fns[a] for a in anchors})
+    methods["_reference"] = _sdpa(qh, *hbm_kv)[0].transpose(0, 1).double()
+    return methods
+
+
+def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, warmup: int, repeats: int) -> None:
+    """One checked call (rel_err against the HBM SDPA output; a kernel's closed-form link bytes), then timing."""
+    result = fn()
+    if isinstance(result, tuple):  # a kernel: (out, Traffic)
+        row["link_read_bytes"] = result[1].link_read_bytes
+        result = result[0]
+    else:
+        result = result[0].transpose(0, 1)
+    row["rel_err"] = float((result.double() - reference).norm() / reference.norm())
+    row.update(timed(fn, warmup=warmup, repeats=repeats))
+
+
+def _add_targets(rows: list[dict], q_len: int) -> None:
+    """link_gbps and target_ms of the rows of one q_len (target: 1.15 x max(link floor, HBM SDPA time))."""
+    mine = [r for r in rows if r["q_len"] == q_len and r["op"] == "prefill"]
+    hbm = next((r.get("time_ms") for r in mine if r["variant"] == "sdpa_hbm" and r["status"] == "ok"), None)
+    kernel_floor = next((r["floor_ms"] for r in mine if r["variant"] in KERNELS), None)
+    for r in mine:
+        t = r.get("time_ms")
+        moved = r["link_read_bytes"] if r["link_read_bytes"] is not None else r["kv_bytes"]
+        r["link_gbps"] = moved / (t * 1e-3) / 1e9 if t and moved else None
+        floors = [x for x in (kernel_floor, hbm) if x is not None]
+        r["target_ms"] = 1.15 * max(floors) if floors else None
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--q-lens", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--past-len", type=int, default=16384)
+    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    rows = bench_prefill(args.q_lens, args.past_len)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+    print_table(rows, ["q_len", "variant", "status", "time_ms", "target_ms", "floor_ms", "link_gbps",
+                       "link_read_bytes", "kv_bytes", "rel_err"])
+    return rows
+
+
+if __name__ == "__main__":
+    main()
