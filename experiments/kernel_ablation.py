@@ -43,7 +43,8 @@ def points(cfg: DictConfig) -> list[tuple[str, int, int, int]]:
     pts = []
     for op in cfg.ops:
         check(op in OPS, f"unknown op {op!r}; valid: {', '.join(OPS)}")
-        for ctx in cfg.contexts:
+        contexts = cfg.contexts if op == "decode" or cfg.get("prefill_contexts") is None else cfg.prefill_contexts
+        for ctx in contexts:
             if op == "decode":
                 pts += [(op, int(ctx), 1, int(b)) for b in cfg.decode_batches]
             else:
@@ -89,7 +90,7 @@ def measured_rows(cfg: DictConfig, s: Setup, op: str, ctx: int, q_len: int, batc
 def run(cfg: DictConfig, writer: ResultsWriter) -> None:
     s = setup(cfg)
     check(str(cfg.dtype) in DTYPE_BYTES, f"unknown dtype {cfg.dtype!r}; valid: {', '.join(DTYPE_BYTES)}")
-    for ctx in cfg.contexts:
+    for _, ctx, _, _ in points(cfg):
         check_context(s.model, int(ctx))
     for op, ctx, q_len, batch in progress(cfg, points(cfg), "kernel_ablation"):
         if writer.done(op=op, context_len=float(ctx), q_len=q_len, batch=batch):

@@ -21,8 +21,10 @@ for step in "${steps[@]}"; do
     gemm) run python3 -m experiments.run +exp=gemm_case_study device=cuda results_root=$RES progress=false ${GEMM_ARGS:-} ;;
     context) run python3 -m experiments.run +exp=context_sweep device=cuda results_root=$RES progress=false ${CONTEXT_ARGS:-} ;;
     rate) run python3 -m experiments.run +exp=rate_sweep device=cuda results_root=$RES progress=false ${RATE_ARGS:-} ;;
+    ncu) run python3 -m experiments.run +exp=kernel_ablation device=cuda results_root=$RES progress=false counters=ncu ${NCU_ARGS:-}
+         run python3 -m experiments.run +exp=gemm_case_study device=cuda results_root=$RES progress=false counters=ncu sizes=[10240] ;;
     *) echo "unknown step $step" ;;
   esac
+  tar czf "$OUT/results.tar.gz" -C $RES . 2>/dev/null  # after every step: a later timeout keeps what is done
 done
-tar czf "$OUT/results.tar.gz" -C $RES . 2>/dev/null
 ls -la "$OUT"
