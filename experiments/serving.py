@@ -49,12 +49,13 @@ def _fill(row: dict, res: ServeResult, s: Setup, extra: dict) -> dict:
 
 
 def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, measure: bool, warmup: int) -> dict:
+    row = row | ({"mode": "measured"} if measure else {})
     try:
         if measure:
             from directkv.engine.gpu.executor import run_gpu
 
             res, extra = run_gpu(requests, policy, s.model, mem=s.mem, sched_cfg=s.sched, warmup=warmup)
-            return _fill(row | {"mode": "measured"}, res, s, extra)
+            return _fill(row, res, s, extra)
         return _fill(row, simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup),
                      s, {})
     except KVCapacityError as e:

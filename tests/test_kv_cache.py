@@ -64,3 +64,13 @@ def test_materialized_write_and_view_roundtrip_across_tiers():
             torch.testing.assert_close(v, data[r, layer][1])
     assert not kv.arena.pinned  # no CUDA here: ordinary tensors, same object as the device view
     assert kv.arena.k_view is kv.arena.k
+
+
+def test_page_ids_stay_inside_the_pool_after_frees():
+    kv = KVCacheManager(TINY, page_size=16, hbm_budget_bytes=0, host_budget_bytes=10 * 16 * TOK)
+    for round_ in range(20):  # allocate, free, allocate again: ids must be reused, never grow past capacity
+        for r in range(3):
+            kv.reserve(round_ * 10 + r, 40, "host")
+        assert max(e for r in range(3) for e in kv.pages(round_ * 10 + r)) < kv.capacity_pages["host"]
+        for r in range(3):
+            kv.free(round_ * 10 + r)

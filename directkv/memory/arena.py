@@ -33,6 +33,7 @@ class HostArena:
                  pin: bool | None = None) -> HostArena:
         shape = (model.num_layers, num_pages, page_size, model.num_kv_heads, model.head_dim)
         pin = torch.cuda.is_available() if pin is None else pin
+        pin = pin and num_pages > 0  # an empty tensor cannot be page-locked (HBM-only systems)
         t0 = time.perf_counter()
         if pin:
             from directkv.kernels.cuda.zero_copy import device_view, pinned_empty

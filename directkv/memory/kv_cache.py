@@ -67,7 +67,7 @@ class KVCacheManager:
         self.capacity_pages = {t: self.budget[t] // self.page_bytes for t in TIERS}
         if arena is not None:  # reuse a pinned arena across runs: pinning is slow (DESIGN.md §2)
             self.capacity_pages["host"] = min(self.capacity_pages["host"], arena.k.shape[1])
-        self._free = {t: list(range(self.capacity_pages[t] - 1, -1, -1)) if materialize else None for t in TIERS}
+        self._recycled: dict[str, list[int]] = {"hbm": [], "host": []}  # freed page ids, reused first
         self._used = {"hbm": 0, "host": 0}
         self._next = {"hbm": 0, "host": 0}
         self._peak = {"hbm": 0, "host": 0}
@@ -104,11 +104,12 @@ class KVCacheManager:
             raise KVCapacityError(tier, n * self.page_bytes, self.free_pages(tier) * self.page_bytes, self.budget[tier])
         self._used[tier] += n
         self._peak[tier] = max(self._peak[tier], self._used[tier])
-        if self._free[tier] is None:  # accounting only: ids are never dereferenced
-            ids = list(range(self._next[tier], self._next[tier] + n))
-            self._next[tier] += n
-        else:
-            ids = [self._free[tier].pop() for _ in range(n)]
+        # freed ids first, then fresh ones; fresh ids only grow when every earlier id is in use, so every
+        # id stays below the tier's capacity and indexes its pool
+        reuse = min(n, len(self._recycled[tier]))
+        ids = [self._recycled[tier].pop() for _ in range(reuse)]
+        ids += range(self._next[tier], self._next[tier] + n - reuse)
+        self._next[tier] += n - reuse
         return ids if tier == "host" else [-(i + 1) for i in ids]
 
     def reserve(self, req_id: int, num_tokens: int, tier: str) -> None:
@@ -138,8 +139,7 @@ class KVCacheManager:
         if seq is None:
             return
         self._used[seq.tier] -= len(seq.pages)
-        if self._free[seq.tier] is not None:
-            self._free[seq.tier].extend(e if e >= 0 else -(e + 1) for e in seq.pages)
+        self._recycled[seq.tier].extend(e if e >= 0 else -(e + 1) for e in seq.pages)
 
     def seq_len(self, req_id: int) -> int:
         return self._seqs[req_id].length

@@ -89,6 +89,8 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns."""
     dev = torch.device(device)
     cuda = dev.type == "cuda"
+    if cuda and dev.index is None:  # memory-fraction and stats calls want an explicit index
+        dev = torch.device("cuda", torch.cuda.current_device())
     runner = runner_for(model, dev)
     hbm_kv, host_kv = kv_budgets(policy, model, mem, sched_cfg)
     need_pages = sum(-(-(r.prompt_len + r.output_len) // mem.page_size) for r in requests)
