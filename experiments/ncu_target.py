@@ -31,11 +31,11 @@ def host_paged(batch: int, context: int) -> PagedKV:
     return PagedKV(device_view(k), device_view(v), empty, empty, table, lens)
 
 
-def host_dense(context: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Contiguous `[1, num_kv_heads, context, head_dim]` K, V in pinned memory, as zero-copy views."""
+def host_dense(batch: int, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous `[batch, num_kv_heads, context, head_dim]` K, V in pinned memory, as zero-copy views."""
     out = []
     for _ in range(2):
-        t = pinned_empty((1, HKV, context, D), DT)
+        t = pinned_empty((batch, HKV, context, D), DT)
         t.copy_(torch.randn(t.shape, dtype=DT))
         out.append(device_view(t))
     return out[0], out[1]
@@ -55,8 +55,8 @@ def call(op: str, variant: str, context: int, batch: int, q_len: int):
             return lambda: a @ b
         return lambda: get_op("gemm", "cuda")(a, b, variant=variant)
     if variant == "sdpa_zero_copy":  # the naive zero-copy anchor: SDPA reading host K/V in place
-        k, v = host_dense(context)
-        q = torch.randn(1, HQ, 1 if op == "decode" else q_len, D, dtype=DT, device="cuda")
+        k, v = host_dense(batch, context)  # same bytes as the measured row: every sequence of the batch
+        q = torch.randn(batch, HQ, 1 if op == "decode" else q_len, D, dtype=DT, device="cuda")
         return lambda: sdpa(q, k, v, causal=False)  # prefill: all past visible, no mask needed
     kv = host_paged(batch, context)
     if op == "decode":

@@ -465,3 +465,18 @@ def test_cli_bad_path_exits_2_with_one_line(tmp_path: Path, make_dir: bool) -> N
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "nothing_here" in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_measured_and_simulated_rows_are_separate_series_never_averaged():
+    import pandas as pd
+
+    from plots.figures.common import system_series
+
+    rows = pd.DataFrame({"system": ["directkv"] * 4, "variant": ["tiled"] * 4, "context_len": [1024, 1024, 4096, 4096],
+                         "mode": ["measured", "simulated"] * 2, "tpot_ms": [30.0, 16.0, 61.0, 49.0],
+                         "status": ["ok"] * 4})
+    series = system_series(rows)
+    assert [s.label.split(", ")[-1] for s in series] == ["measured", "simulated"]
+    assert list(series[0].rows["tpot_ms"]) == [30.0, 61.0] and series[1].style["linestyle"] == "--"
+    single = system_series(rows[rows["mode"] == "measured"])
+    assert len(single) == 1 and "measured" not in single[0].label

@@ -48,19 +48,31 @@ def _caption(rows: pd.DataFrame, keys: Sequence[str]) -> str:
     return ", ".join(p for p in parts if p)
 
 
+MODE_ORDER = {"measured": 0, "simulated": 1, "projected": 2}
+
+
 def system_series(rows: pd.DataFrame) -> list[Series]:
-    """One Series per (system, variant), in legend order (DirectKV first)."""
-    keys = sorted(
-        rows.groupby(["system", "variant"]).groups, key=lambda sv: (system_rank(sv[0]), sv[0], sv[1])
-    )
-    return [
-        Series(
-            system_label(sys_, var),
-            rows[(rows["system"] == sys_) & (rows["variant"] == var)],
-            system_style(sys_, var),
-        )
-        for sys_, var in keys
-    ]
+    """One Series per (system, variant), in legend order (DirectKV first).
+
+    When the rows mix modes (a GPU run beside its simulation), each mode is its own series: measured
+    solid, simulated/projected dashed with hollow markers, so the two are never averaged together.
+    """
+    by_mode = rows["mode"].nunique() > 1
+    cols = ["system", "variant", "mode"] if by_mode else ["system", "variant"]
+    keys = sorted(rows.groupby(cols).groups,
+                  key=lambda k: (system_rank(k[0]), k[0], k[1], MODE_ORDER.get(k[-1], 9) if by_mode else 0))
+    out = []
+    for key in keys:
+        sys_, var = key[0], key[1]
+        mask = (rows["system"] == sys_) & (rows["variant"] == var)
+        style, label = dict(system_style(sys_, var)), system_label(sys_, var)
+        if by_mode:
+            mask &= rows["mode"] == key[2]
+            label = f"{label}, {key[2]}"
+            if key[2] != "measured":
+                style |= {"linestyle": "--", "markerfacecolor": "none"}
+        out.append(Series(label, rows[mask], style))
+    return out
 
 
 def bar_style(variant: str) -> dict[str, Any]:
