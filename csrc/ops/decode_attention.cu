@@ -3,33 +3,13 @@
 // the copy-engine ("stream") variant.
 #include <type_traits>
 
+#include "directkv/dispatch.h"
 #include "directkv/decode_attention.cuh"
 
 namespace directkv {
 namespace {
 
 constexpr int kStages = 3;
-
-template <int V>
-using Int = std::integral_constant<int, V>;
-
-template <typename F>
-void dispatch_dtype(int code, F&& f) {
-  switch (code) {
-    case kFloat16: return f(__half());
-    case kBFloat16: return f(__nv_bfloat16());
-    default: throw std::runtime_error("decode_attention: dtype code " + std::to_string(code) + " is not fp16 (0) or bf16 (1)");
-  }
-}
-
-template <typename F>
-void dispatch_head_dim(int head_dim, F&& f) {
-  switch (head_dim) {
-    case 64: return f(Int<64>());
-    case 128: return f(Int<128>());
-    default: throw std::runtime_error("decode_attention: head_dim " + std::to_string(head_dim) + " is not 64 or 128");
-  }
-}
 
 template <typename F>
 void dispatch_heads_per_cta(int hpc, F&& f) {
@@ -54,8 +34,8 @@ void dispatch_tile(int tile, F&& f) {
 // Calls f(kernel pointer, shared-memory bytes) for the instantiation that serves these arguments.
 template <typename F>
 void with_kernel(int dtype, int head_dim, int hpc, int tile, F&& f) {
-  dispatch_dtype(dtype, [&](auto t) {
-    dispatch_head_dim(head_dim, [&](auto hd) {
+  dispatch_dtype("decode_attention", dtype, [&](auto t) {
+    dispatch_head_dim("decode_attention", head_dim, [&](auto hd) {
       dispatch_heads_per_cta(hpc, [&](auto h) {
         dispatch_tile(tile, [&](auto tl) {
           using T = decltype(t);

@@ -4,33 +4,13 @@
 #include <type_traits>
 #include <utility>
 
+#include "directkv/dispatch.h"
 #include "directkv/prefill_attention.cuh"
 
 namespace directkv {
 namespace {
 
 using prefill::PrefillParams;
-
-template <int V>
-using Int = std::integral_constant<int, V>;
-
-template <typename F>
-void dispatch_dtype(int code, F&& f) {
-  switch (code) {
-    case kFloat16: return f(__half());
-    case kBFloat16: return f(__nv_bfloat16());
-    default: throw std::runtime_error("prefill_attention: dtype code " + std::to_string(code) + " is not fp16 (0) or bf16 (1)");
-  }
-}
-
-template <typename F>
-void dispatch_head_dim(int head_dim, F&& f) {
-  switch (head_dim) {
-    case 64: return f(Int<64>());
-    case 128: return f(Int<128>());
-    default: throw std::runtime_error("prefill_attention: head_dim " + std::to_string(head_dim) + " is not 64 or 128");
-  }
-}
 
 int max_smem_optin() {
   int device = 0, bytes = 0;
@@ -77,8 +57,8 @@ void check_params(const PrefillParams& p, int variant, int threads) {
 
 void launch(const PrefillParams& p, int variant, int dtype, int head_dim, int threads, cudaStream_t stream) {
   check_params(p, variant, threads);
-  dispatch_dtype(dtype, [&](auto t) {
-    dispatch_head_dim(head_dim, [&](auto hd) {
+  dispatch_dtype("prefill_attention", dtype, [&](auto t) {
+    dispatch_head_dim("prefill_attention", head_dim, [&](auto hd) {
       using T = decltype(t);
       constexpr int D = hd.value;
       constexpr size_t kRowBytes = prefill::kStride<D> * sizeof(T);
