@@ -1,0 +1,37 @@
+// Named dispatch switches shared by the launchers (csrc/ops): a runtime value -> a compile-time type or
+// constant, with an error naming the op, the bad value and the supported ones. No torch headers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "directkv/common.cuh"
+
+namespace directkv {
+
+template <int V>
+using Int = std::integral_constant<int, V>;
+
+template <typename F>
+void dispatch_dtype(const char* op, int code, F&& f) {
+  switch (code) {
+    case kFloat16: return f(__half());
+    case kBFloat16: return f(__nv_bfloat16());
+    default: throw std::runtime_error(std::string(op) + ": dtype code " + std::to_string(code) + " is not fp16 (0) or bf16 (1)");
+  }
+}
+
+template <typename F>
+void dispatch_head_dim(const char* op, int head_dim, F&& f) {
+  switch (head_dim) {
+    case 64: return f(Int<64>());
+    case 128: return f(Int<128>());
+    default: throw std::runtime_error(std::string(op) + ": head_dim " + std::to_string(head_dim) + " is not 64 or 128");
+  }
+}
+
+}  // namespace directkv
