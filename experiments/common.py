@@ -58,7 +58,9 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     hbm, host = budgets(cfg, hw) if hardware is None else (hw.hbm_bytes, 0.9 * hw.host_mem_gb * 1e9)
     overhead = float(cfg.memory.runtime_overhead_gb)
     check(overhead >= 0, f"memory.runtime_overhead_gb must be >= 0, got {overhead}")
-    mem = MemoryConfig(hbm, host, overhead * 1e9, int(cfg.memory.page_size))
+    page = as_int(cfg.memory.page_size, "memory.page_size")
+    check(page >= 1 and page & (page - 1) == 0, f"memory.page_size must be a power of two, got {page}")
+    mem = MemoryConfig(hbm, host, overhead * 1e9, page)
     sched = SchedulerConfig(int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_batched_tokens))
     return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, resolve_device(cfg.device), mode_for(hw))
 
@@ -70,8 +72,20 @@ def policies(cfg: DictConfig) -> list[SystemPolicy]:
     return [SystemPolicy(n, variant if n == "directkv" else "") for n in names]
 
 
+def as_int(value, what: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be an integer, got {value!r}") from None
+
+
+def int_list(values, what: str) -> list[int]:
+    return [as_int(v, what) for v in values]
+
+
 def check_context(model: ModelSpec, context: int) -> None:
-    check(int(context) >= 1, f"context length must be >= 1, got {context}")
+    context = as_int(context, "context length")
+    check(context >= 1, f"context length must be >= 1, got {context}")
     check(int(context) <= model.max_context,
           f"context length {context} exceeds {model.name}'s limit of {model.max_context} tokens")
 

@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from directkv.errors import check
 from directkv.results import ResultsWriter
-from experiments.common import base_row, check_context, progress, setup
+from experiments.common import base_row, check_context, int_list, progress, setup
 from experiments.kernel_ablation import variant_traffic
 
 OPS = ("decode", "prefill")
@@ -19,7 +19,8 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
     setups = {hw: setup(cfg, hardware=hw) for hw in cfg.hardwares}
     for op in cfg.ops:
         check(op in OPS, f"unknown op {op!r}; valid: {', '.join(OPS)}")
-    pts = [(hw, op, v, int(c)) for hw in cfg.hardwares for op in cfg.ops for v in cfg.variants for c in cfg.contexts]
+    contexts = int_list(cfg.contexts, "context length")
+    pts = [(hw, op, v, c) for hw in cfg.hardwares for op in cfg.ops for v in cfg.variants for c in contexts]
     for hw, op, v, ctx in progress(cfg, pts, "interconnect_sweep"):
         s = setups[hw]
         check_context(s.model, ctx)

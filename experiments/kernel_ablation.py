@@ -15,7 +15,7 @@ from directkv.errors import check
 from directkv.kernels import traffic_model as tm
 from directkv.kernels.traffic import Traffic
 from directkv.results import ResultsWriter
-from experiments.common import Setup, base_row, check_context, progress, setup
+from experiments.common import Setup, base_row, check_context, int_list, progress, setup
 
 OPS = ("decode", "prefill", "proj_attention")
 VARIANTS = {"decode": ("naive", "tiled"), "prefill": ("naive", "tiled"), "proj_attention": ("separate", "fused")}
@@ -44,12 +44,12 @@ def points(cfg: DictConfig) -> list[tuple[str, int, int, int]]:
     for op in cfg.ops:
         check(op in OPS, f"unknown op {op!r}; valid: {', '.join(OPS)}")
         contexts = cfg.contexts if op == "decode" or cfg.get("prefill_contexts") is None else cfg.prefill_contexts
-        for ctx in contexts:
+        for ctx in int_list(contexts, "context length"):
             if op == "decode":
-                pts += [(op, int(ctx), 1, int(b)) for b in cfg.decode_batches]
+                pts += [(op, ctx, 1, b) for b in int_list(cfg.decode_batches, "decode batch")]
             else:
-                q_lens = list(cfg.prefill_q_lens) + ([1] if op == "proj_attention" else [])
-                pts += [(op, int(ctx), int(q), 1) for q in q_lens]
+                q_lens = int_list(cfg.prefill_q_lens, "prefill q_len") + ([1] if op == "proj_attention" else [])
+                pts += [(op, ctx, q, 1) for q in q_lens]
     return pts
 
 

@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 
 from directkv.errors import check
 from directkv.results import ResultsWriter
-from experiments.common import base_row, check_rate, policies, progress, setup
+from experiments.common import as_int, base_row, check_rate, policies, progress, setup
 from experiments.serving import serve_point
 from workloads import build_workload, save_schedule, with_arrivals
 
@@ -20,7 +20,7 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
         check(d in DATASETS, f"unknown dataset {d!r}; valid: {', '.join(DATASETS)}")
     for r in cfg.rates:
         check_rate(r)
-    n = int(cfg.num_requests)
+    n = as_int(cfg.num_requests, "num_requests")
     check(n >= 1, f"num_requests must be >= 1, got {n}")
     workloads = {d: build_workload(d, num_requests=n, seed=int(cfg.seed)) for d in cfg.datasets}
     writer.manifest["workloads"] = {d: {"path": w.path, "tokenizer": w.tokenizer, "params": w.params}

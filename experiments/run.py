@@ -41,6 +41,23 @@ def check_argv(argv: list[str]) -> None:
                 raise ConfigError(f"unknown {key} {v!r}; valid: {', '.join(valid)}")
     if not chosen_exp and not any(a in ("--help", "-h", "--cfg", "-c", "--info") for a in argv):
         raise ConfigError(f"choose an experiment with +exp=NAME; valid: {', '.join(group_options('exp'))}")
+    if not any(a in ("-m", "--multirun") for a in argv):
+        _compose_check([a for a in argv if not a.startswith("-")])
+
+
+def _compose_check(overrides: list[str]) -> None:
+    """Compose the config once so an unknown key or a malformed value is one line, not Hydra's report."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            compose("config", overrides=overrides)
+    except Exception as e:  # noqa: BLE001 - any composition failure is a user error here
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise ConfigError(f"bad override: {first}") from None
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def _experiment(name: str):

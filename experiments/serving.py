@@ -9,7 +9,7 @@ from __future__ import annotations
 from directkv.engine.loop import ServeResult
 from directkv.engine.sim_executor import kv_budgets, simulate
 from directkv.engine.systems import SystemPolicy
-from directkv.errors import KVCapacityError
+from directkv.errors import ConfigError, KVCapacityError
 from experiments.common import Setup
 from workloads.request import Request
 
@@ -60,6 +60,8 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
                      s, {})
     except KVCapacityError as e:
         return row | {"status": "oom", "error": str(e)}
+    except ConfigError:
+        raise  # the user's input, not this point, is wrong: one line and exit 2
     except Exception as e:  # noqa: BLE001 - a failing point is recorded and the sweep goes on
         import torch
 
