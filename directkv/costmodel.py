@@ -24,7 +24,8 @@ class Efficiency:
     dequant_hbm: float = 0.5  # unfused dequantisation kernels (FlexGen-like) vs the HBM ceiling
 
 
-# Per-hardware calibrated factors. The defaults above are priors; a measured run can fit and add entries.
+# Per-hardware fitted factors, loaded on first use from directkv/specs/calibration/*.json (written by
+# `python -m directkv.calibration RUN_DIR --write`); hardware without a file uses the priors above.
 CALIBRATION: dict[str, Efficiency] = {}
 
 
@@ -35,7 +36,9 @@ class CostModel:
 
     @classmethod
     def for_hardware(cls, hw: HardwareSpec, **overrides: float) -> CostModel:
-        return cls(hw, replace(CALIBRATION.get(hw.name, Efficiency()), **overrides))
+        """The cost model of `hw` with its fitted factors (directkv/specs/calibration/), else the priors."""
+        return cls(hw, replace(calibration_for(hw.name), **overrides))
+
 
     def terms(self, t: Traffic, *, flops_kind: str = "attention", link: str = "sm", hbm_eff: float | None = None
               ) -> dict[str, float]:
@@ -74,3 +77,11 @@ class CostModel:
 def mode_for(hw: HardwareSpec) -> str:
     """Result label of a simulation on `hw` (DESIGN.md: C2C numbers are projections)."""
     return "simulated" if hw.measured_here else "projected"
+
+
+def calibration_for(hardware: str) -> Efficiency:
+    if not CALIBRATION:
+        from directkv.calibration import load_all
+
+        load_all()
+    return CALIBRATION.get(hardware, Efficiency())

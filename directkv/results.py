@@ -39,8 +39,10 @@ def environment() -> dict:
     """Provenance of this process: code version, host, accelerator and library versions."""
     import torch
 
+    sha = _run(["git", "rev-parse", "--verify", "-q", "HEAD"])
     env = {
-        "git_sha": _run(["git", "rev-parse", "HEAD"]) or "unknown",
+        # a device machine gets a copy of the working tree without history: the caller passes the sha
+        "git_sha": os.environ.get("DIRECTKV_GIT_SHA") or (sha if len(sha) == 40 else "unknown"),
         "git_dirty": bool(_run(["git", "status", "--porcelain", "--untracked-files=no"])),
         "hostname": socket.gethostname(),
         "platform": platform.platform(),

@@ -75,6 +75,12 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> Path:
     module = _experiment(cfg.exp_name)
     device = resolve_device(cfg.device)
     extra = {"device": device}
+    from dataclasses import asdict
+
+    from directkv.costmodel import CALIBRATION, calibration_for
+
+    extra["cost_model"] = {"efficiency": asdict(calibration_for(cfg.hardware.name)),
+                           "calibrated": cfg.hardware.name in CALIBRATION}
     writer = ResultsWriter(run_dir, exp=cfg.exp_name, config=plain(cfg), extra=extra)
     module.run(cfg, writer)
     path = writer.finish()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device session on a lent GPU machine: environment, build, GPU tests, then the named experiments.
 # Usage: bash experiments/device/h200.sh [STEP ...]   (steps: env build test probe kernels gemm serve ...)
+# Pass the commit: DIRECTKV_GIT_SHA=$(git rev-parse HEAD) (the device copy has no git history).
 # Results are packed into $OUT/results.tar.gz (the device tool returns at most 2 folder levels), logs into $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
