@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # One device session on a lent GPU machine: environment, build, GPU tests, then the named experiments.
-# Usage: bash experiments/device/h200.sh [STEP ...]   (steps: env build test probe kernels gemm serve ...)
+# Usage: bash experiments/device/h200.sh [STEP ...]   (steps: env build test probe kernels gemm ncu context rate)
+# The device image has no Hydra: carry its wheels in .whl/ (pip download hydra-core omegaconf; pip wheel
+# antlr4-python3-runtime==4.9.3), which this script installs into /tmp/site.
 # Pass the commit: DIRECTKV_GIT_SHA=$(git rev-parse HEAD) (the device copy has no git history).
 # Results are packed into $OUT/results.tar.gz (the device tool returns at most 2 folder levels), logs into $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD DIRECTKV_CACHE=${DIRECTKV_CACHE:-/tmp/dkvcache} DIRECTKV_TOKENIZER=${DIRECTKV_TOKENIZER:-approx}
+if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl; fi
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site DIRECTKV_CACHE=${DIRECTKV_CACHE:-/tmp/dkvcache} DIRECTKV_TOKENIZER=${DIRECTKV_TOKENIZER:-approx}
 RES=/tmp/dkv-results
 mkdir -p $RES
 run() { echo "=== $* ($(date +%T))"; "$@"; echo "=== rc=$? ($(date +%T))"; }
