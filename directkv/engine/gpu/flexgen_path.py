@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from directkv.engine.gpu.paths import StagedPath, _Stager
+from directkv.engine.gpu.paths import StagedPath
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 from directkv.kernels.paged import PagedKV
 from directkv.memory import KVCacheManager
@@ -42,16 +42,9 @@ class FlexgenPath(StagedPath):
             ("ck", (m.head_dim // 2,), torch.uint8), ("cv", (m.head_dim // 2,), torch.uint8),
             ("sk", (m.head_dim // GROUP, 2), torch.float16), ("sv", (m.head_dim // GROUP, 2), torch.float16))}
         self.views = {k: device_view(t) for k, t in self.host.items()}
-        self.kv, self.tier, self.variant, self.tile_kv = kv, "host", "tiled", tile_kv
-        from directkv.engine.gpu.paths import kernel_backend
-        from directkv.kernels import get_op
-        from directkv.kernels.traffic import Traffic
-
-        backend = kernel_backend()
-        self.decode, self.prefill = get_op("decode_attention", backend), get_op("prefill_attention", backend)
-        self.traffic, self.staging_bytes = Traffic(), 0
+        super().__init__(kv, device=device, tile_kv=tile_kv,
+                         host_pools=lambda layer: [self.host[n][layer] for n in ("ck", "cv", "sk", "sv")])
         dev = torch.device(device)
-        self.stager = _Stager(lambda layer: [self.host[n][layer] for n in ("ck", "cv", "sk", "sv")], dev)
         self.shadow = torch.empty((pages, ps, m.num_kv_heads, m.head_dim), dtype=kv.dtype, device=dev), \
             torch.empty((pages, ps, m.num_kv_heads, m.head_dim), dtype=kv.dtype, device=dev)
         self.errors: list[float] = []
@@ -83,7 +76,7 @@ class FlexgenPath(StagedPath):
         v_st.view(flat)[self.remap] = v
         self.traffic.link_read_bytes += self.stager.bytes_per_layer()
         self.staging_bytes = max(self.staging_bytes, self.stager.nbytes + 2 * k_st.numel() * k_st.element_size())
-        out = self.attention_staged(q, k, v, k_st, v_st)
+        out = self.attention(self.plan, "hbm", q, k, v, k_st, v_st, self.decode_table, self.chunk_tables)
         if layer == 0 and self.plan.num_decodes:
             self._compare(q, out)
         return out

@@ -34,15 +34,16 @@ class ZeroCopyPath:
         backend = kernel_backend()
         self.decode = get_op("decode_attention", backend)
         self.prefill = get_op("prefill_attention", backend)
-        self.traffic = Traffic()
+        self.traffic = Traffic()  # link / HBM bytes this path caused, added to in place
         self.staging_bytes = 0
 
     def begin(self, plan: StepPlan) -> None:
         self.plan = plan
 
-    def _paged(self, k_pool, v_pool, table, lens) -> PagedKV:
+    @staticmethod
+    def _paged(tier: str, k_pool, v_pool, table, lens) -> PagedKV:
         empty = k_pool[:0]
-        if self.tier == "host":
+        if tier == "host":
             return PagedKV(k_pool, v_pool, empty, empty, table, lens)
         return PagedKV(empty, empty, k_pool, v_pool, table, lens)
 
@@ -58,20 +59,23 @@ class ZeroCopyPath:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_pool, v_pool = self.store(layer, k, v)
-        return self.attention(q, k, v, k_pool, v_pool, self.plan.decode_table, self.plan.chunk_tables)
+        return self.attention(self.plan, self.tier, q, k, v, k_pool, v_pool, self.plan.decode_table,
+                              self.plan.chunk_tables)
 
-    def attention(self, q, k, v, k_pool, v_pool, decode_table, chunk_tables) -> torch.Tensor:
-        p, out = self.plan, torch.empty_like(q)
+    def attention(self, p: StepPlan, tier: str, q, k, v, k_pool, v_pool, decode_table, chunk_tables
+                  ) -> torch.Tensor:
+        """Attention of the plan's rows over pools of `tier`; q/k/v rows are those of `p`."""
+        out = torch.empty_like(q)
         variant = "naive" if self.variant == "naive" else "tiled"
         if p.num_decodes:
-            o, t = self.decode(q[: p.num_decodes], self._paged(k_pool, v_pool, decode_table, p.decode_lens),
+            o, t = self.decode(q[: p.num_decodes], self._paged(tier, k_pool, v_pool, decode_table, p.decode_lens),
                                variant=variant)
             out[: p.num_decodes] = o
             self.traffic = self.traffic + t
         for c, table in zip(p.chunks, chunk_tables, strict=True):
             rows = slice(c.start, c.start + c.length)
             lens = torch.tensor([c.past_len], dtype=torch.int32, device=table.device)
-            o, t = self.prefill(q[rows], k[rows], v[rows], self._paged(k_pool, v_pool, table, lens),
+            o, t = self.prefill(q[rows], k[rows], v[rows], self._paged(tier, k_pool, v_pool, table, lens),
                                 variant=variant, causal=True)
             out[rows] = o
             self.traffic = self.traffic + t
@@ -158,9 +162,11 @@ def _runs(pages: list[int]) -> list[tuple[int, int, int]]:
 class StagedPath(ZeroCopyPath):
     """Pie-like swap: KV stays in pinned host pages; each layer's pages are staged into HBM by the copy engine."""
 
-    def __init__(self, kv: KVCacheManager, *, tile_kv: int = 64):
+    def __init__(self, kv: KVCacheManager, *, device: torch.device | None = None, host_pools=None, tile_kv: int = 64):
+        """host_pools(layer) -> the pinned CPU tensors to stage, page-major (default: the arena's K and V)."""
         super().__init__(kv, "host", "tiled", tile_kv=tile_kv)
-        self.stager = _Stager(lambda layer: [kv.arena.k[layer], kv.arena.v[layer]], kv.hbm_k.device)
+        pools = host_pools or (lambda layer: [kv.arena.k[layer], kv.arena.v[layer]])
+        self.stager = _Stager(pools, torch.device(device) if device is not None else kv.hbm_k.device)
 
     def begin(self, plan: StepPlan) -> None:
         super().begin(plan)
@@ -185,7 +191,7 @@ class StagedPath(ZeroCopyPath):
         k_st.view(flat)[self.remap] = k
         v_st.view(flat)[self.remap] = v
         self.traffic.link_read_bytes += self.stager.bytes_per_layer()
-        out = self.attention_staged(q, k, v, k_st, v_st)
+        out = self.attention(self.plan, "hbm", q, k, v, k_st, v_st, self.decode_table, self.chunk_tables)
         self.stager.release(layer)
         return out
 
@@ -196,13 +202,6 @@ class StagedPath(ZeroCopyPath):
         lut[torch.tensor(self.stager.pages, dtype=torch.int64)] = torch.arange(len(self.stager.pages))
         host = slots.cpu()
         return (lut[host // ps] * ps + host % ps).to(slots.device)
-
-    def attention_staged(self, q, k, v, k_st, v_st) -> torch.Tensor:
-        self.tier = "hbm"  # the staged pages are HBM pages
-        try:
-            return self.attention(q, k, v, k_st, v_st, self.decode_table, self.chunk_tables)
-        finally:
-            self.tier = "host"
 
 
 class CpuAttnPath(StagedPath):
@@ -237,14 +236,8 @@ class CpuAttnPath(StagedPath):
             v_st.view(flat)[self.remap] = v[p.num_decodes:]
             self.traffic.link_read_bytes += self.stager.bytes_per_layer()
             rows = slice(p.num_decodes, None)
-            saved = self.plan
-            self.plan = _only_chunks(p)
-            self.tier = "hbm"
-            try:
-                out[rows] = self.attention(q[rows], k[rows], v[rows], k_st, v_st, self.decode_table,
-                                           self.chunk_tables)
-            finally:
-                self.plan, self.tier = saved, "host"
+            out[rows] = self.attention(_only_chunks(p), "hbm", q[rows], k[rows], v[rows], k_st, v_st,
+                                       self.decode_table, self.chunk_tables)
             self.stager.release(layer)
         if p.num_decodes:
             out[: p.num_decodes] = self._cpu_decode(layer, q[: p.num_decodes])
