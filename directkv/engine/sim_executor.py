@@ -57,7 +57,7 @@ def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm
                         bytes_per_token=policy.kv_bytes_per_token(model))
     res = serve(requests, CostModelStepper(policy, model, cm), kv, policy.kv_tier, model, sched_cfg=sched_cfg,
                 warmup=warmup)
-    res.gpu_mem_bytes = gpu_memory_bytes(policy, model, kv_hbm_peak=res.kv_hbm_peak_bytes,
+    res.gpu_mem_bytes = gpu_memory_bytes(model, kv_hbm_peak=res.kv_hbm_peak_bytes,
                                          staging_peak=res.staging_peak_bytes,
                                          activation_peak=res.activation_peak_bytes,
                                          runtime_overhead=int(mem.runtime_overhead_bytes))

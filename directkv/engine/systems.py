@@ -112,7 +112,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel)
     return StepCost(L * layer_t + t_head, layer_traffic.scaled(L) + head, staging)
 
 
-def gpu_memory_bytes(policy: SystemPolicy, model: ModelSpec, *, kv_hbm_peak: int, staging_peak: int,
+def gpu_memory_bytes(model: ModelSpec, *, kv_hbm_peak: int, staging_peak: int,
                      activation_peak: int, runtime_overhead: int) -> int:
     """GPU memory a system holds: weights + KV in HBM + staging buffers + activations + runtime."""
     return model.weight_bytes() + kv_hbm_peak + staging_peak + activation_peak + runtime_overhead
