@@ -105,11 +105,24 @@ def system_rank(system: str) -> int:
 
 
 def variant_label(variant: str) -> str:
-    return VARIANTS[variant][0] if variant in VARIANTS else variant
+    """Legend label; a tuning/diagnostic variant "base:detail" reads "<base label> [detail]"."""
+    if variant in VARIANTS:
+        return VARIANTS[variant][0]
+    base, _, detail = variant.partition(":")
+    return f"{VARIANTS[base][0]} [{detail}]" if detail and base in VARIANTS else variant
 
 
 def variant_colour(variant: str) -> str:
-    return VARIANTS[variant][1] if variant in VARIANTS else _fallback(variant, _FALLBACK_COLOURS)
+    """A known variant's colour; "base:detail" is a lighter shade of its base, so the family stays visible."""
+    if variant in VARIANTS:
+        return VARIANTS[variant][1]
+    base, _, detail = variant.partition(":")
+    if detail and base in VARIANTS:
+        from matplotlib.colors import to_hex, to_rgb
+
+        t = (0.3, 0.5, 0.7)[sum(detail.encode()) % 3]
+        return to_hex(tuple(c + (1 - c) * t for c in to_rgb(VARIANTS[base][1])))
+    return _fallback(variant, _FALLBACK_COLOURS)
 
 
 def variant_rank(variant: str) -> int:
