@@ -46,6 +46,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tor
 
 
 def call(op: str, variant: str, context: int, batch: int, q_len: int):
+    variant, _, detail = variant.partition(":")
+    opts = {"host_load": "ca"} if detail == "ca" else {}  # the L1 host-load mode of prefill / GEMM
     if op == "gemm":
         a = torch.randn(context, context, dtype=torch.float16, device="cuda")
         b_host = pinned_empty((context, context), torch.float16)
@@ -53,7 +55,7 @@ def call(op: str, variant: str, context: int, batch: int, q_len: int):
         b = device_view(b_host)
         if variant == "cublas_zero_copy":
             return lambda: a @ b
-        return lambda: get_op("gemm", "cuda")(a, b, variant=variant)
+        return lambda: get_op("gemm", "cuda")(a, b, variant=variant, **opts)
     if variant == "sdpa_zero_copy":  # the naive zero-copy anchor: SDPA reading host K/V in place
         k, v = host_dense(batch, context)  # same bytes as the measured row: every sequence of the batch
         q = torch.randn(batch, HQ, 1 if op == "decode" else q_len, D, dtype=DT, device="cuda")
@@ -64,7 +66,7 @@ def call(op: str, variant: str, context: int, batch: int, q_len: int):
         return lambda: get_op("decode_attention", "cuda")(q, kv, variant=variant)
     q = torch.randn(q_len, HQ, D, dtype=DT, device="cuda")
     kn, vn = (torch.randn(q_len, HKV, D, dtype=DT, device="cuda") for _ in range(2))
-    return lambda: get_op("prefill_attention", "cuda")(q, kn, vn, kv, variant=variant, causal=True)
+    return lambda: get_op("prefill_attention", "cuda")(q, kn, vn, kv, variant=variant, causal=True, **opts)
 
 
 def main() -> None:

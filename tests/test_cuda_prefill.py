@@ -1,7 +1,8 @@
 """CUDA prefill attention (naive, tiled) against a float64 dense reference on the GPU.
 
 Fresh random inputs every run, output poisoned with NaN, lengths that are not tile multiples, GQA 1/4/8,
-bf16 and fp16, head_dim 64 and 128, host and HBM pages mixed in random order (spare pages unused).
+bf16 and fp16, head_dim 64 and 128, host and HBM pages mixed in random order (spare pages unused), both
+host-load forms (cp.async.cg and .ca). The GPU tests skip without CUDA; the argument check runs anywhere.
 """
 
 from __future__ import annotations
@@ -11,15 +12,14 @@ import math
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+from directkv.errors import ConfigError
+from directkv.kernels.cuda.prefill_attention import HOST_LOADS, prefill_attention
+from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
+from directkv.kernels.paged import PagedKV
+from directkv.kernels.reference import prefill_attention as reference_prefill
+from directkv.kernels.reference.fixtures import random_paged_kv
 
-from directkv.kernels.cuda.prefill_attention import prefill_attention  # noqa: E402
-from directkv.kernels.cuda.zero_copy import device_view, pinned_empty  # noqa: E402
-from directkv.kernels.paged import PagedKV  # noqa: E402
-from directkv.kernels.reference import prefill_attention as reference_prefill  # noqa: E402
-from directkv.kernels.reference.fixtures import random_paged_kv  # noqa: E402
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 TOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -92,12 +92,15 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm())
 
 
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("host_load", HOST_LOADS)
 @pytest.mark.parametrize("variant,kwargs", RUNS, ids=lambda x: x if isinstance(x, str) else "-".join(f"{k}{v}" for k, v in x.items()) or "auto")
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_prefill_matches_float64_reference(case, variant, kwargs):
+def test_prefill_matches_float64_reference(case, variant, kwargs, host_load):
     q, k_new, v_new, kv_cpu, kv = make_inputs(case)
     out = torch.full_like(q, math.nan)
-    got, traffic = prefill_attention(q, k_new, v_new, kv, variant=variant, out=out, **kwargs)
+    got, traffic = prefill_attention(q, k_new, v_new, kv, variant=variant, out=out, host_load=host_load, **kwargs)
     torch.cuda.synchronize()
     assert got.data_ptr() == out.data_ptr()
     assert not out.isnan().any(), "unwritten or NaN output elements"
@@ -126,18 +129,24 @@ def traffic_tile_kv(case, kwargs) -> int:
     return plan.kv_chunk
 
 
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("host_load", HOST_LOADS)
 @pytest.mark.parametrize("variant", ["naive", "tiled"])
-def test_prefill_non_causal_and_scale(variant):
+def test_prefill_non_causal_and_scale(variant, host_load):
     case = (65, 1000, 8, 2, 128, BF16, 16)
     q, k_new, v_new, kv_cpu, kv = make_inputs(case)
     out = torch.full_like(q, math.nan)
-    prefill_attention(q, k_new, v_new, kv, variant=variant, causal=False, sm_scale=0.05, out=out)
+    prefill_attention(q, k_new, v_new, kv, variant=variant, causal=False, sm_scale=0.05, out=out, host_load=host_load)
     ref = dense_reference(q, k_new, v_new, kv_cpu, causal=False, scale=0.05)
     assert not out.isnan().any()
     assert rel_err(out, ref) < TOL[q.dtype]
 
 
-def test_prefill_pinned_cpu_pools_and_all_hbm_pages():
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("host_load", HOST_LOADS)
+def test_prefill_pinned_cpu_pools_and_all_hbm_pages(host_load):
     """Host pools given as pinned CPU tensors (UVA pointers) and a cache whose pages are all in HBM."""
     for fraction in (0.0, 1.0):
         q, k_new, v_new, kv_cpu, kv = make_inputs((33, 700, 8, 2, 64, FP16, 16), hbm_fraction=fraction)
@@ -146,14 +155,45 @@ def test_prefill_pinned_cpu_pools_and_all_hbm_pages():
         ref = dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / 8)
         for variant in ("naive", "tiled"):
             out = torch.full_like(q, math.nan)
-            prefill_attention(q, k_new, v_new, pinned, variant=variant, out=out)
+            prefill_attention(q, k_new, v_new, pinned, variant=variant, out=out, host_load=host_load)
             assert not out.isnan().any()
             assert rel_err(out, ref) < TOL[q.dtype]
 
 
-def test_prefill_rejects_bad_arguments():
-    from directkv.errors import ConfigError
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("host_load", HOST_LOADS)
+def test_prefill_sees_host_pages_rewritten_between_launches(host_load):
+    """Pages rewritten in place between two calls: the second call must read the new bytes (an L1 line
+    cached by the first launch must not survive into the next one)."""
+    q, k_new, v_new, kv_cpu, kv = make_inputs((65, 1000, 8, 2, 128, BF16, 16), hbm_fraction=0.0)
+    for rewrite in (False, True):
+        if rewrite:
+            for cpu, view in ((kv_cpu.host_k, kv.host_k), (kv_cpu.host_v, kv.host_v)):
+                cpu.copy_(torch.randn(cpu.shape).to(q.dtype))
+                view.copy_(cpu)  # into the pinned bytes the kernel reads through the zero-copy view
+            torch.cuda.synchronize()
+        out = torch.full_like(q, math.nan)
+        prefill_attention(q, k_new, v_new, kv, variant="tiled", out=out, host_load=host_load)
+        ref = dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(q.shape[-1]))
+        assert not out.isnan().any()
+        assert rel_err(out, ref) < TOL[q.dtype]
 
+
+def test_prefill_rejects_bad_host_load_before_touching_cuda():
+    """Runs without a GPU: host_load is checked first, and a valid value passes on to the device checks."""
+    q = torch.randn(7, 4, 64).to(BF16)
+    k_new = torch.randn(7, 2, 64).to(BF16)
+    kv = random_paged_kv([100], page_size=16, num_kv_heads=2, head_dim=64, dtype=BF16)
+    with pytest.raises(ConfigError, match=r"host_load 'lru'; valid: ca, cg"):
+        prefill_attention(q, k_new, k_new, kv, variant="tiled", host_load="lru")
+    with pytest.raises(ConfigError, match="CUDA tensor"):
+        prefill_attention(q, k_new, k_new, kv, variant="tiled", host_load="ca")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_prefill_rejects_bad_arguments():
     q, k_new, v_new, _, kv = make_inputs((7, 100, 4, 2, 64, BF16, 16))
     with pytest.raises(ConfigError, match="variant"):
         prefill_attention(q, k_new, v_new, kv, variant="fused")

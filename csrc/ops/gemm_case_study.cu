@@ -1,18 +1,16 @@
-// Launcher of the GEMM case study: argument checks, variant / alignment / output-dtype dispatch, launch on
-// the caller's stream. The k-split plan is host-side arithmetic done by the Python wrapper.
+// Launcher of the GEMM case study: argument checks, variant / alignment / host-load / output-dtype dispatch,
+// launch on the caller's stream. The k-split plan is host-side arithmetic done by the Python wrapper.
 #include <string>
 #include <type_traits>
 #include <utility>
 
+#include "directkv/dispatch.h"
 #include "directkv/gemm_case_study.cuh"
 
 namespace directkv {
 namespace {
 
 using gemm::GemmParams;
-
-template <bool V>
-using Bool = std::integral_constant<bool, V>;
 
 enum Variant : int { kNaive = 0, kTiled = 1, kPipelined = 2 };
 
@@ -25,11 +23,16 @@ void dispatch_out(int code, F&& f) {
   }
 }
 
-// 16-byte copies need every row start 16-byte aligned: ld % 8 == 0 and an aligned base.
+// 16-byte copies (VEC) need every row start 16-byte aligned, and the L1 host load is one of them: with VEC
+// false it has nothing to change, so it maps to the one element-load kernel instead of a copy of it.
 template <typename F>
-void dispatch_vec(bool vec, F&& f) {
-  if (vec) return f(Bool<true>());
-  return f(Bool<false>());
+void dispatch_vec_l1(bool vec, int host_load, F&& f) {
+  dispatch_bool(vec, [&](auto v) {
+    dispatch_host_load("gemm_case_study", host_load, [&](auto l1) {
+      constexpr bool V = decltype(v)::value;
+      f(Bool<V>(), Bool<V && decltype(l1)::value>());
+    });
+  });
 }
 
 template <typename K>
@@ -43,7 +46,7 @@ void allow_smem(K kernel, size_t smem) {
              "gemm_case_study: cudaFuncSetAttribute");
 }
 
-void launch(const GemmParams& p, int variant, int out_dtype, cudaStream_t stream) {
+void launch(const GemmParams& p, int variant, int out_dtype, int host_load, cudaStream_t stream) {
   require(p.m >= 1 && p.n >= 1 && p.k >= 1, "gemm_case_study: m, n, k must be >= 1");
   require(p.a && p.b && p.c, "gemm_case_study: null a, b or c");
   const bool vec = p.k % 8 == 0 && p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.a) % 16 == 0 &&
@@ -52,8 +55,8 @@ void launch(const GemmParams& p, int variant, int out_dtype, cudaStream_t stream
   if (variant == kNaive) {
     require(mtiles <= 65535, "gemm_case_study: m too large for the naive grid");
     dispatch_out(out_dtype, [&](auto o) {
-      dispatch_vec(vec, [&](auto v) {
-        auto kernel = gemm::gemm_naive_kernel<decltype(v)::value, decltype(o)>;
+      dispatch_vec_l1(vec, host_load, [&](auto v, auto l1) {
+        auto kernel = gemm::gemm_naive_kernel<decltype(v)::value, decltype(l1)::value, decltype(o)>;
         const size_t smem = gemm::kNaiveStages * (gemm::kATile + gemm::kBTile) * sizeof(__half);
         allow_smem(kernel, smem);
         kernel<<<dim3(static_cast<unsigned>(ntiles), static_cast<unsigned>(mtiles)), gemm::kThreads, smem, stream>>>(p);
@@ -70,15 +73,15 @@ void launch(const GemmParams& p, int variant, int out_dtype, cudaStream_t stream
   require(p.k_splits >= 1 && p.k_splits <= p.chunks, "gemm_case_study: k_splits must be in 1.." + std::to_string(p.chunks));
   require(ntiles * p.k_splits < (int64_t{1} << 31), "gemm_case_study: grid too large");
   const unsigned grid = static_cast<unsigned>(ntiles * p.k_splits);
-  dispatch_vec(vec, [&](auto v) {
-    constexpr bool V = decltype(v)::value;
+  dispatch_vec_l1(vec, host_load, [&](auto v, auto l1) {
+    constexpr bool V = decltype(v)::value, L1 = decltype(l1)::value;
     if (variant == kTiled) {
       const size_t smem = (static_cast<size_t>(gemm::kChunkK) * gemm::kBStride + gemm::kTiledStages * gemm::kATile) * sizeof(__half);
-      allow_smem(gemm::gemm_tiled_kernel<V>, smem);
-      gemm::gemm_tiled_kernel<V><<<grid, gemm::kThreads, smem, stream>>>(p);
+      allow_smem(gemm::gemm_tiled_kernel<V, L1>, smem);
+      gemm::gemm_tiled_kernel<V, L1><<<grid, gemm::kThreads, smem, stream>>>(p);
     } else {
-      allow_smem(gemm::gemm_pipelined_kernel<V>, gemm::kPipeSmem);
-      gemm::gemm_pipelined_kernel<V><<<grid, gemm::kThreads + 32, gemm::kPipeSmem, stream>>>(p);
+      allow_smem(gemm::gemm_pipelined_kernel<V, L1>, gemm::kPipeSmem);
+      gemm::gemm_pipelined_kernel<V, L1><<<grid, gemm::kThreads + 32, gemm::kPipeSmem, stream>>>(p);
     }
     check_cuda(cudaGetLastError(), "gemm_case_study: kernel launch");
   });
@@ -93,7 +96,7 @@ void launch(const GemmParams& p, int variant, int out_dtype, cudaStream_t stream
 }  // namespace
 
 void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, int m, int n, int k, int ldp,
-                         int k_splits, int variant, bool prefetch, int out_dtype, uintptr_t stream) {
+                         int k_splits, int variant, bool prefetch, int out_dtype, int host_load, uintptr_t stream) {
   GemmParams p{};
   p.a = reinterpret_cast<const __half*>(a);
   p.b = reinterpret_cast<const __half*>(b);
@@ -106,7 +109,7 @@ void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, 
   p.k_splits = k_splits;
   p.chunks = (k + gemm::kChunkK - 1) / gemm::kChunkK;
   p.prefetch = prefetch ? 1 : 0;
-  launch(p, variant, out_dtype, reinterpret_cast<cudaStream_t>(stream));
+  launch(p, variant, out_dtype, host_load, reinterpret_cast<cudaStream_t>(stream));
 }
 
 // "host" when ptr is page-locked host memory (read across the link), "hbm" for device memory.

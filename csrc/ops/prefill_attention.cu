@@ -1,5 +1,6 @@
-// Launcher of prefill attention: argument checks, dtype / head_dim dispatch, launch on the caller's stream.
-// The split plan (kv_chunk, num_splits, threads) is host-side arithmetic done by the Python wrapper.
+// Launcher of prefill attention: argument checks, dtype / head_dim / host-load dispatch, launch on the
+// caller's stream. The split plan (kv_chunk, num_splits, threads) is host-side arithmetic done by the Python
+// wrapper.
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -55,33 +56,39 @@ void check_params(const PrefillParams& p, int variant, int threads) {
   }
 }
 
-void launch(const PrefillParams& p, int variant, int dtype, int head_dim, int threads, cudaStream_t stream) {
+template <typename T, int D, bool L1>
+void launch_variant(const PrefillParams& p, int variant, int threads, cudaStream_t stream) {
+  constexpr size_t kRowBytes = prefill::kStride<D> * sizeof(T);
+  if (variant == 0) {
+    const size_t smem = 2 * 2 * prefill::kTileKV * kRowBytes;
+    const int64_t rows = static_cast<int64_t>(p.q_len) * (p.num_heads / p.num_kv_heads);
+    const int64_t ctas = (rows + prefill::kNaiveWarps * prefill::kWarpRows - 1) / (prefill::kNaiveWarps * prefill::kWarpRows);
+    require(ctas < (int64_t{1} << 31), "prefill_attention: grid too large");
+    allow_smem(prefill::prefill_naive_kernel<T, D, L1>, smem);
+    prefill::prefill_naive_kernel<T, D, L1><<<dim3(static_cast<unsigned>(ctas), p.num_kv_heads), prefill::kNaiveWarps * 32, smem, stream>>>(p);
+    check_cuda(cudaGetLastError(), "prefill_attention: naive kernel launch");
+  } else if (variant == 1) {
+    const size_t smem = static_cast<size_t>(p.num_buffers) * 2 * p.kv_chunk * kRowBytes;
+    allow_smem(prefill::prefill_tiled_kernel<T, D, L1>, smem);
+    prefill::prefill_tiled_kernel<T, D, L1><<<p.num_kv_heads * p.num_splits, threads, smem, stream>>>(p);
+    check_cuda(cudaGetLastError(), "prefill_attention: tiled kernel launch");
+    constexpr int kMergeWarps = 8;
+    const int64_t rows = static_cast<int64_t>(p.q_len) * p.num_heads;
+    prefill::prefill_merge_kernel<T, D><<<static_cast<unsigned>((rows + kMergeWarps - 1) / kMergeWarps), kMergeWarps * 32, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "prefill_attention: merge kernel launch");
+  } else {
+    throw std::runtime_error("prefill_attention: variant code " + std::to_string(variant) + " is not naive (0) or tiled (1)");
+  }
+}
+
+void launch(const PrefillParams& p, int variant, int dtype, int head_dim, int threads, int host_load,
+            cudaStream_t stream) {
   check_params(p, variant, threads);
   dispatch_dtype("prefill_attention", dtype, [&](auto t) {
     dispatch_head_dim("prefill_attention", head_dim, [&](auto hd) {
-      using T = decltype(t);
-      constexpr int D = hd.value;
-      constexpr size_t kRowBytes = prefill::kStride<D> * sizeof(T);
-      if (variant == 0) {
-        const size_t smem = 2 * 2 * prefill::kTileKV * kRowBytes;
-        const int64_t rows = static_cast<int64_t>(p.q_len) * (p.num_heads / p.num_kv_heads);
-        const int64_t ctas = (rows + prefill::kNaiveWarps * prefill::kWarpRows - 1) / (prefill::kNaiveWarps * prefill::kWarpRows);
-        require(ctas < (int64_t{1} << 31), "prefill_attention: grid too large");
-        allow_smem(prefill::prefill_naive_kernel<T, D>, smem);
-        prefill::prefill_naive_kernel<T, D><<<dim3(static_cast<unsigned>(ctas), p.num_kv_heads), prefill::kNaiveWarps * 32, smem, stream>>>(p);
-        check_cuda(cudaGetLastError(), "prefill_attention: naive kernel launch");
-      } else if (variant == 1) {
-        const size_t smem = static_cast<size_t>(p.num_buffers) * 2 * p.kv_chunk * kRowBytes;
-        allow_smem(prefill::prefill_tiled_kernel<T, D>, smem);
-        prefill::prefill_tiled_kernel<T, D><<<p.num_kv_heads * p.num_splits, threads, smem, stream>>>(p);
-        check_cuda(cudaGetLastError(), "prefill_attention: tiled kernel launch");
-        constexpr int kMergeWarps = 8;
-        const int64_t rows = static_cast<int64_t>(p.q_len) * p.num_heads;
-        prefill::prefill_merge_kernel<T, D><<<static_cast<unsigned>((rows + kMergeWarps - 1) / kMergeWarps), kMergeWarps * 32, 0, stream>>>(p);
-        check_cuda(cudaGetLastError(), "prefill_attention: merge kernel launch");
-      } else {
-        throw std::runtime_error("prefill_attention: variant code " + std::to_string(variant) + " is not naive (0) or tiled (1)");
-      }
+      dispatch_host_load("prefill_attention", host_load, [&](auto l1) {
+        launch_variant<decltype(t), decltype(hd)::value, decltype(l1)::value>(p, variant, threads, stream);
+      });
     });
   });
 }
@@ -100,7 +107,7 @@ void prefill_attention_run(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintpt
                            uintptr_t hbm_k, uintptr_t hbm_v, uintptr_t block_table, uintptr_t out, uintptr_t part_o,
                            uintptr_t part_ml, int q_len, int past_len, int num_heads, int num_kv_heads, int head_dim,
                            int page_size, bool causal, int variant, int kv_chunk, int num_splits, int threads,
-                           int num_buffers, float sm_scale, int dtype, uintptr_t stream) {
+                           int num_buffers, float sm_scale, int dtype, int host_load, uintptr_t stream) {
   PrefillParams p{};
   p.q = reinterpret_cast<const void*>(q);
   p.k_new = reinterpret_cast<const void*>(k_new);
@@ -124,7 +131,7 @@ void prefill_attention_run(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintpt
   p.num_splits = num_splits;
   p.num_buffers = num_buffers;
   p.scale_log2 = sm_scale * 1.4426950408889634f;
-  launch(p, variant, dtype, head_dim, threads, reinterpret_cast<cudaStream_t>(stream));
+  launch(p, variant, dtype, head_dim, threads, host_load, reinterpret_cast<cudaStream_t>(stream));
 }
 
 }  // namespace directkv

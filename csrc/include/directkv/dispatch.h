@@ -34,4 +34,26 @@ void dispatch_head_dim(const char* op, int head_dim, F&& f) {
   }
 }
 
+template <bool V>
+using Bool = std::integral_constant<bool, V>;
+
+template <typename F>
+void dispatch_bool(bool value, F&& f) {
+  if (value) return f(Bool<true>());
+  return f(Bool<false>());
+}
+
+// How a kernel's cp.async reads its host-resident operand (past K/V pages, GEMM B); codes shared with the
+// Python wrappers' HOST_LOADS. f gets Bool<true> for the L1 (.ca) form.
+enum HostLoad : int { kHostLoadCg = 0, kHostLoadCa = 1 };
+
+template <typename F>
+void dispatch_host_load(const char* op, int code, F&& f) {
+  switch (code) {
+    case kHostLoadCg: return f(Bool<false>());
+    case kHostLoadCa: return f(Bool<true>());
+    default: throw std::runtime_error(std::string(op) + ": host_load code " + std::to_string(code) + " is not cg (0) or ca (1)");
+  }
+}
+
 }  // namespace directkv

@@ -14,6 +14,10 @@
 //             consumer warps compute, so the link transfer of chunk i+1 overlaps the math of chunk i.
 //
 // Warp layout (all variants): 8 consumer warps as 2 (m) x 4 (n), 64x32 C per warp, 64 fp32 accumulators.
+//
+// L1 (all variants, 16-byte path only) copies the B tiles with cp.async.ca (through L1) instead of .cg (L2
+// only). B is an input no CTA writes, so a non-coherent L1 cannot serve stale bytes; A keeps .cg, and the
+// partial C each CTA writes and re-reads goes through ld/st.cg, never through L1.
 #pragma once
 
 #include "directkv/prefill_common.cuh"
@@ -42,8 +46,9 @@ struct GemmParams {
 
 // Copies a ROWS x COLS tile at g (leading dimension ld) into s (row stride S); elements outside
 // [0, rows_valid) x [0, cols_valid) read as zeros. VEC: 16-byte cp.async (needs ld % 8 == 0, 16-B aligned g
-// and cols_valid % 8 == 0 or >= COLS); otherwise element loads through registers (odd shapes only).
-template <bool VEC, int COLS, int S>
+// and cols_valid % 8 == 0 or >= COLS), through L1 when L1; otherwise element loads through registers (odd
+// shapes only).
+template <bool VEC, bool L1, int COLS, int S>
 __device__ __forceinline__ void load_tile(__half* s, const __half* g, int ld, int rows, int rows_valid,
                                           int cols_valid, int tid, int nthreads) {
   constexpr int P = COLS / 8;
@@ -53,7 +58,7 @@ __device__ __forceinline__ void load_tile(__half* s, const __half* g, int ld, in
     const __half* src = g + static_cast<size_t>(r) * ld + c;
     if constexpr (VEC) {
       const bool ok = r < rows_valid && c < cols_valid;
-      tc::cp_async16_zfill(dst, ok ? src : g, ok);
+      tc::cp_async16_zfill<L1>(dst, ok ? src : g, ok);
     } else {
       alignas(16) __half v[8];
 #pragma unroll
@@ -158,8 +163,9 @@ __device__ __forceinline__ void split_range(const GemmParams& p, int split, int&
 }
 
 // grid (ceil(n / 128), ceil(m / 128)), 256 threads, smem 3 x (A tile + B tile).
-template <bool VEC, typename OutT>
+template <bool VEC, bool L1, typename OutT>
 __global__ void __launch_bounds__(kThreads) gemm_naive_kernel(const GemmParams p) {
+  static_assert(VEC || !L1, "the L1 form is a cp.async: 16-byte path only");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* as = reinterpret_cast<__half*>(smem_raw);
   __half* bs = as + kNaiveStages * kATile;
@@ -168,8 +174,8 @@ __global__ void __launch_bounds__(kThreads) gemm_naive_kernel(const GemmParams p
   const int ktiles = (p.k + kBK - 1) / kBK;
   auto load = [&](int kt) {
     const int k0 = kt * kBK, st = kt % kNaiveStages;
-    load_tile<VEC, kBK, kAStride>(as + st * kATile, p.a + static_cast<size_t>(m0) * p.k + k0, p.k, kBM, p.m - m0, p.k - k0, threadIdx.x, kThreads);
-    load_tile<VEC, kBN, kBStride>(bs + st * kBTile, p.b + static_cast<size_t>(k0) * p.n + n0, p.n, kBK, p.k - k0, p.n - n0, threadIdx.x, kThreads);
+    load_tile<VEC, false, kBK, kAStride>(as + st * kATile, p.a + static_cast<size_t>(m0) * p.k + k0, p.k, kBM, p.m - m0, p.k - k0, threadIdx.x, kThreads);
+    load_tile<VEC, L1, kBN, kBStride>(bs + st * kBTile, p.b + static_cast<size_t>(k0) * p.n + n0, p.n, kBK, p.k - k0, p.n - n0, threadIdx.x, kThreads);
   };
   float acc[4][4][4];
   zero(acc);
@@ -189,8 +195,9 @@ __global__ void __launch_bounds__(kThreads) gemm_naive_kernel(const GemmParams p
 }
 
 // grid (ceil(n / 128) * k_splits), 256 threads, smem B chunk + 3 A tiles.
-template <bool VEC>
+template <bool VEC, bool L1>
 __global__ void __launch_bounds__(kThreads, 1) gemm_tiled_kernel(const GemmParams p) {
+  static_assert(VEC || !L1, "the L1 form is a cp.async: 16-byte path only");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* bchunk = reinterpret_cast<__half*>(smem_raw);  // [kChunkK][kBStride], stationary
   __half* as = bchunk + kChunkK * kBStride;              // [kTiledStages][kBM][kAStride]
@@ -204,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tiled_kernel(const GemmParam
   for (int c = c_begin; c < c_end; ++c) {
     const int k0 = c * kChunkK, krows = min(kChunkK, p.k - k0), ktiles = (krows + kBK - 1) / kBK;
     __syncthreads();  // everyone is done with the previous chunk
-    load_tile<VEC, kBN, kBStride>(bchunk, p.b + static_cast<size_t>(k0) * p.n + n0, p.n, ktiles * kBK, krows, p.n - n0, threadIdx.x, kThreads);
+    load_tile<VEC, L1, kBN, kBStride>(bchunk, p.b + static_cast<size_t>(k0) * p.n + n0, p.n, ktiles * kBK, krows, p.n - n0, threadIdx.x, kThreads);
     cp_async_commit();
     tc::cp_async_wait_all();
     __syncthreads();
@@ -212,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tiled_kernel(const GemmParam
     const int steps = mtiles * ktiles;  // (row tile, k tile) pairs, A tiles streamed in this order
     auto load_a = [&](int i) {
       const int m0 = (i / ktiles) * kBM, kk = (i % ktiles) * kBK;
-      load_tile<VEC, kBK, kAStride>(as + (i % kTiledStages) * kATile, p.a + static_cast<size_t>(m0) * p.k + k0 + kk, p.k, kBM, p.m - m0, krows - kk, threadIdx.x, kThreads);
+      load_tile<VEC, false, kBK, kAStride>(as + (i % kTiledStages) * kATile, p.a + static_cast<size_t>(m0) * p.k + k0 + kk, p.k, kBM, p.m - m0, krows - kk, threadIdx.x, kThreads);
     };
 #pragma unroll
     for (int s = 0; s < kTiledStages - 1; ++s) {
@@ -259,8 +266,9 @@ __device__ __forceinline__ void producer_arrive(uint64_t* bar) {
 }
 
 // grid (ceil(n / 128) * k_splits), 288 threads (8 consumer warps + 1 producer warp), smem kPipeSmem.
-template <bool VEC>
+template <bool VEC, bool L1>
 __global__ void __launch_bounds__(kThreads + 32, 1) gemm_pipelined_kernel(const GemmParams p) {
+  static_assert(VEC || !L1, "the L1 form is a cp.async: 16-byte path only");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* bchunk = reinterpret_cast<__half*>(smem_raw);
   __half* as = bchunk + kChunkK * kBStride;
@@ -288,7 +296,7 @@ __global__ void __launch_bounds__(kThreads + 32, 1) gemm_pipelined_kernel(const 
     for (int c = c_begin, u = 0; c < c_end; ++c, ++u) {
       const int k0 = c * kChunkK, krows = min(kChunkK, p.k - k0), ktiles = (krows + kBK - 1) / kBK;
       if (u > 0) tc::mbar_wait(b_empty, (u - 1) & 1);
-      load_tile<VEC, kBN, kBStride>(bchunk, p.b + static_cast<size_t>(k0) * p.n + n0, p.n, ktiles * kBK, krows, p.n - n0, lane, 32);
+      load_tile<VEC, L1, kBN, kBStride>(bchunk, p.b + static_cast<size_t>(k0) * p.n + n0, p.n, ktiles * kBK, krows, p.n - n0, lane, 32);
       producer_arrive<VEC>(b_full);
       if (p.prefetch && c + 1 < c_end) {  // the next chunk crosses the link while this one is computed
         const int nk0 = k0 + kChunkK, nrows = min(kChunkK, p.k - nk0);
@@ -300,7 +308,7 @@ __global__ void __launch_bounds__(kThreads + 32, 1) gemm_pipelined_kernel(const 
       for (int step = 0; step < mtiles * ktiles; ++step, ++i) {
         const int s = i % kPipeStages, m0 = (step / ktiles) * kBM, kk = (step % ktiles) * kBK;
         if (i >= kPipeStages) tc::mbar_wait(a_empty + s, ((i / kPipeStages) - 1) & 1);
-        load_tile<VEC, kBK, kAStride>(as + s * kATile, p.a + static_cast<size_t>(m0) * p.k + k0 + kk, p.k, kBM, p.m - m0, krows - kk, lane, 32);
+        load_tile<VEC, false, kBK, kAStride>(as + s * kATile, p.a + static_cast<size_t>(m0) * p.k + k0 + kk, p.k, kBM, p.m - m0, krows - kk, lane, 32);
         producer_arrive<VEC>(a_full + s);
       }
     }

@@ -17,6 +17,10 @@
 //         combines the splits. Past K/V cross the link exactly once. With two chunk buffers the next chunk
 //         is copied into the idle buffer while the warps compute on the current one, so the link transfer
 //         hides behind the tensor-core work (at the price of chunks half as long: twice the partial traffic).
+//
+// kL1 (both variants) copies the past K/V pages with cp.async.ca (through L1) instead of .cg (L2 only). The
+// pages are inputs no CTA writes, so a non-coherent L1 cannot serve stale bytes; k_new / v_new and the
+// partial O / m / l the tiled kernel writes and re-reads stay on the L2-only path.
 #pragma once
 
 #include "directkv/prefill_common.cuh"
@@ -245,7 +249,8 @@ __device__ __forceinline__ void kv_rows(const PrefillParams& p, int j, int kvh, 
 }
 
 // Issues cp.async copies of keys [key0, key0 + rows) into ks / vs ([rows][D + 8]); keys past the end are zeros.
-template <typename T, int D>
+// kL1: past keys (the paged, host-resident part) through L1, see the header.
+template <typename T, int D, bool kL1>
 __device__ __forceinline__ void load_kv(T* ks, T* vs, const PrefillParams& p, int kvh, int key0, int rows, int tid,
                                         int nthreads) {
   constexpr int kPieces = D / 8;  // 16-byte pieces per row; consecutive threads take consecutive pieces
@@ -260,13 +265,18 @@ __device__ __forceinline__ void load_kv(T* ks, T* vs, const PrefillParams& p, in
       k += c;
       v += c;
     }
-    tc::cp_async16_zfill(ks + r * kStride<D> + c, k, valid);
-    tc::cp_async16_zfill(vs + r * kStride<D> + c, v, valid);
+    if (kL1 && j < p.past_len) {
+      tc::cp_async16_zfill<true>(ks + r * kStride<D> + c, k, valid);
+      tc::cp_async16_zfill<true>(vs + r * kStride<D> + c, v, valid);
+    } else {
+      tc::cp_async16_zfill<false>(ks + r * kStride<D> + c, k, valid);
+      tc::cp_async16_zfill<false>(vs + r * kStride<D> + c, v, valid);
+    }
   }
 }
 
 // grid (ceil(q_len * G / 64), num_kv_heads), 128 threads, dynamic smem 2 stages x (K, V) x [64][D + 8].
-template <typename T, int D>
+template <typename T, int D, bool kL1>
 __global__ void __launch_bounds__(kNaiveWarps * 32) prefill_naive_kernel(const PrefillParams p) {
   static_assert(D == 64 || D == 128, "head_dim must be 64 or 128");
   constexpr int kTile = kTileKV * kStride<D>;
@@ -285,12 +295,12 @@ __global__ void __launch_bounds__(kNaiveWarps * 32) prefill_naive_kernel(const P
   load_q<T, D>(qf, p, w, lane);
   State<D> s;
   s.reset();
-  load_kv<T, D>(smem, smem + kTile, p, kvh, 0, kTileKV, threadIdx.x, blockDim.x);
+  load_kv<T, D, kL1>(smem, smem + kTile, p, kvh, 0, kTileKV, threadIdx.x, blockDim.x);
   cp_async_commit();
   for (int t = 0; t < tiles; ++t) {
     if (t + 1 < tiles) {
       T* next = smem + ((t + 1) & 1) * 2 * kTile;
-      load_kv<T, D>(next, next + kTile, p, kvh, (t + 1) * kTileKV, kTileKV, threadIdx.x, blockDim.x);
+      load_kv<T, D, kL1>(next, next + kTile, p, kvh, (t + 1) * kTileKV, kTileKV, threadIdx.x, blockDim.x);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -303,7 +313,7 @@ __global__ void __launch_bounds__(kNaiveWarps * 32) prefill_naive_kernel(const P
 }
 
 // grid (num_kv_heads * num_splits), 128 or 256 threads, dynamic smem num_buffers x (K, V) x [kv_chunk][D + 8].
-template <typename T, int D>
+template <typename T, int D, bool kL1>
 __global__ void __launch_bounds__(kTiledMaxThreads, 1) prefill_tiled_kernel(const PrefillParams p) {
   static_assert(D == 64 || D == 128, "head_dim must be 64 or 128");
   constexpr int S = kStride<D>;
@@ -319,7 +329,7 @@ __global__ void __launch_bounds__(kTiledMaxThreads, 1) prefill_tiled_kernel(cons
   const bool double_buffer = p.num_buffers == 2;
   auto tiles_of = [&](int c) { return (min(p.kv_chunk, keys - c * p.kv_chunk) + kTileKV - 1) / kTileKV; };
   auto load_chunk = [&](int c, T* buf) {
-    load_kv<T, D>(buf, buf + p.kv_chunk * S, p, kvh, c * p.kv_chunk, tiles_of(c) * kTileKV, threadIdx.x, blockDim.x);
+    load_kv<T, D, kL1>(buf, buf + p.kv_chunk * S, p, kvh, c * p.kv_chunk, tiles_of(c) * kTileKV, threadIdx.x, blockDim.x);
     cp_async_commit();
   };
 

@@ -22,10 +22,20 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 // 16-byte global->shared copy; `valid` false writes 16 zero bytes and reads nothing (rows past the end).
 // `src` may be pinned host memory seen through UVA: the read crosses the link, nothing is staged.
+// kL1 false: .cg (cached in L2 only). kL1 true: .ca (through L1), the form with which the decode kernel
+// streams host memory at the link's rate (.cg stalled near 21 GB/s there). L1 is not coherent across SMs
+// within a launch, so .ca is only for data no CTA of the same launch writes (read-only inputs).
+template <bool kL1>
 __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
+  if constexpr (kL1) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+  }
 }
 
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }

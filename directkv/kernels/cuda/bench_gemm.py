@@ -27,7 +27,9 @@ from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 KERNELS = {
     "naive": {},
     "tiled": {},
+    "tiled:ca": {"host_load": "ca"},  # B copied through L1 (cp.async.ca) instead of L2 only
     "pipelined": {},
+    "pipelined:ca": {"host_load": "ca"},
     "pipelined:no_prefetch": {"prefetch": False},
     "tiled:b_hbm": {"_b": "hbm"},
 }

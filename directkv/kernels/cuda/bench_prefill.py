@@ -32,6 +32,7 @@ from directkv.timing import time_fn
 KERNELS = {
     "naive": {},
     "tiled": {},
+    "tiled:ca": {"host_load": "ca"},  # past pages copied through L1 (cp.async.ca) instead of L2 only
     "tiled:double": {"double_buffer": True},  # two half-size chunks: load one while computing the other
     "tiled:kv_hbm": {"_kv": "hbm"},
 }

@@ -8,6 +8,13 @@ tiled     : B-stationary: a 512x128 B chunk sits in shared memory while the CTA 
 pipelined : tiled plus a producer warp (mbarrier ring for A, L2 prefetch of the next B chunk).
 
 The k-split plan is host-side arithmetic on the SM count: enough CTAs to fill the GPU in few waves.
+
+host_load picks the cp.async form that copies B (every variant): "cg" caches in L2 only (the default,
+with which the 2026-11-29 H200 rows were measured); "ca" goes through L1, the form with which the decode
+kernel streams host memory at the link's rate (.cg stalled near 21 GB/s there). No CTA writes B, so L1's
+lack of coherence within a launch cannot serve stale bytes; A and the partial C stay on "cg". Shapes that
+take the element-load path (K or N not a multiple of 8) copy B through registers, and there the option
+changes nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ VARIANTS = ("naive", "tiled", "pipelined")
 TILE_M, TILE_N, TILE_K = 128, 128, 64
 CHUNK_K = 512  # B rows per stationary chunk (tiled, pipelined)
 OUT_CODES = {torch.float16: 0, torch.float32: 2}
+HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/directkv/dispatch.h)
 WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most
 
 
@@ -64,6 +72,7 @@ def gemm(
     tile_k: int = TILE_K,
     k_splits: int | None = None,
     prefetch: bool = True,
+    host_load: str = "cg",
 ) -> tuple[torch.Tensor, Traffic]:
     """C = A B on the tensor cores (fp16 operands, fp32 accumulation).
 
@@ -77,6 +86,7 @@ def gemm(
     tile_m, tile_n, tile_k : must be 128, 128, 64 (the kernels' tiles).
     k_splits : tiled / pipelined: force the CTAs per column strip; None plans it (plan_k_splits).
     prefetch : pipelined: prefetch the next B chunk into L2 while computing the current one.
+    host_load : "cg" (L2 only, default) or "ca" (through L1): how B tiles are copied (module docstring).
 
     Returns
     -------
@@ -85,6 +95,8 @@ def gemm(
     """
     if variant not in VARIANTS:
         raise unknown_name("gemm variant", variant, VARIANTS)
+    if host_load not in HOST_LOADS:
+        raise unknown_name("gemm host_load", host_load, HOST_LOADS)
     check((tile_m, tile_n, tile_k) == (TILE_M, TILE_N, TILE_K), f"tiles ({tile_m}, {tile_n}, {tile_k}) are not "
           f"supported by the CUDA kernels; valid: ({TILE_M}, {TILE_N}, {TILE_K})")
     check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0], f"need a [M, K] and b [K, N]; got "
@@ -108,7 +120,8 @@ def gemm(
         part = torch.empty(splits, m, ldp, dtype=torch.float32, device=a.device)
     build.load("gemm_case_study").run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if part is None else part.data_ptr(), m, n, k, ldp, splits,
-        VARIANTS.index(variant), bool(prefetch), OUT_CODES[out.dtype], torch.cuda.current_stream(a.device).cuda_stream,
+        VARIANTS.index(variant), bool(prefetch), OUT_CODES[out.dtype], HOST_LOADS.index(host_load),
+        torch.cuda.current_stream(a.device).cuda_stream,
     )  # fmt: skip
     traffic = gemm_traffic(m, n, k, dtype_bytes=2, variant=variant, b_tier=b_tier(b), tile_m=TILE_M, tile_n=TILE_N,
                            tile_k=TILE_K if variant == "naive" else CHUNK_K)

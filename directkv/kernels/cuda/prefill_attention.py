@@ -13,6 +13,12 @@ tiled : CPU-memory-aware: a chunk of `kv_chunk` K/V tokens of one KV head is loa
 
 The split plan (chunk size, buffers, CTAs per KV head) is host-side arithmetic on the SM count and shared
 memory: see plan_tiled.
+
+host_load picks the cp.async form that copies the past K/V pages (both variants): "cg" caches in L2 only
+(the default, with which the 2026-11-29 H200 rows were measured); "ca" goes through L1, the form with which
+the decode kernel streams host memory at the link's rate (.cg stalled near 21 GB/s there). The kernel never
+writes the pages, so L1's lack of coherence within a launch cannot serve stale bytes; the new K/V and the
+partial state stay on "cg".
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import prefill_traffic
 
 VARIANTS = ("naive", "tiled")
+HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/directkv/dispatch.h)
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
 HEAD_DIMS = (64, 128)
 TILE_Q = 64  # query rows per naive CTA (4 warps x 16): the kernel's only Q tile
@@ -104,9 +111,11 @@ def _device_limits(device: int) -> tuple[int, int]:
         return tuple(build.load("prefill_attention").device_limits())
 
 
-def _check_inputs(q, k_new, v_new, kv: PagedKV, variant: str, tile_q: int, tile_kv: int, out) -> None:
+def _check_inputs(q, k_new, v_new, kv: PagedKV, variant: str, tile_q: int, tile_kv: int, out, host_load: str) -> None:
     if variant not in VARIANTS:
         raise unknown_name("prefill_attention variant", variant, VARIANTS)
+    if host_load not in HOST_LOADS:
+        raise unknown_name("prefill_attention host_load", host_load, HOST_LOADS)
     check(tile_q == TILE_Q, f"tile_q {tile_q!r} is not supported by the CUDA kernel; valid: {TILE_Q} (query rows per CTA)")
     check(tile_kv == TILE_KV, f"tile_kv {tile_kv!r} is not supported by the CUDA kernel; valid: {TILE_KV}")
     check(q.dim() == 3, f"q must be [q_len, num_heads, head_dim]; got shape {tuple(q.shape)}")
@@ -181,6 +190,7 @@ def prefill_attention(
     kv_chunk: int | None = None,
     num_splits: int | None = None,
     double_buffer: bool = False,
+    host_load: str = "cg",
 ) -> tuple[torch.Tensor, Traffic]:
     """Attention of q_len new tokens over the past_len = kv.seq_lens[0] cached tokens and themselves.
 
@@ -200,12 +210,14 @@ def prefill_attention(
     kv_chunk, num_splits, double_buffer : tiled only: force the stationary chunk (keys, multiple of 64), the
         CTAs per KV head (None plans them, see plan_tiled) and two half-size chunk buffers (load the next
         chunk while computing the current one).
+    host_load : "cg" (L2 only, default) or "ca" (through L1): how the past K/V pages are copied (module
+        docstring). It changes no result and no closed-form traffic.
 
     Returns
     -------
     (out `[q_len, num_heads, head_dim]`, Traffic from the closed form, see `traffic`)
     """
-    _check_inputs(q, k_new, v_new, kv, variant, tile_q, tile_kv, out)
+    _check_inputs(q, k_new, v_new, kv, variant, tile_q, tile_kv, out, host_load)
     q_len, num_heads, head_dim = q.shape
     past_len = int(kv.seq_lens[0])
     pages = -(-past_len // kv.page_size)
@@ -234,7 +246,7 @@ def prefill_attention(
         kv.hbm_k.data_ptr(), kv.hbm_v.data_ptr(), table.data_ptr(), out.data_ptr(), ptr(part_o), ptr(part_ml),
         q_len, past_len, num_heads, kv.num_kv_heads, head_dim, kv.page_size, bool(causal),
         VARIANTS.index(variant), plan.kv_chunk, plan.num_splits, plan.threads, plan.num_buffers, float(scale),
-        DTYPE_CODES[q.dtype], torch.cuda.current_stream(q.device).cuda_stream,
+        DTYPE_CODES[q.dtype], HOST_LOADS.index(host_load), torch.cuda.current_stream(q.device).cuda_stream,
     )  # fmt: skip
     t = traffic(q_len, past_len, kv, num_heads=num_heads, variant=variant, causal=causal,
                 kv_chunk=plan.kv_chunk if variant == "tiled" else TILE_KV)
