@@ -97,6 +97,16 @@ __device__ __forceinline__ void zero(float (&acc)[4][4][4]) {
     for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 }
 
+// acc += old, element-wise: the partial C of earlier k chunks folded into this chunk's fragments.
+__device__ __forceinline__ void accumulate(float (&acc)[4][4][4], const float (&old)[4][4][4]) {
+#pragma unroll
+  for (int a = 0; a < 4; ++a)
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[a][b][e] += old[a][b][e];
+}
+
 // Calls f(i, j, h, row, col) for the fragment pair acc[i][j][2h], acc[i][j][2h + 1] at C (row, col), (row, col + 1).
 template <typename F>
 __device__ __forceinline__ void for_pairs(int m0, int n0, int warp, int lane, F&& f) {
@@ -238,14 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tiled_kernel(const GemmParam
       }
       mma_tile(acc, as + (i % kTiledStages) * kATile, bchunk + kt * kBK * kBStride, warp, lane);
       if (kt == ktiles - 1) {
-        if (!first) {
-#pragma unroll
-          for (int a = 0; a < 4; ++a)
-#pragma unroll
-            for (int b = 0; b < 4; ++b)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) acc[a][b][e] += old[a][b][e];
-        }
+        if (!first) accumulate(acc, old);
         store_partial(acc, part, p, m0, n0, warp, lane);
       }
     }
@@ -331,14 +334,7 @@ __global__ void __launch_bounds__(kThreads + 32, 1) gemm_pipelined_kernel(const 
         __syncwarp();
         if (lane == 0) tc::mbar_arrive(a_empty + s);
         if (kt == ktiles - 1) {
-          if (!first) {
-#pragma unroll
-            for (int a = 0; a < 4; ++a)
-#pragma unroll
-              for (int b = 0; b < 4; ++b)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[a][b][e] += old[a][b][e];
-          }
+          if (!first) accumulate(acc, old);
           store_partial(acc, part, p, m0, n0, warp, lane);
         }
       }
