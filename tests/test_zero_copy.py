@@ -31,9 +31,10 @@ def test_cpu_fallback_returns_the_tensor():
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("register", [False, True], ids=["torch-pinned", "host-register"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.int32])
-def test_view_aliases_pinned_memory(dtype):
-    pinned = pinned_empty((37, 5, 8), dtype)
+def test_view_aliases_pinned_memory(dtype, register):
+    pinned = pinned_empty((37, 5, 8), dtype, register=register)
     assert pinned.is_pinned()
     pinned.copy_(torch.randn(pinned.shape).to(dtype))
     view = device_view(pinned)
@@ -62,3 +63,17 @@ def test_view_of_a_strided_slice_and_lifetime():
     expected = part.clone()
     del pinned, part  # the view keeps the pinned memory alive
     assert torch.equal(view.cpu(), expected)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_registered_memory_copies_exactly():
+    """Exact-size registered memory: zeroed, reported pinned, and async copies both ways are exact."""
+    host = pinned_empty((1000, 33), torch.bfloat16, register=True)
+    assert host.is_pinned() and torch.count_nonzero(host) == 0  # zeroed before locking
+    src = torch.randn(host.shape, device="cuda").to(torch.bfloat16)
+    host.copy_(src, non_blocking=True)
+    back = torch.empty_like(src)
+    back.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(back, src)

@@ -5,12 +5,20 @@ so a CUDA tensor built on that pointer lets any kernel read and write the host m
 The view is built through the `__cuda_array_interface__` protocol, which torch imports without copying;
 the holder object keeps the pinned tensor alive for as long as the view lives.
 
+Large buffers are page-locked with cudaHostRegister rather than torch's pinned allocator: that allocator
+rounds every block up to a power of two, so two 43 GB K/V arenas would lock 128 GB of host memory.
+
 Without CUDA the same calls degrade to ordinary CPU tensors, so code above (the KV manager) runs unchanged.
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+
+REGISTER_MIN_BYTES = 1 << 30  # from this size on, pinned_empty registers exact-size memory (see above)
+_REGISTERED = 3  # cudaHostRegisterPortable | cudaHostRegisterMapped: visible to every device, UVA-mapped
 
 # Array-interface type strings; bf16 has none and travels as int16 (same size), then is viewed back.
 _TYPESTR = {
@@ -29,10 +37,11 @@ _CARRIER = {torch.bfloat16: torch.int16}
 class _HostArray:
     """Exposes a pinned CPU tensor's memory as a CUDA array (protocol version 3) and keeps it alive."""
 
-    def __init__(self, pinned: torch.Tensor):
+    def __init__(self, pinned: torch.Tensor, base: torch.Tensor | None = None):
         if pinned.dtype not in _TYPESTR:
             raise TypeError(f"no array-interface type for {pinned.dtype}")
         self.pinned = pinned
+        self.base = base  # the tensor whose death unregisters the memory (pinned_empty): kept alive with the view
         item = pinned.element_size()
         self.__cuda_array_interface__ = {
             "shape": tuple(pinned.shape),
@@ -43,9 +52,31 @@ class _HostArray:
         }
 
 
-def pinned_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised page-locked CPU tensor of `shape` (an ordinary CPU tensor without CUDA)."""
-    return torch.empty(tuple(shape), dtype=dtype, pin_memory=torch.cuda.is_available())
+def pinned_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, *, register: bool | None = None
+                 ) -> torch.Tensor:
+    """A page-locked CPU tensor of `shape` (an ordinary CPU tensor without CUDA).
+
+    register : True locks exactly the tensor's bytes with cudaHostRegister (the memory is zeroed first, by
+        torch's threads, so the page faults are spread over cores); False uses torch's pinned allocator
+        (contents uninitialised); None picks register from REGISTER_MIN_BYTES on. A registered tensor is
+        unregistered when it is garbage-collected; keep it (not only a slice of it) alive while it is used.
+    """
+    shape = tuple(shape)
+    if not torch.cuda.is_available():
+        return torch.empty(shape, dtype=dtype)
+    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    if register is None:
+        register = nbytes >= REGISTER_MIN_BYTES
+    if not register or nbytes == 0:
+        return torch.empty(shape, dtype=dtype, pin_memory=nbytes > 0)
+    t = torch.zeros(shape, dtype=dtype)
+    cudart = torch.cuda.cudart()
+    err = cudart.cudaHostRegister(t.data_ptr(), nbytes, _REGISTERED)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister of {nbytes / 1e9:.1f} GB failed with CUDA error {int(err)} "
+                           "(not enough lockable host memory?)")
+    weakref.finalize(t, cudart.cudaHostUnregister, t.data_ptr())
+    return t
 
 
 def device_view(pinned: torch.Tensor) -> torch.Tensor:
@@ -67,7 +98,7 @@ def device_view(pinned: torch.Tensor) -> torch.Tensor:
     if pinned.numel() == 0:  # a null pointer has no device address; nothing to share
         return torch.empty(pinned.shape, dtype=pinned.dtype, device="cuda")
     carrier = _CARRIER.get(pinned.dtype, pinned.dtype)
-    holder = _HostArray(pinned.view(carrier))
+    holder = _HostArray(pinned.view(carrier), base=pinned)
     try:
         view = torch.as_tensor(holder, device="cuda")
     except (RuntimeError, TypeError, ValueError):
