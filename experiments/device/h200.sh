@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device session on a lent GPU machine: environment, build, GPU tests, then the named experiments.
-# Usage: bash experiments/device/h200.sh [STEP ...]   (steps: env build test probe kernels gemm ncu context rate)
+# Usage: bash experiments/device/h200.sh [STEP ...]   (steps: env build test probe kernels gemm ncu context rate profile)
+# STEP_TIMEOUT=S stops an experiment step after S seconds (SIGINT; finished points are already on disk) so the
+# device call's own limit never cuts the packing of results.
 # The device image has no Hydra: carry its wheels in .whl/ (pip download hydra-core omegaconf; pip wheel
 # antlr4-python3-runtime==4.9.3), which this script installs into /tmp/site.
 # Pass the commit: DIRECTKV_GIT_SHA=$(git rev-parse HEAD) (the device copy has no git history).
@@ -12,7 +14,8 @@ if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site DIRECTKV_CACHE=${DIRECTKV_CACHE:-/tmp/dkvcache} DIRECTKV_TOKENIZER=${DIRECTKV_TOKENIZER:-approx}
 RES=/tmp/dkv-results
 mkdir -p $RES
-run() { echo "=== $* ($(date +%T))"; "$@"; echo "=== rc=$? ($(date +%T))"; }
+run() { echo "=== $* ($(date +%T))"; if [ -n "${STEP_TIMEOUT:-}" ]; then timeout -s INT -k 20 "$STEP_TIMEOUT" "$@"; else "$@"; fi
+        echo "=== rc=$? ($(date +%T))"; }
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env build test)
 for step in "${steps[@]}"; do
   case $step in
@@ -27,6 +30,9 @@ for step in "${steps[@]}"; do
     rate) run python3 -m experiments.run +exp=rate_sweep device=cuda results_root=$RES progress=false ${RATE_ARGS:-} ;;
     ncu) run python3 -m experiments.run +exp=kernel_ablation device=cuda results_root=$RES progress=false counters=ncu ${NCU_ARGS:-}
          run python3 -m experiments.run +exp=gemm_case_study device=cuda results_root=$RES progress=false counters=ncu sizes=[10240] ;;
+    profile) for sys in ${PROFILE_SYSTEMS:-swap directkv}; do
+               run python3 -m directkv.engine.gpu.profile --system $sys ${PROFILE_ARGS:-} 2>&1 | tee $OUT/profile_$sys.txt | head -60
+             done ;;
     *) echo "unknown step $step" ;;
   esac
   tar czf "$OUT/results.tar.gz" -C $RES . 2>/dev/null  # after every step: a later timeout keeps what is done

@@ -1,0 +1,82 @@
+"""Where a serving step's time goes: serve one fixed batch with torch.profiler on and print the top ops.
+
+For finding executor overheads (host syncs, per-page copies, Python launches) rather than for results:
+nothing is written to the results tree. Each step's CUDA-event time is printed beside its kind, so decode
+steps and prompt-chunk steps can be told apart.
+
+Run: python -m directkv.engine.gpu.profile --system swap --context 16384 --batch 4 --output 4 [--rows 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import torch
+
+from directkv.engine.gpu.executor import run_gpu
+from directkv.engine.gpu.stepper import GPUStepper
+from directkv.engine.scheduler import SchedulerConfig
+from directkv.engine.sim_executor import MemoryConfig
+from directkv.engine.systems import SYSTEMS, SystemPolicy
+from directkv.specs import get_model
+from workloads import synthetic_workload
+
+# host-side calls whose counts reveal a slow executor: syncs stall the launch queue, copies cost per call
+WATCHED = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpyAsync",
+           "cudaStreamWaitEvent", "cudaLaunchKernel", "aten::item", "aten::_local_scalar_dense", "aten::copy_")
+
+
+def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled", context: int = 16384,
+            batch: int = 4, output: int = 4, max_batched_tokens: int = 2048, rows: int = 25,
+            hbm_budget_gb: float = 96.0) -> None:
+    spec = get_model(model)
+    policy = SystemPolicy(system, variant if system == "directkv" else "")
+    mem = MemoryConfig(hbm_budget_gb * 1e9, 0.9 * 128e9)
+    sched = SchedulerConfig(256, max_batched_tokens)
+    requests = synthetic_workload(batch, context, output).requests
+    steps: list[tuple[str, float]] = []
+    inner = GPUStepper.run_step
+
+    def run_step(self, step):  # records (kind, seconds) of every step, the executor's warm-up first
+        cost = inner(self, step)
+        steps.append((f"{len(step.decodes)}d+{sum(c.chunk_len for c in step.prefills)}p", cost.time_s))
+        return cost
+
+    GPUStepper.run_step = run_step
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            res, extra = run_gpu(requests, policy, spec, mem=mem, sched_cfg=sched,
+                                 device="cuda" if torch.cuda.is_available() else "cpu")
+    finally:
+        GPUStepper.run_step = inner
+    print(f"== {system} {model} context {context} batch {batch} output {output}: {res.steps} steps, "
+          f"{res.duration_s:.2f} s engine time, TPOT {res.metrics['mean_tpot_ms']:.1f} ms, "
+          f"GPU {res.gpu_mem_bytes / 1e9:.1f} GB, link read {res.traffic.link_read_bytes / 1e9:.1f} GB, {extra}")
+    events = prof.key_averages()
+    counts = Counter({e.key: e.count for e in events if e.key in WATCHED})
+    print("host calls:", dict(counts))
+    print("steps (kind: decodes d + prompt tokens p, ms):", ", ".join(f"{k} {t * 1e3:.1f}" for k, t in steps))
+    print(events.table(sort_by="self_cpu_time_total", row_limit=rows))
+    print(events.table(sort_by="self_device_time_total" if hasattr(events[0], "self_device_time_total")
+                       else "self_cuda_time_total", row_limit=rows))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--system", choices=SYSTEMS, required=True)
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--variant", default="tiled")
+    ap.add_argument("--context", type=int, default=16384)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--output", type=int, default=4)
+    ap.add_argument("--max-batched-tokens", type=int, default=2048)
+    ap.add_argument("--rows", type=int, default=25)
+    a = ap.parse_args()
+    profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
+            max_batched_tokens=a.max_batched_tokens, rows=a.rows)
+
+
+if __name__ == "__main__":
+    main()
