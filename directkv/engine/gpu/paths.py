@@ -74,7 +74,7 @@ class ZeroCopyPath:
             self.traffic = self.traffic + t
         for c, table in zip(p.chunks, chunk_tables, strict=True):
             rows = slice(c.start, c.start + c.length)
-            lens = torch.tensor([c.past_len], dtype=torch.int32, device=table.device)
+            lens = torch.tensor([c.past_len], dtype=torch.int32)  # host-side: the kernel takes past_len as an int, no sync
             o, t = self.prefill(q[rows], k[rows], v[rows], self._paged(tier, k_pool, v_pool, table, lens),
                                 variant=variant, causal=True)
             out[rows] = o
