@@ -1,8 +1,10 @@
-"""CUDA prefill attention (naive, tiled) against a float64 dense reference on the GPU.
+"""CUDA prefill attention (naive, tiled, stream) against a float64 dense reference on the GPU.
 
 Fresh random inputs every run, output poisoned with NaN, lengths that are not tile multiples, GQA 1/4/8,
 bf16 and fp16, head_dim 64 and 128, host and HBM pages mixed in random order (spare pages unused), both
-host-load forms (cp.async.cg and .ca). The GPU tests skip without CUDA; the argument check runs anywhere.
+host-load forms (cp.async.cg and .ca). The GPU tests skip without CUDA; the argument checks, the stream
+variant's planning (chunk size, passes, ring positions: emulated in float64 on the CPU) and its closed-form
+traffic run anywhere.
 """
 
 from __future__ import annotations
@@ -13,7 +15,17 @@ import pytest
 import torch
 
 from directkv.errors import ConfigError
-from directkv.kernels.cuda.prefill_attention import HOST_LOADS, prefill_attention
+from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES
+from directkv.kernels.cuda.prefill_attention import (
+    HOST_LOADS,
+    STREAM_CHUNK_BYTES,
+    STREAM_MIN_CHUNK_BYTES,
+    STREAM_SLOTS,
+    prefill_attention,
+    stream_chunk_pages,
+    stream_passes,
+    traffic,
+)
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 from directkv.kernels.paged import PagedKV
 from directkv.kernels.reference import prefill_attention as reference_prefill
@@ -37,11 +49,17 @@ CASES = [
 ]
 # (variant, extra kwargs): the planned tiled kernel, and tiled forced to several chunks per split so the
 # partial state round-trips through HBM, with one buffer and 4-warp CTAs (two per SM) or two buffers.
+# stream: one ring chunk (these caches are small), then ring chunks of 2 or 3 pages so many chunks cycle
+# through the 2-slot ring (chunk_pages is turned into chunk_bytes per case), the last with its passes
+# forced to several tiled chunks per split. Every case mixes host and HBM pages; the first has past_len 0.
 RUNS = [
     ("naive", {}),
     ("tiled", {}),
     ("tiled", {"kv_chunk": 128, "num_splits": 3, "double_buffer": False}),
     ("tiled", {"kv_chunk": 64, "num_splits": 2, "double_buffer": True}),
+    ("stream", {}),
+    ("stream", {"chunk_pages": 2}),
+    ("stream", {"chunk_pages": 3, "kv_chunk": 64, "num_splits": 2}),
 ]
 
 
@@ -65,8 +83,8 @@ def to_gpu(kv: PagedKV) -> PagedKV:
 def dense_reference(q, k_new, v_new, kv_cpu: PagedKV, *, causal: bool, scale: float) -> torch.Tensor:
     """float64 attention on the GPU over gathered past K/V followed by the new K/V; `[q_len, heads, dim]`."""
     k_past, v_past = kv_cpu.gather(0)
-    k = torch.cat([k_past.cuda(), k_new]).double()
-    v = torch.cat([v_past.cuda(), v_new]).double()
+    k = torch.cat([k_past.to(q.device), k_new]).double()
+    v = torch.cat([v_past.to(q.device), v_new]).double()
     q_len, num_heads, _ = q.shape
     group = num_heads // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -92,6 +110,18 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm())
 
 
+def page_bytes_of(kv: PagedKV) -> int:
+    return kv.page_size * kv.num_kv_heads * kv.head_dim * kv.host_k.element_size()
+
+
+def with_chunk_bytes(kwargs: dict, kv: PagedKV) -> dict:
+    """RUNS' chunk_pages (a test-only spelling) as the chunk_bytes prefill_attention takes."""
+    kwargs = dict(kwargs)
+    if "chunk_pages" in kwargs:
+        kwargs["chunk_bytes"] = kwargs.pop("chunk_pages") * page_bytes_of(kv)
+    return kwargs
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("host_load", HOST_LOADS)
@@ -100,7 +130,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def test_prefill_matches_float64_reference(case, variant, kwargs, host_load):
     q, k_new, v_new, kv_cpu, kv = make_inputs(case)
     out = torch.full_like(q, math.nan)
-    got, traffic = prefill_attention(q, k_new, v_new, kv, variant=variant, out=out, host_load=host_load, **kwargs)
+    got, traffic = prefill_attention(q, k_new, v_new, kv, variant=variant, out=out, host_load=host_load,
+                                     **with_chunk_bytes(kwargs, kv_cpu))
     torch.cuda.synchronize()
     assert got.data_ptr() == out.data_ptr()
     assert not out.isnan().any(), "unwritten or NaN output elements"
@@ -111,9 +142,14 @@ def test_prefill_matches_float64_reference(case, variant, kwargs, host_load):
     group = q.shape[1] // k_new.shape[1]
     meta = lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta")  # noqa: E731
     tiles = {"tile_q": 64 // group} if variant == "naive" else {"tile_kv": traffic_tile_kv(case, kwargs)}
-    _, ref_traffic = reference_prefill(meta(q), meta(k_new), meta(v_new), kv_cpu, variant=variant, compute=False, **tiles)
+    ref_variant = "tiled" if variant == "stream" else variant  # stream states tiled's schedule plus the ring
+    _, ref_traffic = reference_prefill(meta(q), meta(k_new), meta(v_new), kv_cpu, variant=ref_variant, compute=False,
+                                       **tiles)
     assert traffic.link_read_bytes == ref_traffic.link_read_bytes
     assert traffic.flops == ref_traffic.flops
+    if variant == "stream":
+        assert traffic.hbm_read_bytes == ref_traffic.hbm_read_bytes + ref_traffic.link_read_bytes
+        assert traffic.hbm_write_bytes == ref_traffic.hbm_write_bytes + ref_traffic.link_read_bytes
 
 
 def traffic_tile_kv(case, kwargs) -> int:
@@ -132,7 +168,7 @@ def traffic_tile_kv(case, kwargs) -> int:
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("host_load", HOST_LOADS)
-@pytest.mark.parametrize("variant", ["naive", "tiled"])
+@pytest.mark.parametrize("variant", ["naive", "tiled", "stream"])
 def test_prefill_non_causal_and_scale(variant, host_load):
     case = (65, 1000, 8, 2, 128, BF16, 16)
     q, k_new, v_new, kv_cpu, kv = make_inputs(case)
@@ -153,7 +189,7 @@ def test_prefill_pinned_cpu_pools_and_all_hbm_pages(host_load):
         pinned = PagedKV(kv.host_k.cpu().pin_memory(), kv.host_v.cpu().pin_memory(), kv.hbm_k, kv.hbm_v,
                          kv_cpu.block_table, kv_cpu.seq_lens)
         ref = dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / 8)
-        for variant in ("naive", "tiled"):
+        for variant in ("naive", "tiled", "stream"):
             out = torch.full_like(q, math.nan)
             prefill_attention(q, k_new, v_new, pinned, variant=variant, out=out, host_load=host_load)
             assert not out.isnan().any()
@@ -203,3 +239,169 @@ def test_prefill_rejects_bad_arguments():
         prefill_attention(q, k_new, v_new, kv, variant="tiled", kv_chunk=100)
     with pytest.raises(ConfigError, match="k_new"):
         prefill_attention(q, k_new[:, :1], v_new, kv, variant="tiled")
+
+
+# ---- stream variant ----
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("hbm_fraction", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("past", [0, 1, 16, 1000])
+def test_prefill_stream_tiers_and_short_pasts(past, hbm_fraction):
+    """Ring only, ring + HBM pass, HBM pass only; an empty past (new-token pass alone), one token, one full
+    page. Chunks of one page, so several of them cycle through the ring wherever there are host pages."""
+    q, k_new, v_new, kv_cpu, kv = make_inputs((33, past, 8, 2, 64, BF16, 16), hbm_fraction=hbm_fraction)
+    ref = dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / 8)
+    for chunk_bytes in (None, page_bytes_of(kv_cpu)):
+        out = torch.full_like(q, math.nan)
+        prefill_attention(q, k_new, v_new, kv, variant="stream", out=out, chunk_bytes=chunk_bytes)
+        assert not out.isnan().any()
+        assert rel_err(out, ref) < TOL[q.dtype]
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_prefill_stream_back_to_back_calls_reuse_the_ring():
+    """Two calls queued without a sync between them (the side stream and its events are shared by calls):
+    each must read its own pages, not ring bytes of the other call."""
+    a = make_inputs((65, 1000, 8, 2, 128, FP16, 16), hbm_fraction=0.25)
+    b = make_inputs((65, 1000, 8, 2, 128, FP16, 16), hbm_fraction=0.25)
+    outs = []
+    for q, k_new, v_new, kv_cpu, kv in (a, b):
+        outs.append(torch.full_like(q, math.nan))
+        prefill_attention(q, k_new, v_new, kv, variant="stream", out=outs[-1], chunk_bytes=4 * page_bytes_of(kv_cpu))
+    for (q, k_new, v_new, kv_cpu, _), out in zip((a, b), outs, strict=True):
+        ref = dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(q.shape[-1]))
+        assert not out.isnan().any()
+        assert rel_err(out, ref) < TOL[q.dtype]
+
+
+def test_stream_chunk_pages_caps_the_ring():
+    page = 16 * 8 * 128 * 2  # a Llama-3.1-8B page of K: 32 KiB
+    assert stream_chunk_pages(10_000, page) == STREAM_CHUNK_BYTES // page  # 16 MiB of K, 16 of V, 2 slots
+    for page_bytes in (4096, 7 * 8 * 64 * 2, page, 3 << 20):
+        pages = stream_chunk_pages(1 << 20, page_bytes)
+        assert pages >= 1 and 2 * STREAM_SLOTS * pages * page_bytes <= MAX_RING_BYTES
+    assert stream_chunk_pages(3, page) == 3  # a small cache: one chunk of just its pages
+    assert stream_chunk_pages(0, page) == 1  # no host pages: no chunk, a ring of one page is never used
+    assert stream_chunk_pages(10_000, page, chunk_bytes=2 * page + 1) == 2  # whole pages only
+    # min_chunks cuts a small cache into that many chunks, not below STREAM_MIN_CHUNK_BYTES
+    assert stream_chunk_pages(1024, page, min_chunks=4) == 256
+    assert stream_chunk_pages(256, page, min_chunks=4) == STREAM_MIN_CHUNK_BYTES // page
+    assert stream_chunk_pages(1024, page, chunk_bytes=8 * page, min_chunks=4) == 8  # chunk_bytes still caps
+
+
+def test_stream_options_rejected_with_the_allowed_values():
+    page = 4096
+    with pytest.raises(ConfigError, match=r"chunk_bytes 16777217 must be an int in 1\.\.16777216"):
+        stream_chunk_pages(10, page, chunk_bytes=STREAM_CHUNK_BYTES + 1)
+    with pytest.raises(ConfigError, match=r"chunk_bytes 4095 holds no KV page of 4096 B; valid: 4096\.\.16777216"):
+        stream_chunk_pages(10, page, chunk_bytes=page - 1)
+    with pytest.raises(ConfigError, match=r"min_chunks 0 must be an int >= 1"):
+        stream_chunk_pages(10, page, min_chunks=0)
+    with pytest.raises(ConfigError, match=r"min_chunks 2\.5 must be an int >= 1"):
+        stream_chunk_pages(10, page, min_chunks=2.5)
+
+
+def test_prefill_stream_options_checked_before_touching_cuda():
+    """Runs without a GPU: the stream-only options are refused for other variants and checked for stream
+    before any tensor is looked at; a valid call passes on to the device checks."""
+    q = torch.randn(7, 4, 64).to(BF16)
+    k_new = torch.randn(7, 2, 64).to(BF16)
+    kv = random_paged_kv([100], page_size=16, num_kv_heads=2, head_dim=64, dtype=BF16)
+    with pytest.raises(ConfigError, match=r"options of variant 'stream'; got variant 'tiled' with chunk_bytes=None, "
+                       r"min_chunks=4"):
+        prefill_attention(q, k_new, k_new, kv, variant="tiled", min_chunks=4)
+    with pytest.raises(ConfigError, match=r"got variant 'naive' with chunk_bytes=4096"):
+        prefill_attention(q, k_new, k_new, kv, variant="naive", chunk_bytes=4096)
+    with pytest.raises(ConfigError, match=r"chunk_bytes 67108864 must be an int in 1\.\.16777216"):
+        prefill_attention(q, k_new, k_new, kv, variant="stream", chunk_bytes=64 << 20)
+    with pytest.raises(ConfigError, match=r"unknown prefill_attention variant 'streaming'; valid: naive, stream, tiled"):
+        prefill_attention(q, k_new, k_new, kv, variant="streaming")
+    with pytest.raises(ConfigError, match="CUDA tensor"):
+        prefill_attention(q, k_new, k_new, kv, variant="stream", min_chunks=4)
+
+
+def _emulated_pass(q, k, v, *, scale, causal_from: int | None):
+    """float64 attention of q over keys k / v; returns (O, natural-log LSE) as the kernel's out_f32 / lse_out.
+    causal_from: query i sees keys <= i (the new-token pass), None: every key."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(group, dim=1), v.double().repeat_interleave(group, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    if causal_from is not None:
+        keys, rows = torch.arange(k.shape[0]), torch.arange(q.shape[0])
+        s = s.masked_fill(keys[None, :] > rows[:, None], -math.inf)
+    lse = torch.logsumexp(s, -1)  # [h, q]
+    o = torch.einsum("hqk,khd->qhd", (s - lse[..., None]).exp(), v)
+    return o, lse.transpose(0, 1)
+
+
+@pytest.mark.parametrize("hbm_fraction", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("chunk_pages", [1, 3, 64])
+@pytest.mark.parametrize("past,page_size", [(0, 16), (1, 16), (1000, 16), (999, 7)])
+def test_stream_passes_emulated_match_dense_attention(past, page_size, chunk_pages, hbm_fraction):
+    """The stream variant's plan run on the CPU: copy each chunk's page runs into a 2-slot ring, gather every
+    pass's keys the way the kernel addresses them (entry e < 0: page -(e + 1) of the pass's HBM pool), attend,
+    merge the passes by a softmax over their LSEs. Equal to dense attention in float64, with every past token
+    in exactly one pass."""
+    torch.manual_seed(past + chunk_pages)
+    q_len, num_heads, num_kv_heads, head_dim = 9, 4, 2, 8
+    kv = random_paged_kv([past], page_size=page_size, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                         dtype=torch.float64, hbm_fraction=hbm_fraction)
+    q = torch.randn(q_len, num_heads, head_dim, dtype=torch.float64)
+    k_new = torch.randn(q_len, num_kv_heads, head_dim, dtype=torch.float64)
+    v_new = torch.randn(q_len, num_kv_heads, head_dim, dtype=torch.float64)
+    passes = stream_passes(kv.block_table, past, page_size, chunk_pages)
+    assert sum(p.past_len for p in passes) == past
+    host_pages = {int(e) for e in kv.block_table[0, : -(-past // page_size)] if e >= 0}
+    ring_passes = [p for p in passes if p.ring]
+    assert passes[: len(ring_passes)] == ring_passes  # ring chunks first: the index counts ring slots
+    assert len(ring_passes) == -(-len(host_pages) // chunk_pages)
+    assert sorted(s + i for p in ring_passes for s, _, n in p.copies for i in range(n)) == sorted(host_pages)
+    ring_k = torch.full((STREAM_SLOTS, chunk_pages, *kv.host_k.shape[1:]), math.nan, dtype=torch.float64)
+    ring_v = ring_k.clone()
+    parts = []
+    for c, ps in enumerate(passes):
+        if ps.ring:
+            slot = c % STREAM_SLOTS
+            for src, dst, n in ps.copies:
+                assert 0 <= dst and dst + n <= chunk_pages
+                ring_k[slot, dst : dst + n] = kv.host_k[src : src + n]
+                ring_v[slot, dst : dst + n] = kv.host_v[src : src + n]
+            pool_k, pool_v = ring_k[slot], ring_v[slot]
+        else:
+            pool_k, pool_v = kv.hbm_k, kv.hbm_v
+        rows = []
+        for j in range(ps.past_len):  # the kernel's kv_rows: every entry of a pass is an HBM-style entry
+            e = int(ps.table[j // page_size])
+            assert e < 0
+            rows.append((pool_k[-(e + 1), j % page_size], pool_v[-(e + 1), j % page_size]))
+        k = torch.stack([r[0] for r in rows])
+        v = torch.stack([r[1] for r in rows])
+        parts.append(_emulated_pass(q, k, v, scale=0.3, causal_from=None))
+    parts.append(_emulated_pass(q, k_new, v_new, scale=0.3, causal_from=0))
+    o_parts = torch.stack([p[0] for p in parts])
+    weights = torch.softmax(torch.stack([p[1] for p in parts]), dim=0)
+    got = (o_parts * weights.unsqueeze(-1)).sum(0)
+    ref = dense_reference(q, k_new, v_new, kv, causal=True, scale=0.3)
+    torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kv_chunk", [64, 128])
+@pytest.mark.parametrize("past", [0, 1000])
+def test_stream_traffic_is_tiled_plus_the_ring(past, kv_chunk):
+    """Link bytes and FLOPs are tiled's (= the reference schedule's); HBM adds each host byte written into
+    the ring and read back from it."""
+    q_len, num_heads = 65, 8
+    kv = random_paged_kv([past], page_size=16, num_kv_heads=2, head_dim=64, dtype=BF16)
+    meta = lambda *shape: torch.empty(shape, dtype=BF16, device="meta")  # noqa: E731
+    _, ref = reference_prefill(meta(q_len, num_heads, 64), meta(q_len, 2, 64), meta(q_len, 2, 64), kv,
+                               variant="tiled", compute=False, tile_kv=kv_chunk)
+    got = traffic(q_len, past, kv, num_heads=num_heads, variant="stream", causal=True, kv_chunk=kv_chunk)
+    host_tokens = sum(min(16, past - 16 * i) for i, e in enumerate(kv.block_table[0, : -(-past // 16)].tolist())
+                      if e >= 0)
+    assert got.link_read_bytes == ref.link_read_bytes == host_tokens * 2 * 2 * 64 * 2
+    assert got.flops == ref.flops
+    assert got.hbm_read_bytes == ref.hbm_read_bytes + ref.link_read_bytes
+    assert got.hbm_write_bytes == ref.hbm_write_bytes + ref.link_read_bytes

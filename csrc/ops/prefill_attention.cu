@@ -38,15 +38,25 @@ void check_params(const PrefillParams& p, int variant, int threads) {
   require(p.num_kv_heads <= 65535, "prefill_attention: num_kv_heads must be <= 65535");
   require(p.page_size >= 1, "prefill_attention: page_size must be >= 1");
   require(p.past_len == 0 || p.block_table, "prefill_attention: no block table for a non-empty past");
-  for (const void* ptr : {p.q, p.k_new, p.v_new, p.host_k, p.host_v, p.hbm_k, p.hbm_v, static_cast<const void*>(p.out)}) {
+  for (const void* ptr : {p.q, p.k_new, p.v_new, p.host_k, p.host_v, p.hbm_k, p.hbm_v, static_cast<const void*>(p.out),
+                          static_cast<const void*>(p.out_f32)}) {
     require(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "prefill_attention: tensors and KV pools must be 16-byte aligned");
   }
-  require(p.q && p.k_new && p.v_new && p.out, "prefill_attention: null q, k_new, v_new or out");
+  require(reinterpret_cast<uintptr_t>(p.lse_out) % 4 == 0, "prefill_attention: lse_out must be 4-byte aligned");
+  require(!p.out_f32 == !p.lse_out, "prefill_attention: out_f32 and lse_out come together");
+  require(p.q && p.k_new && p.v_new && (p.out || p.out_f32), "prefill_attention: null q, k_new, v_new or out");
+  // Zero keys would leave the tiled kernel no chunk to give a split: the caller skips such a pass.
+  require(prefill::num_keys(p) >= 1, "prefill_attention: no keys (past_len 0 and include_new 0)");
+  if (variant == 0) {
+    // The stream variant runs its passes on the tiled kernel only; naive keeps the one-call form.
+    require(p.include_new == 1 && !p.out_f32, "prefill_attention: include_new 0 and out_f32 / lse_out need the tiled "
+                                              "variant (1); got naive (0)");
+  }
   if (variant == 1) {
     require(p.kv_chunk >= prefill::kTileKV && p.kv_chunk % prefill::kTileKV == 0,
             "prefill_attention: kv_chunk " + std::to_string(p.kv_chunk) + " is not a positive multiple of 64");
-    require(p.num_chunks == (p.past_len + p.q_len + p.kv_chunk - 1) / p.kv_chunk,
-            "prefill_attention: num_chunks does not match past_len + q_len and kv_chunk");
+    require(p.num_chunks == (prefill::num_keys(p) + p.kv_chunk - 1) / p.kv_chunk,
+            "prefill_attention: num_chunks does not match the key count and kv_chunk");
     require(p.num_splits >= 1 && p.num_splits <= p.num_chunks,
             "prefill_attention: num_splits must be in 1.." + std::to_string(p.num_chunks));
     require(p.part_o && p.part_ml, "prefill_attention: the tiled variant needs the part_o / part_ml workspace");
@@ -104,10 +114,11 @@ std::pair<int, int> prefill_device_limits() {
 }
 
 void prefill_attention_run(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintptr_t host_k, uintptr_t host_v,
-                           uintptr_t hbm_k, uintptr_t hbm_v, uintptr_t block_table, uintptr_t out, uintptr_t part_o,
-                           uintptr_t part_ml, int q_len, int past_len, int num_heads, int num_kv_heads, int head_dim,
-                           int page_size, bool causal, int variant, int kv_chunk, int num_splits, int threads,
-                           int num_buffers, float sm_scale, int dtype, int host_load, uintptr_t stream) {
+                           uintptr_t hbm_k, uintptr_t hbm_v, uintptr_t block_table, uintptr_t out, uintptr_t out_f32,
+                           uintptr_t lse_out, uintptr_t part_o, uintptr_t part_ml, int q_len, int past_len,
+                           int num_heads, int num_kv_heads, int head_dim, int page_size, bool causal, bool include_new,
+                           int variant, int kv_chunk, int num_splits, int threads, int num_buffers, float sm_scale,
+                           int dtype, int host_load, uintptr_t stream) {
   PrefillParams p{};
   p.q = reinterpret_cast<const void*>(q);
   p.k_new = reinterpret_cast<const void*>(k_new);
@@ -118,6 +129,8 @@ void prefill_attention_run(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintpt
   p.hbm_v = reinterpret_cast<const void*>(hbm_v);
   p.block_table = reinterpret_cast<const int*>(block_table);
   p.out = reinterpret_cast<void*>(out);
+  p.out_f32 = reinterpret_cast<float*>(out_f32);
+  p.lse_out = reinterpret_cast<float*>(lse_out);
   p.part_o = reinterpret_cast<float*>(part_o);
   p.part_ml = reinterpret_cast<float*>(part_ml);
   p.q_len = q_len;
@@ -126,8 +139,9 @@ void prefill_attention_run(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintpt
   p.num_kv_heads = num_kv_heads;
   p.page_size = page_size;
   p.causal = causal ? 1 : 0;
+  p.include_new = include_new ? 1 : 0;
   p.kv_chunk = kv_chunk;
-  p.num_chunks = kv_chunk > 0 ? (past_len + q_len + kv_chunk - 1) / kv_chunk : 0;
+  p.num_chunks = kv_chunk > 0 ? (prefill::num_keys(p) + kv_chunk - 1) / kv_chunk : 0;
   p.num_splits = num_splits;
   p.num_buffers = num_buffers;
   p.scale_log2 = sm_scale * 1.4426950408889634f;

@@ -18,6 +18,10 @@
 //         is copied into the idle buffer while the warps compute on the current one, so the link transfer
 //         hides behind the tensor-core work (at the price of chunks half as long: twice the partial traffic).
 //
+// include_new = 0 drops the new tokens from the keys: a pass of the stream variant (prefill_attention.py)
+// attends the queries to one chunk of the past only and writes fp32 O and its LSE (out_f32 / lse_out), so
+// the passes can be merged afterwards; the new tokens get a pass of their own.
+//
 // kL1 (both variants) copies the past K/V pages with cp.async.ca (through L1) instead of .cg (L2 only). The
 // pages are inputs no CTA writes, so a non-coherent L1 cannot serve stale bytes; k_new / v_new and the
 // partial O / m / l the tiled kernel writes and re-reads stay on the L2-only path.
@@ -44,17 +48,29 @@ struct PrefillParams {
   const void* hbm_k;        // [num_hbm_pages, page_size, num_kv_heads, head_dim]
   const void* hbm_v;
   const int* block_table;   // [>= ceil(past_len / page_size)] entries of the sequence
-  void* out;                // [q_len, num_heads, head_dim]
+  void* out;                // [q_len, num_heads, head_dim]; unused when out_f32 is set
+  float* out_f32;           // tiled, optional: [q_len, num_heads, head_dim] normalised O kept in fp32 ...
+  float* lse_out;           // ... and [q_len, num_heads] its natural-log LSE, so passes can be merged later
   float* part_o;            // tiled: [num_splits, q_len, num_heads, head_dim] unnormalised partial O
   float* part_ml;           // tiled: [num_splits, q_len, num_heads, 2] (max in log2 units, sum)
   int q_len, past_len, num_heads, num_kv_heads, page_size;
   int causal;
+  int include_new;          // 1: keys are past + the q_len new tokens; 0: the past only (tiled only)
   int kv_chunk;             // tiled: keys per stationary chunk, a multiple of kTileKV
-  int num_chunks;           // tiled: ceil((past_len + q_len) / kv_chunk)
+  int num_chunks;           // tiled: ceil(num_keys / kv_chunk)
   int num_splits;           // tiled: CTAs per KV head (<= num_chunks)
   int num_buffers;          // tiled: 1 (load, then compute) or 2 (load chunk c + 1 while computing chunk c)
   float scale_log2;         // sm_scale * log2(e): scores are kept in log2 units so exp2f does the softmax
 };
+
+__host__ __device__ __forceinline__ int num_keys(const PrefillParams& p) {
+  return p.past_len + (p.include_new ? p.q_len : 0);
+}
+
+// Keys [0, causal_limit) are visible to query qi. Without the new tokens every query sees the whole past.
+__device__ __forceinline__ int causal_limit(const PrefillParams& p, int qi, int keys) {
+  return p.causal ? min(p.past_len + qi + 1, keys) : keys;
+}
 
 // The two rows (g and g + 8) a thread holds of a warp's 16-row block, and the block's key visibility.
 struct Rows {
@@ -65,7 +81,7 @@ struct Rows {
 };
 
 __device__ __forceinline__ Rows rows_of(const PrefillParams& p, int kvh, int r0, int lane) {
-  const int group = p.num_heads / p.num_kv_heads, rows = p.q_len * group, keys = p.past_len + p.q_len;
+  const int group = p.num_heads / p.num_kv_heads, rows = p.q_len * group, keys = num_keys(p);
   Rows w;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -74,11 +90,11 @@ __device__ __forceinline__ Rows rows_of(const PrefillParams& p, int kvh, int r0,
     const int rr = w.valid[i] ? r : r0;  // padding rows alias the first row: computed, never stored
     w.qi[i] = rr / group;
     w.head[i] = kvh * group + rr % group;
-    w.lim[i] = p.causal ? p.past_len + w.qi[i] + 1 : keys;
+    w.lim[i] = causal_limit(p, w.qi[i], keys);
   }
   const int q_first = r0 / group, q_last = (min(r0 + kWarpRows, rows) - 1) / group;
-  w.lim_min = p.causal ? p.past_len + q_first + 1 : keys;
-  w.lim_max = p.causal ? p.past_len + q_last + 1 : keys;
+  w.lim_min = causal_limit(p, q_first, keys);
+  w.lim_max = causal_limit(p, q_last, keys);
   return w;
 }
 
@@ -231,7 +247,7 @@ __device__ __forceinline__ void store_partial(const State<D>& s, const PrefillPa
   }
 }
 
-// K and V rows of key j (j < past_len + q_len) of KV head kvh.
+// K and V rows of key j (j < num_keys(p)) of KV head kvh.
 template <typename T, int D>
 __device__ __forceinline__ void kv_rows(const PrefillParams& p, int j, int kvh, const T*& k, const T*& v) {
   size_t idx;
@@ -254,7 +270,7 @@ template <typename T, int D, bool kL1>
 __device__ __forceinline__ void load_kv(T* ks, T* vs, const PrefillParams& p, int kvh, int key0, int rows, int tid,
                                         int nthreads) {
   constexpr int kPieces = D / 8;  // 16-byte pieces per row; consecutive threads take consecutive pieces
-  const int keys = p.past_len + p.q_len;
+  const int keys = num_keys(p);
   for (int u = tid; u < rows * kPieces; u += nthreads) {
     const int r = u / kPieces, c = (u % kPieces) * 8, j = key0 + r;
     const bool valid = j < keys;
@@ -288,7 +304,7 @@ __global__ void __launch_bounds__(kNaiveWarps * 32) prefill_naive_kernel(const P
   const bool active = r0 < rows;
   const Rows w = rows_of(p, kvh, active ? r0 : cta_r0, lane);
   const int last_q = (min(cta_r0 + kNaiveWarps * kWarpRows, rows) - 1) / group;
-  const int cta_keys = p.causal ? p.past_len + last_q + 1 : p.past_len + p.q_len;
+  const int cta_keys = causal_limit(p, last_q, num_keys(p));
   const int tiles = (cta_keys + kTileKV - 1) / kTileKV;
 
   uint32_t qf[D / 16][4];
@@ -322,7 +338,7 @@ __global__ void __launch_bounds__(kTiledMaxThreads, 1) prefill_tiled_kernel(cons
   const int buffer_elems = 2 * p.kv_chunk * S;  // K then V
   const int kvh = blockIdx.x / p.num_splits, split = blockIdx.x % p.num_splits;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
-  const int group = p.num_heads / p.num_kv_heads, rows = p.q_len * group, keys = p.past_len + p.q_len;
+  const int group = p.num_heads / p.num_kv_heads, rows = p.q_len * group, keys = num_keys(p);
   const int c_begin = static_cast<int>(static_cast<int64_t>(split) * p.num_chunks / p.num_splits);
   const int c_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.num_chunks / p.num_splits);
   const int blocks = (rows + kWarpRows - 1) / kWarpRows;
@@ -373,6 +389,7 @@ __global__ void __launch_bounds__(kTiledMaxThreads, 1) prefill_tiled_kernel(cons
 }
 
 // One warp per (query, head) row: out = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s over the splits.
+// With out_f32 the row stays fp32 and its LSE goes beside it: a later merge of passes rounds only once.
 template <typename T, int D>
 __global__ void prefill_merge_kernel(const PrefillParams p) {
   constexpr int E = D / 32;  // elements per lane
@@ -399,7 +416,19 @@ __global__ void prefill_merge_kernel(const PrefillParams p) {
       acc[0] += wgt * v.x, acc[1] += wgt * v.y;
     }
   }
-  const float inv = 1.f / l_sum;
+  // A row that saw no key (l_sum = 0) gets O = 0 and LSE = -inf: weight 0 in a merge of passes, not NaN.
+  const float inv = l_sum > 0.f ? 1.f / l_sum : 0.f;
+  if (p.out_f32) {
+    float* o = p.out_f32 + static_cast<size_t>(row) * D + lane * E;
+    if constexpr (E == 4) {
+      *reinterpret_cast<float4*>(o) = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+    } else {
+      *reinterpret_cast<float2*>(o) = make_float2(acc[0] * inv, acc[1] * inv);
+    }
+    // m is in log2 units of the scaled scores: ln(sum e^s) = ln 2 * (m + log2 l).
+    if (lane == 0) p.lse_out[row] = l_sum > 0.f ? (m_max + log2f(l_sum)) * 0.6931471805599453f : -INFINITY;
+    return;
+  }
   uint32_t* out = reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + static_cast<size_t>(row) * D + lane * E);
 #pragma unroll
   for (int e = 0; e < E / 2; ++e) out[e] = tc::pack2<T>(acc[2 * e] * inv, acc[2 * e + 1] * inv);

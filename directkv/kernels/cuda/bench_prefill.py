@@ -1,7 +1,8 @@
 """Prefill attention benchmark on the GPU: the CUDA variants beside torch SDPA anchors, in one run.
 
 Rows (one per q_len x method), all `mode="measured"`:
-  naive / tiled / tiled:* : the CUDA kernels over a paged cache whose past K/V sit in pinned host pages;
+  naive / tiled / tiled:* / stream / stream:* : the CUDA kernels over a paged cache whose past K/V sit in
+                   pinned host pages (stream: copy-engine ring overlapped with the tiled kernel);
   sdpa_hbm       : torch SDPA with all K/V in HBM (the compute anchor);
   sdpa_zero_copy : torch SDPA reading K/V through zero-copy views of pinned memory;
   swap_sdpa      : copy-engine copy of K/V to HBM, then SDPA (staging, not overlapped).
@@ -35,6 +36,8 @@ KERNELS = {
     "tiled:ca": {"host_load": "ca"},  # past pages copied through L1 (cp.async.ca) instead of L2 only
     "tiled:double": {"double_buffer": True},  # two half-size chunks: load one while computing the other
     "tiled:kv_hbm": {"_kv": "hbm"},
+    "stream": {},  # copy engine fills a 2-slot HBM ring while the tiled kernel attends to the previous chunk
+    "stream:4chunks": {"min_chunks": 4},  # a small cache cut into 4 chunks so copy and math can overlap
 }
 
 

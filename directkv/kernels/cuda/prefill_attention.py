@@ -10,15 +10,20 @@ tiled : CPU-memory-aware: a chunk of `kv_chunk` K/V tokens of one KV head is loa
         buffers let the next chunk cross the link while the current one is computed; on the H200 this was
         not faster (2026-11-29: q_len 2048 over 16K host tokens, 6.3 ms vs 5.4 ms), so one buffer is the
         default.
+stream : as decode_attention's stream: the copy engine moves the host pages a chunk at a time into a small
+         HBM ring (2 slots x (K, V) x <= 16 MiB) on a side stream while the tiled kernel attends the queries
+         to the previous chunk; every pass (each ring chunk, the HBM-resident past pages, then the new tokens
+         alone) writes fp32 O and its LSE, and the passes are merged with a softmax over the LSEs. Past K/V
+         cross the link once, by DMA instead of SM loads. See stream_chunk_pages / stream_passes.
 
 The split plan (chunk size, buffers, CTAs per KV head) is host-side arithmetic on the SM count and shared
-memory: see plan_tiled.
+memory: see plan_tiled. stream plans each of its passes the same way.
 
-host_load picks the cp.async form that copies the past K/V pages (both variants): "cg" caches in L2 only
-(the default, with which the 2026-11-29 H200 rows were measured); "ca" goes through L1, the form with which
-the decode kernel streams host memory at the link's rate (.cg stalled near 21 GB/s there). The kernel never
-writes the pages, so L1's lack of coherence within a launch cannot serve stale bytes; the new K/V and the
-partial state stay on "cg".
+host_load picks the cp.async form that copies the past K/V pages (all variants; for stream, the ring's
+pages): "cg" caches in L2 only (the default, with which the 2026-11-29 H200 rows were measured); "ca" goes
+through L1, the form with which the decode kernel streams host memory at the link's rate (.cg stalled near
+21 GB/s there). The kernel never writes the pages, so L1's lack of coherence within a launch cannot serve
+stale bytes; the new K/V and the partial state stay on "cg".
 """
 
 from __future__ import annotations
@@ -32,11 +37,12 @@ import torch
 
 from directkv.errors import check, unknown_name
 from directkv.kernels.cuda import build
+from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES, stream_schedule
 from directkv.kernels.paged import PagedKV
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import prefill_traffic
 
-VARIANTS = ("naive", "tiled")
+VARIANTS = ("naive", "tiled", "stream")
 HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/directkv/dispatch.h)
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
 HEAD_DIMS = (64, 128)
@@ -44,6 +50,10 @@ TILE_Q = 64  # query rows per naive CTA (4 warps x 16): the kernel's only Q tile
 TILE_KV = 64  # keys per shared-memory tile: the kernel's only K/V tile
 SMEM_PAD = 8  # elements of padding per shared-memory row (bank-conflict-free ldmatrix)
 WORKSPACE_CAP = 3 << 30  # bytes of split partial state at most; fewer splits beyond it
+STREAM_SLOTS = 2  # ring slots: one is filled by the copy engine while the kernel reads the other
+STREAM_CHUNK_BYTES = MAX_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (V the same): 16 MiB
+# A min_chunks cut stops at chunks this small: each chunk costs ~0.1 ms of launches (decode's plan_stream).
+STREAM_MIN_CHUNK_BYTES = 2 << 20
 # key -> (weakref to the block table, Traffic): a new table at a recycled address must not hit an old entry
 _TRAFFIC_MEMO: dict[tuple, tuple[weakref.ref, Traffic]] = {}
 
@@ -111,11 +121,28 @@ def _device_limits(device: int) -> tuple[int, int]:
         return tuple(build.load("prefill_attention").device_limits())
 
 
-def _check_inputs(q, k_new, v_new, kv: PagedKV, variant: str, tile_q: int, tile_kv: int, out, host_load: str) -> None:
+def check_stream_options(variant: str, chunk_bytes: int | None, min_chunks: int) -> None:
+    """chunk_bytes and min_chunks belong to the stream variant; their values before any tensor is touched."""
+    if variant != "stream":
+        check(chunk_bytes is None and min_chunks == 1, f"chunk_bytes / min_chunks are options of variant 'stream'; "
+              f"got variant {variant!r} with chunk_bytes={chunk_bytes!r}, min_chunks={min_chunks!r}")
+        return
+    check(isinstance(min_chunks, int) and not isinstance(min_chunks, bool) and min_chunks >= 1,
+          f"min_chunks {min_chunks!r} must be an int >= 1")
+    if chunk_bytes is not None:
+        check(isinstance(chunk_bytes, int) and not isinstance(chunk_bytes, bool)
+              and 1 <= chunk_bytes <= STREAM_CHUNK_BYTES,
+              f"chunk_bytes {chunk_bytes!r} must be an int in 1..{STREAM_CHUNK_BYTES} (ring of {STREAM_SLOTS} slots "
+              f"x (K, V) <= {MAX_RING_BYTES} B)")
+
+
+def _check_inputs(q, k_new, v_new, kv: PagedKV, variant: str, tile_q: int, tile_kv: int, out, host_load: str,
+                  chunk_bytes: int | None = None, min_chunks: int = 1) -> None:
     if variant not in VARIANTS:
         raise unknown_name("prefill_attention variant", variant, VARIANTS)
     if host_load not in HOST_LOADS:
         raise unknown_name("prefill_attention host_load", host_load, HOST_LOADS)
+    check_stream_options(variant, chunk_bytes, min_chunks)
     check(tile_q == TILE_Q, f"tile_q {tile_q!r} is not supported by the CUDA kernel; valid: {TILE_Q} (query rows per CTA)")
     check(tile_kv == TILE_KV, f"tile_kv {tile_kv!r} is not supported by the CUDA kernel; valid: {TILE_KV}")
     check(q.dim() == 3, f"q must be [q_len, num_heads, head_dim]; got shape {tuple(q.shape)}")
@@ -146,11 +173,17 @@ def traffic(q_len: int, past_len: int, kv: PagedKV, *, num_heads: int, variant: 
             kv_chunk: int = TILE_KV) -> Traffic:
     """Closed-form Traffic of one call (traffic_model.prefill_traffic), memoised per block-table version.
 
-    Link bytes are exact: naive reads every past host token once per CTA of 64 rows, tiled once. HBM bytes
-    are the reference schedule's at the kernel's tiles (naive: 64 // G query tokens; tiled: tile_kv =
+    Link bytes are exact: naive reads every past host token once per CTA of 64 rows, tiled and stream once.
+    HBM bytes are the reference schedule's at the kernel's tiles (naive: 64 // G query tokens; tiled: tile_kv =
     kv_chunk); the kernel's chunks also straddle the past / new boundary and its merge adds one partial pass
-    per split, which the closed form leaves out.
+    per split, which the closed form leaves out. stream is tiled's closed form (at the kv_chunk tiled would
+    plan for the whole call) plus the ring: every host byte is written into it and read back from it; its
+    per-pass plans, fp32 pass outputs and final merge are left out.
     """
+    if variant == "stream":
+        t = traffic(q_len, past_len, kv, num_heads=num_heads, variant="tiled", causal=causal, kv_chunk=kv_chunk)
+        return Traffic(t.link_read_bytes, t.link_write_bytes, t.hbm_read_bytes + t.link_read_bytes,
+                       t.hbm_write_bytes + t.link_read_bytes, t.flops)
     table = kv.block_table
     key = (variant, q_len, past_len, num_heads, kv.num_kv_heads, kv.head_dim, kv.dtype, causal, kv_chunk,
            id(table), table._version, kv.page_size)
@@ -191,6 +224,8 @@ def prefill_attention(
     num_splits: int | None = None,
     double_buffer: bool = False,
     host_load: str = "cg",
+    chunk_bytes: int | None = None,
+    min_chunks: int = 1,
 ) -> tuple[torch.Tensor, Traffic]:
     """Attention of q_len new tokens over the past_len = kv.seq_lens[0] cached tokens and themselves.
 
@@ -202,52 +237,192 @@ def prefill_attention(
     kv : one-sequence paged cache; pools `[num_pages, page_size, num_kv_heads, head_dim]`, host pools as
         zero-copy views of pinned memory (or pinned CPU tensors), HBM pools on the GPU; block_table
         `[1, max_pages]` and seq_lens `[1]` int32 (CPU or GPU; a CPU block table is copied to the GPU).
-    variant : "naive" or "tiled" (module docstring).
+    variant : "naive", "tiled" or "stream" (module docstring).
     causal : new query i sees new tokens j <= i (all past tokens always).
     tile_q, tile_kv : must be 64 (query rows per naive CTA, keys per shared-memory tile).
     sm_scale : softmax scale, default 1 / sqrt(head_dim).
     out : optional `[q_len, num_heads, head_dim]` output buffer (q's dtype).
-    kv_chunk, num_splits, double_buffer : tiled only: force the stationary chunk (keys, multiple of 64), the
-        CTAs per KV head (None plans them, see plan_tiled) and two half-size chunk buffers (load the next
-        chunk while computing the current one).
+    kv_chunk, num_splits, double_buffer : tiled and each pass of stream: force the stationary chunk (keys,
+        multiple of 64), the CTAs per KV head (None plans them, see plan_tiled) and two half-size chunk
+        buffers (load the next chunk while computing the current one).
     host_load : "cg" (L2 only, default) or "ca" (through L1): how the past K/V pages are copied (module
         docstring). It changes no result and no closed-form traffic.
+    chunk_bytes, min_chunks : stream only: bytes of K per ring chunk (default and at most STREAM_CHUNK_BYTES)
+        and a cut of small caches into at least that many chunks (see stream_chunk_pages).
 
     Returns
     -------
-    (out `[q_len, num_heads, head_dim]`, Traffic from the closed form, see `traffic`)
+    (out `[q_len, num_heads, head_dim]`, Traffic from the closed form, see `traffic`). stream reads the
+    block table on the CPU every call (a device sync when it lives on the GPU).
     """
-    _check_inputs(q, k_new, v_new, kv, variant, tile_q, tile_kv, out, host_load)
+    _check_inputs(q, k_new, v_new, kv, variant, tile_q, tile_kv, out, host_load, chunk_bytes, min_chunks)
     q_len, num_heads, head_dim = q.shape
     past_len = int(kv.seq_lens[0])
     pages = -(-past_len // kv.page_size)
     check(past_len >= 0 and pages <= kv.block_table.shape[1], f"past_len {past_len} needs {pages} pages; the block "
           f"table has {kv.block_table.shape[1]}")
-    table = kv.block_table[0]
-    if table.device != q.device or table.dtype != torch.int32:
-        table = table.to(device=q.device, dtype=torch.int32)
-    table = table.contiguous()
     out = torch.empty_like(q) if out is None else out
-    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+    launch = dict(causal=bool(causal), scale=scale, host_load=host_load)
+    tiled_opts = dict(kv_chunk=kv_chunk, num_splits=num_splits, double_buffer=double_buffer)
+    # stream's Traffic is tiled's closed form, at the plan tiled would make for the whole call
+    plan = None if variant == "naive" else _plan(past_len + q_len, q, kv.num_kv_heads, **tiled_opts)
+    if variant == "stream":
+        _run_stream(q, k_new, v_new, kv, out, past_len, tiled_opts=tiled_opts, chunk_bytes=chunk_bytes,
+                    min_chunks=min_chunks, **launch)
+    else:
+        table = kv.block_table[0]
+        if table.device != q.device or table.dtype != torch.int32:
+            table = table.to(device=q.device, dtype=torch.int32)
+        pools = (kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v)
+        _launch(q, k_new, v_new, pools, table.contiguous(), past_len, variant=variant, plan=plan, include_new=True,
+                out=out, **launch)
+    t = traffic(q_len, past_len, kv, num_heads=num_heads, variant=variant, causal=causal,
+                kv_chunk=TILE_KV if plan is None else plan.kv_chunk)
+    return out, t
+
+
+def _plan(keys: int, q: torch.Tensor, num_kv_heads: int, *, kv_chunk, num_splits, double_buffer) -> TiledPlan:
+    """plan_tiled for `keys` keys per KV head on q's device."""
+    q_len, num_heads, head_dim = q.shape
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    sms, smem = _device_limits(device)
+    return plan_tiled(keys, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype_bytes=q.element_size(),
+                      part_bytes_per_split=q_len * num_heads * (head_dim + 2) * 4, sms=sms, smem_optin=smem,
+                      kv_chunk=kv_chunk, num_splits=num_splits, double_buffer=double_buffer)
+
+
+def _launch(q, k_new, v_new, pools, table, past_len: int, *, variant: str, plan: TiledPlan | None, include_new: bool,
+            causal: bool, scale: float, host_load: str, out=None, out_f32=None, lse_out=None) -> None:
+    """One kernel call on the current stream. pools: (host_k, host_v, hbm_k, hbm_v); table: int32 CUDA
+    entries of the past pages (None when past_len is 0); out_f32 / lse_out (tiled only) instead of out."""
+    q_len, num_heads, head_dim = q.shape
+    num_kv_heads, page_size = pools[0].shape[2], pools[0].shape[1]
     part_o = part_ml = None
-    plan = TiledPlan(0, 0, 1, 4 * 32)
-    if variant == "tiled":
-        sms, smem = _device_limits(device)
-        plan = plan_tiled(past_len + q_len, num_kv_heads=kv.num_kv_heads, head_dim=head_dim,
-                          dtype_bytes=q.element_size(), part_bytes_per_split=q_len * num_heads * (head_dim + 2) * 4,
-                          sms=sms, smem_optin=smem, kv_chunk=kv_chunk, num_splits=num_splits,
-                          double_buffer=double_buffer)
+    if plan is None:
+        plan = TiledPlan(0, 0, 1, 4 * 32)
+    else:
         part_o = torch.empty(plan.num_splits, q_len, num_heads, head_dim, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(plan.num_splits, q_len, num_heads, 2, dtype=torch.float32, device=q.device)
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
     build.load("prefill_attention").run(
-        q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), kv.host_k.data_ptr(), kv.host_v.data_ptr(),
-        kv.hbm_k.data_ptr(), kv.hbm_v.data_ptr(), table.data_ptr(), out.data_ptr(), ptr(part_o), ptr(part_ml),
-        q_len, past_len, num_heads, kv.num_kv_heads, head_dim, kv.page_size, bool(causal),
-        VARIANTS.index(variant), plan.kv_chunk, plan.num_splits, plan.threads, plan.num_buffers, float(scale),
-        DTYPE_CODES[q.dtype], HOST_LOADS.index(host_load), torch.cuda.current_stream(q.device).cuda_stream,
+        q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), *(t.data_ptr() for t in pools), ptr(table), ptr(out),
+        ptr(out_f32), ptr(lse_out), ptr(part_o), ptr(part_ml), q_len, past_len, num_heads, num_kv_heads, head_dim,
+        page_size, causal, include_new, VARIANTS.index(variant), plan.kv_chunk, plan.num_splits, plan.threads,
+        plan.num_buffers, scale, DTYPE_CODES[q.dtype], HOST_LOADS.index(host_load),
+        torch.cuda.current_stream(q.device).cuda_stream,
     )  # fmt: skip
-    t = traffic(q_len, past_len, kv, num_heads=num_heads, variant=variant, causal=causal,
-                kv_chunk=plan.kv_chunk if variant == "tiled" else TILE_KV)
-    return out, t
+
+
+# --- stream variant -------------------------------------------------------------------------------
+
+
+def stream_chunk_pages(host_pages: int, page_bytes: int, *, chunk_bytes: int | None = None, min_chunks: int = 1) -> int:
+    """Pages per ring chunk for `host_pages` host pages of `page_bytes` bytes (of K; V the same).
+
+    chunk_bytes (default STREAM_CHUNK_BYTES, the most the 64 MiB ring of 2 slots x (K, V) allows) rounded down
+    to whole pages and to the host pages there are; min_chunks > 1 cuts a small cache into that many chunks
+    so copy and math overlap, but not into chunks below STREAM_MIN_CHUNK_BYTES (each chunk costs launches),
+    as decode's plan_stream does.
+    """
+    check_stream_options("stream", chunk_bytes, min_chunks)
+    chunk_bytes = STREAM_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    pages = chunk_bytes // page_bytes
+    check(pages >= 1, f"chunk_bytes {chunk_bytes} holds no KV page of {page_bytes} B; valid: "
+          f"{page_bytes}..{STREAM_CHUNK_BYTES}")
+    cut = max(math.ceil(host_pages / min_chunks), STREAM_MIN_CHUNK_BYTES // page_bytes, 1)
+    return min(pages, cut, max(host_pages, 1))  # no ring bigger than the pages it will hold
+
+
+@dataclass(frozen=True)
+class StreamPass:
+    """One pass of the stream variant over part of the past (include_new = 0).
+
+    table : `[width]` int32 CPU block table of the pass: ring positions -(pos + 1) for a ring chunk, the
+        original (negative) entries for the HBM-page pass; pages in logical order, so a partly filled last
+        page stays last and past_len counts the pass's tokens exactly.
+    copies : ring chunk only: the (first host page, first ring position, pages) runs to copy; () for HBM.
+    """
+
+    table: torch.Tensor
+    past_len: int
+    copies: tuple[tuple[int, int, int], ...]
+    ring: bool
+
+
+def stream_passes(block_table: torch.Tensor, past_len: int, page_size: int, chunk_pages: int) -> list[StreamPass]:
+    """The passes over the past of one sequence (CPU in, CPU out): ring chunks of <= chunk_pages host pages in
+    copy order, then one over the HBM-resident pages if any (decode_attention.stream_schedule, batch 1). A pass
+    with no tokens is dropped (the kernel refuses zero keys); past_len 0 gives none."""
+    if past_len == 0:
+        return []
+    table = block_table.reshape(1, -1)[:, : -(-past_len // page_size)].cpu()
+    tables, lens, copies, _ = stream_schedule(table, torch.tensor([past_len]), page_size, chunk_pages)
+    passes = []
+    for i in range(tables.shape[0]):
+        ring = i < len(copies)
+        if int(lens[i, 0]) > 0:
+            passes.append(StreamPass(tables[i, 0], int(lens[i, 0]), tuple(copies[i]) if ring else (), ring))
+    return passes
+
+
+# device -> (side stream, filled events, freed events): one copy stream per device, reused by every call
+_SIDE: dict[int, tuple[torch.cuda.Stream, list[torch.cuda.Event], list[torch.cuda.Event]]] = {}
+
+
+def _side(device: torch.device):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE:
+        _SIDE[index] = (torch.cuda.Stream(device), [torch.cuda.Event() for _ in range(STREAM_SLOTS)],
+                        [torch.cuda.Event() for _ in range(STREAM_SLOTS)])
+    return _SIDE[index]
+
+
+def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts: dict, chunk_bytes: int | None,
+                min_chunks: int, **launch) -> None:
+    """Ring passes (copy on the side stream, attend on the current one), the HBM-page pass, the new tokens'
+    pass; each writes fp32 O / LSE, merged by a softmax over the LSEs. No host sync per chunk."""
+    q_len, num_heads, _ = q.shape
+    table = kv.block_table[:1, : -(-past_len // kv.page_size)].cpu()
+    page_bytes = math.prod(kv.host_k.shape[1:]) * kv.host_k.element_size()
+    host_pages = len(torch.unique(table[table >= 0]))
+    chunk_pages = stream_chunk_pages(host_pages, page_bytes, chunk_bytes=chunk_bytes, min_chunks=min_chunks)
+    passes = stream_passes(table, past_len, kv.page_size, chunk_pages)
+    o_parts = torch.empty((len(passes) + 1, *q.shape), dtype=torch.float32, device=q.device)
+    lse_parts = torch.empty((len(passes) + 1, q_len, num_heads), dtype=torch.float32, device=q.device)
+    plan = lambda keys: _plan(keys, q, kv.num_kv_heads, **tiled_opts)  # noqa: E731
+    if passes:
+        tables = torch.stack([p.table for p in passes]).to(q.device)
+    main = torch.cuda.current_stream(q.device)
+    if any(p.ring for p in passes):
+        ring_shape = (STREAM_SLOTS, chunk_pages, *kv.host_k.shape[1:])
+        ring_k = torch.empty(ring_shape, dtype=q.dtype, device=q.device)
+        ring_v = torch.empty(ring_shape, dtype=q.dtype, device=q.device)
+        side, filled, freed = _side(q.device)
+        side.wait_stream(main)  # the ring's previous users and the pools' writers come first
+        copy_async = build.load("decode_attention").copy_async
+        host = (kv.host_k.data_ptr(), kv.host_v.data_ptr())
+    for c, ps in enumerate(passes):
+        if ps.ring:  # ring chunks come first in stream_passes, so c counts them
+            slot = c % STREAM_SLOTS
+            if c >= STREAM_SLOTS:
+                side.wait_event(freed[slot])  # the kernel of chunk c - STREAM_SLOTS is done with the slot
+            rings = (ring_k[slot], ring_v[slot])
+            for src, dst, n in ps.copies:
+                for ring, base in zip(rings, host, strict=True):
+                    copy_async(ring.data_ptr() + dst * page_bytes, base + src * page_bytes, n * page_bytes,
+                               side.cuda_stream)
+            filled[slot].record(side)
+            main.wait_event(filled[slot])
+            pools = (*rings, *rings)
+        else:
+            pools = (kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v)
+        _launch(q, k_new, v_new, pools, tables[c], ps.past_len, variant="tiled", plan=plan(ps.past_len),
+                include_new=False, out_f32=o_parts[c], lse_out=lse_parts[c], **launch)
+        if ps.ring:
+            freed[slot].record(main)
+    _launch(q, k_new, v_new, (kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), None, 0, variant="tiled", plan=plan(q_len),
+            include_new=True, out_f32=o_parts[-1], lse_out=lse_parts[-1], **launch)
+    # Every row sees at least its first new token in the last pass, so no row's LSEs are all -inf.
+    weights = torch.softmax(lse_parts, dim=0)
+    out.copy_((o_parts * weights.unsqueeze(-1)).sum(0))
