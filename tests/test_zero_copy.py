@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from directkv.errors import ConfigError
 from directkv.kernels.cuda.zero_copy import _HostArray, device_view, pinned_empty
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -31,10 +32,10 @@ def test_cpu_fallback_returns_the_tensor():
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("register", [False, True], ids=["torch-pinned", "host-register"])
+@pytest.mark.parametrize("alloc", ["torch", "host_alloc", "register"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.int32])
-def test_view_aliases_pinned_memory(dtype, register):
-    pinned = pinned_empty((37, 5, 8), dtype, register=register)
+def test_view_aliases_pinned_memory(dtype, alloc):
+    pinned = pinned_empty((37, 5, 8), dtype, alloc=alloc)
     assert pinned.is_pinned()
     pinned.copy_(torch.randn(pinned.shape).to(dtype))
     view = device_view(pinned)
@@ -67,13 +68,36 @@ def test_view_of_a_strided_slice_and_lifetime():
 
 @pytest.mark.gpu
 @needs_gpu
-def test_registered_memory_copies_exactly():
-    """Exact-size registered memory: zeroed, reported pinned, and async copies both ways are exact."""
-    host = pinned_empty((1000, 33), torch.bfloat16, register=True)
-    assert host.is_pinned() and torch.count_nonzero(host) == 0  # zeroed before locking
+@pytest.mark.parametrize("alloc", ["host_alloc", "register"])
+def test_exact_size_pinned_memory_copies_exactly(alloc):
+    """Exact-size pinned memory: reported pinned, async copies both ways exact, zero-copy view aliases it."""
+    host = pinned_empty((1000, 33), torch.bfloat16, alloc=alloc)
+    assert host.is_pinned() and host.shape == (1000, 33) and host.dtype == torch.bfloat16
     src = torch.randn(host.shape, device="cuda").to(torch.bfloat16)
     host.copy_(src, non_blocking=True)
     back = torch.empty_like(src)
     back.copy_(host, non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(back, src)
+    assert torch.equal(device_view(host).cpu(), src.cpu())
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_host_alloc_memory_lives_as_long_as_any_view():
+    import gc
+
+    host = pinned_empty((64, 128), torch.float16, alloc="host_alloc")
+    part = host[8:16]
+    del host
+    gc.collect()
+    fresh = torch.randn(part.shape, device="cuda").to(torch.float16)
+    part.copy_(fresh)  # would fault if the memory had been freed with the base tensor
+    assert torch.equal(part, fresh.cpu())
+
+
+def test_unknown_pinned_allocation_is_one_line_error():
+    if not torch.cuda.is_available():
+        pytest.skip("the allocation kind is only checked where pinning happens")
+    with pytest.raises(ConfigError, match="valid: host_alloc, register, torch"):
+        pinned_empty((4,), torch.float16, alloc="mmap")

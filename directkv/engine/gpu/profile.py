@@ -1,10 +1,11 @@
 """Where a serving step's time goes: serve one fixed batch with torch.profiler on and print the top ops.
 
 For finding executor overheads (host syncs, per-page copies, Python launches) rather than for results:
-nothing is written to the results tree. Each step's CUDA-event time is printed beside its kind, so decode
-steps and prompt-chunk steps can be told apart.
+nothing is written to the results tree. Every step's CUDA-event time is printed beside its kind, so decode
+steps and prompt-chunk steps can be told apart; only the steps picked by `skip` / `count` run under the
+profiler (a whole 16K-context run under it took minutes to parse on the H200).
 
-Run: python -m directkv.engine.gpu.profile --system swap --context 16384 --batch 4 --output 4 [--rows 25]
+Run: python -m directkv.engine.gpu.profile --system swap --context 16384 --batch 4 --output 4 --skip 8 --count 2
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ WATCHED = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchroni
 
 def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled", context: int = 16384,
             batch: int = 4, output: int = 4, max_batched_tokens: int = 2048, rows: int = 25,
-            hbm_budget_gb: float = 96.0) -> None:
+            hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2) -> None:
     spec = get_model(model)
     policy = SystemPolicy(system, variant if system == "directkv" else "")
     mem = MemoryConfig(hbm_budget_gb * 1e9, 0.9 * 128e9)
@@ -37,27 +38,38 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     requests = synthetic_workload(batch, context, output).requests
     steps: list[tuple[str, float]] = []
     inner = GPUStepper.run_step
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(activities=activities)
 
     def run_step(self, step):  # records (kind, seconds) of every step, the executor's warm-up first
+        picked = skip <= len(steps) < skip + count
+        if picked and len(steps) == skip:
+            prof.start()
         cost = inner(self, step)
-        steps.append((f"{len(step.decodes)}d+{sum(c.chunk_len for c in step.prefills)}p", cost.time_s))
+        if picked and len(steps) == skip + count - 1:
+            prof.stop()
+        kind = f"{len(step.decodes)}d+{sum(c.chunk_len for c in step.prefills)}p"
+        steps.append((kind + ("*" if picked else ""), cost.time_s))
         return cost
 
     GPUStepper.run_step = run_step
     try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
-            res, extra = run_gpu(requests, policy, spec, mem=mem, sched_cfg=sched,
-                                 device="cuda" if torch.cuda.is_available() else "cpu")
+        res, extra = run_gpu(requests, policy, spec, mem=mem, sched_cfg=sched,
+                             device="cuda" if torch.cuda.is_available() else "cpu")
     finally:
         GPUStepper.run_step = inner
     print(f"== {system} {model} context {context} batch {batch} output {output}: {res.steps} steps, "
           f"{res.duration_s:.2f} s engine time, TPOT {res.metrics['mean_tpot_ms']:.1f} ms, "
           f"GPU {res.gpu_mem_bytes / 1e9:.1f} GB, link read {res.traffic.link_read_bytes / 1e9:.1f} GB, {extra}")
+    if len(steps) < skip + count:
+        print(f"only {len(steps)} steps: nothing profiled past step {skip}")
+        return
     events = prof.key_averages()
     counts = Counter({e.key: e.count for e in events if e.key in WATCHED})
     print("host calls:", dict(counts))
-    print("steps (kind: decodes d + prompt tokens p, ms):", ", ".join(f"{k} {t * 1e3:.1f}" for k, t in steps))
+    print("steps (kind: decodes d + prompt tokens p, * = profiled; ms):", ", ".join(f"{k} {t * 1e3:.1f}" for k, t in steps))
     print(events.table(sort_by="self_cpu_time_total", row_limit=rows))
     print(events.table(sort_by="self_device_time_total" if hasattr(events[0], "self_device_time_total")
                        else "self_cuda_time_total", row_limit=rows))
@@ -73,9 +85,11 @@ def main() -> None:
     ap.add_argument("--output", type=int, default=4)
     ap.add_argument("--max-batched-tokens", type=int, default=2048)
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--skip", type=int, default=8, help="steps (warm-up included) to run before profiling")
+    ap.add_argument("--count", type=int, default=2, help="steps to profile")
     a = ap.parse_args()
     profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
-            max_batched_tokens=a.max_batched_tokens, rows=a.rows)
+            max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Bandwidth ceilings measured in the same run as the kernels they judge.
 
 sm_read_gbps  : SMs streaming pinned host memory through a zero-copy view (csrc probe kernel): the ceiling
-                of every zero-copy kernel.
+                of every zero-copy kernel. The buffer comes from cudaHostAlloc, as the KV arena's does;
+                sm_read_<alloc>_gbps repeat the probe over torch's pinned allocator and over registered memory
+                (zero_copy.ALLOCS), because SM loads do not read every kind of pinned memory equally fast.
 ce_h2d_gbps   : copy engine, pinned host -> HBM (torch copy, non_blocking); the ceiling of staging.
 ce_d2h_gbps   : copy engine, HBM -> pinned host.
 hbm_copy_gbps : HBM -> HBM copy, bytes read plus bytes written.
@@ -52,17 +54,24 @@ def _copy_gbps(dst: torch.Tensor, src: torch.Tensor, *, repeats: int, bytes_fact
 def measure_ceilings(nbytes: int = 2**30, *, repeats: int = 5) -> dict[str, float]:
     """Measure the four ceilings over buffers of `nbytes` (default 1 GiB: ~17x the H200's L2).
 
-    Returns {"sm_read_gbps", "ce_h2d_gbps", "ce_d2h_gbps", "hbm_copy_gbps", "probe_bytes"}.
+    Returns {"sm_read_gbps", "ce_h2d_gbps", "ce_d2h_gbps", "hbm_copy_gbps", "probe_bytes",
+    "sm_read_torch_gbps", "sm_read_register_gbps"}.
     """
     check(torch.cuda.is_available(), "measure_ceilings needs a CUDA GPU")
     check(nbytes >= 2**20 and nbytes % 16 == 0, f"nbytes must be >= 1 MiB and a multiple of 16; got {nbytes}")
-    host = pinned_empty((nbytes,), torch.uint8)
+    host = pinned_empty((nbytes,), torch.uint8, alloc="host_alloc")
     hbm = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")  # random, never zeros
     hbm2 = torch.empty_like(hbm)
     d2h = _copy_gbps(host, hbm, repeats=repeats)  # also fills the pinned buffer with the random bytes
     h2d = _copy_gbps(hbm2, host, repeats=repeats)
     hbm_copy = _copy_gbps(hbm2, hbm, repeats=repeats, bytes_factor=2)
     sm_read = stream_read_gbps(device_view(host), repeats=repeats)
+    others = {}
+    for alloc in ("torch", "register"):
+        other = pinned_empty((nbytes,), torch.uint8, alloc=alloc)
+        other.copy_(hbm)
+        others[f"sm_read_{alloc}_gbps"] = stream_read_gbps(device_view(other), repeats=repeats)
+        del other
     torch.cuda.synchronize()
     return {"sm_read_gbps": sm_read, "ce_h2d_gbps": h2d, "ce_d2h_gbps": d2h, "hbm_copy_gbps": hbm_copy,
-            "probe_bytes": float(nbytes)}
+            "probe_bytes": float(nbytes)} | others

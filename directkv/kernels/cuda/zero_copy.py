@@ -5,19 +5,26 @@ so a CUDA tensor built on that pointer lets any kernel read and write the host m
 The view is built through the `__cuda_array_interface__` protocol, which torch imports without copying;
 the holder object keeps the pinned tensor alive for as long as the view lives.
 
-Large buffers are page-locked with cudaHostRegister rather than torch's pinned allocator: that allocator
-rounds every block up to a power of two, so two 43 GB K/V arenas would lock 128 GB of host memory.
+Large buffers (>= EXACT_MIN_BYTES) are allocated with cudaHostAlloc at their exact size (csrc/ops/
+host_memory.cu): torch's pinned allocator rounds every block up to a power of two, so two 43 GB K/V arenas
+would lock 128 GB. Locking ordinary memory after the fact (cudaHostRegister, alloc="register") also works
+but SM zero-copy loads read it more slowly on the H200 (measure_ceilings reports both).
 
 Without CUDA the same calls degrade to ordinary CPU tensors, so code above (the KV manager) runs unchanged.
 """
 
 from __future__ import annotations
 
+import ctypes
+import math
 import weakref
 
 import torch
 
-REGISTER_MIN_BYTES = 1 << 30  # from this size on, pinned_empty registers exact-size memory (see above)
+from directkv.errors import unknown_name
+
+EXACT_MIN_BYTES = 1 << 30  # from this size on, pinned_empty allocates exactly (cudaHostAlloc, see above)
+ALLOCS = ("torch", "host_alloc", "register")
 _REGISTERED = 3  # cudaHostRegisterPortable | cudaHostRegisterMapped: visible to every device, UVA-mapped
 
 # Array-interface type strings; bf16 has none and travels as int16 (same size), then is viewed back.
@@ -52,23 +59,33 @@ class _HostArray:
         }
 
 
-def pinned_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, *, register: bool | None = None
+def pinned_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, *, alloc: str | None = None
                  ) -> torch.Tensor:
-    """A page-locked CPU tensor of `shape` (an ordinary CPU tensor without CUDA).
+    """A page-locked CPU tensor of `shape`, uninitialised (an ordinary CPU tensor without CUDA).
 
-    register : True locks exactly the tensor's bytes with cudaHostRegister (the memory is zeroed first, by
-        torch's threads, so the page faults are spread over cores); False uses torch's pinned allocator
-        (contents uninitialised); None picks register from REGISTER_MIN_BYTES on. A registered tensor is
-        unregistered when it is garbage-collected; keep it (not only a slice of it) alive while it is used.
+    alloc : "torch" (torch's pinned allocator: cached, rounded up to a power of two), "host_alloc" (exact
+        size, cudaHostAlloc; freed when the last tensor viewing it is freed) or "register" (exact size,
+        torch memory zeroed then cudaHostRegister'ed; unregistered when this tensor object is collected, so
+        keep it, not only slices of it). None: "host_alloc" from EXACT_MIN_BYTES on, else "torch".
     """
     shape = tuple(shape)
     if not torch.cuda.is_available():
         return torch.empty(shape, dtype=dtype)
-    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-    if register is None:
-        register = nbytes >= REGISTER_MIN_BYTES
-    if not register or nbytes == 0:
+    if alloc is not None and alloc not in ALLOCS:
+        raise unknown_name("pinned allocation", alloc, ALLOCS)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if alloc is None:
+        alloc = "host_alloc" if nbytes >= EXACT_MIN_BYTES else "torch"
+    if alloc == "torch" or nbytes == 0:
         return torch.empty(shape, dtype=dtype, pin_memory=nbytes > 0)
+    if alloc == "host_alloc":
+        from directkv.kernels.cuda import build
+
+        mod = build.load("host_memory")
+        ptr = mod.host_alloc(nbytes)
+        owner = (ctypes.c_ubyte * nbytes).from_address(ptr)  # the buffer torch.frombuffer keeps alive
+        weakref.finalize(owner, mod.host_free, ptr)  # runs once the last tensor over the memory is gone
+        return torch.frombuffer(owner, dtype=torch.uint8).view(dtype).view(shape)
     t = torch.zeros(shape, dtype=dtype)
     cudart = torch.cuda.cudart()
     err = cudart.cudaHostRegister(t.data_ptr(), nbytes, _REGISTERED)
