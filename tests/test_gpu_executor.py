@@ -92,3 +92,18 @@ def test_run_gpu_entry_on_cpu():
     res, extra = run_gpu(_requests(), SystemPolicy("directkv", "tiled"), SPEC, mem=mem, sched_cfg=SCHED,
                          device="cpu")
     assert res.metrics["completed"] == 5 and res.host_pinned_bytes > 0 and "pin_s" in extra
+
+
+def test_stager_copies_runs_of_host_pages_whatever_the_request_order():
+    """Pages given out in descending order still stage as one copy per run of consecutive host pages."""
+    from directkv.engine.gpu.paths import _Stager
+
+    pool = torch.arange(12 * 2, dtype=torch.float32).reshape(12, 2)
+    stager = _Stager(lambda layer: [pool], torch.device("cpu"))
+    tables = stager.plan([[5, 4, 3], [9, 8], [4]])
+    assert stager.runs == [(0, 3, 3), (3, 8, 2)]
+    stager.issue(0)
+    staged = stager.acquire(0)[0]
+    for pages, table in zip([[5, 4, 3], [9, 8], [4]], tables, strict=True):
+        rows = [-(int(e) + 1) for e in table[0]]  # staging entries are HBM pages -(i + 1)
+        assert torch.equal(staged[rows], pool[pages])

@@ -74,3 +74,16 @@ def test_page_ids_stay_inside_the_pool_after_frees():
         assert max(e for r in range(3) for e in kv.pages(round_ * 10 + r)) < kv.capacity_pages["host"]
         for r in range(3):
             kv.free(round_ * 10 + r)
+
+
+def test_recycled_pages_are_handed_out_lowest_first_in_ascending_order():
+    """Freed pages come back as runs of consecutive ids, so bulk copies (swap's stager) need few copies."""
+    m = get_model("tiny")
+    kv = KVCacheManager(m, page_size=16, hbm_budget_bytes=0, host_budget_bytes=64 * 16 * m.kv_bytes_per_token(),
+                        materialize=False)
+    kv.reserve(0, 10 * 16, "host")
+    kv.reserve(1, 10 * 16, "host")
+    kv.free(1)
+    kv.free(0)  # freed last-to-first: a plain stack would hand out 9, 8, ..., 0
+    kv.reserve(2, 20 * 16, "host")
+    assert kv.pages(2) == list(range(20))

@@ -106,8 +106,13 @@ class KVCacheManager:
         self._peak[tier] = max(self._peak[tier], self._used[tier])
         # freed ids first, then fresh ones; fresh ids only grow when every earlier id is in use, so every
         # id stays below the tier's capacity and indexes its pool
-        reuse = min(n, len(self._recycled[tier]))
-        ids = [self._recycled[tier].pop() for _ in range(reuse)]
+        # lowest freed ids first, ascending: a request's pages then form long runs of consecutive ids, which
+        # whoever copies pages in bulk (swap's stager) moves with one copy per run
+        recycled = self._recycled[tier]
+        reuse = min(n, len(recycled))
+        if reuse:
+            recycled.sort(reverse=True)
+        ids = [recycled.pop() for _ in range(reuse)]
         ids += range(self._next[tier], self._next[tier] + n - reuse)
         self._next[tier] += n - reuse
         return ids if tier == "host" else [-(i + 1) for i in ids]
