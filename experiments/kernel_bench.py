@@ -9,7 +9,7 @@ from directkv.errors import check
 from experiments.common import Setup, base_row
 
 COUNTERS = ("none", "ncu")
-NCU_VARIANTS = ("naive", "tiled", "pipelined", "tiled:ca", "pipelined:ca", "sdpa_zero_copy", "cublas_zero_copy")
+NCU_VARIANTS = ("naive", "tiled", "pipelined", "tiled:cg", "pipelined:cg", "sdpa_zero_copy", "cublas_zero_copy")
 _ceilings: dict | None = None
 
 

@@ -47,7 +47,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tor
 
 def call(op: str, variant: str, context: int, batch: int, q_len: int):
     variant, _, detail = variant.partition(":")
-    opts = {"host_load": "ca"} if detail == "ca" else {}  # the L1 host-load mode of prefill / GEMM
+    opts = {"host_load": detail} if detail in ("ca", "cg") else {}  # prefill / GEMM host-load mode
     if op == "gemm":
         a = torch.randn(context, context, dtype=torch.float16, device="cuda")
         b_host = pinned_empty((context, context), torch.float16)

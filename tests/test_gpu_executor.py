@@ -107,3 +107,16 @@ def test_stager_copies_runs_of_host_pages_whatever_the_request_order():
     for pages, table in zip([[5, 4, 3], [9, 8], [4]], tables, strict=True):
         rows = [-(int(e) + 1) for e in table[0]]  # staging entries are HBM pages -(i + 1)
         assert torch.equal(staged[rows], pool[pages])
+
+
+def test_stager_keeps_its_pool_across_steps_and_grows_by_a_quarter():
+    from directkv.engine.gpu.paths import _Stager
+
+    pool = torch.zeros(64, 2)
+    stager = _Stager(lambda layer: [pool], torch.device("cpu"))
+    stager.plan([list(range(8))])
+    held, ptr = stager.nbytes, stager.buffers[0][0].data_ptr()
+    stager.plan([[3, 4, 5]])  # a smaller step reuses the same memory
+    assert stager.nbytes == held and stager.buffers[0][0].data_ptr() == ptr and len(stager.buffers[0][0]) == 3
+    stager.plan([list(range(9))])  # 9 > 8 pages: grows to max(9, 8 * 5 // 4 = 10)
+    assert stager.capacity == 10 and len(stager.buffers[1][0]) == 9

@@ -94,7 +94,9 @@ class _Stager:
         self.device = device
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
-        self.buffers: list[list[torch.Tensor]] = [[], []]
+        self.buffers: list[list[torch.Tensor]] = [[], []]  # this step's views of the staging pool
+        self._pool: list[list[torch.Tensor]] = [[], []]  # two buffers of `capacity` pages, kept across steps
+        self.capacity = 0
         self.ready = [None, None]
         self.free = [None, None]
 
@@ -107,14 +109,18 @@ class _Stager:
         order = {e: i for i, e in enumerate(self.pages)}
         self.runs = _runs(self.pages)
         n = max(1, len(self.pages))
-        for b in range(2):
-            self.buffers[b] = [torch.empty((n, *p.shape[1:]), dtype=p.dtype, device=self.device)
-                               for p in self.host_pools(0)]
+        if n > self.capacity:  # grow by a quarter at least: a new size every step fragments torch's cache
+            self.capacity = max(n, self.capacity * 5 // 4)
+            self.buffers = [[], []]  # drop the old pair first, so both never coexist
+            self._pool = [[torch.empty((self.capacity, *p.shape[1:]), dtype=p.dtype, device=self.device)
+                           for p in self.host_pools(0)] for _ in range(2)]
+        self.buffers = [[t[:n] for t in pair] for pair in self._pool]
         return [torch.tensor([[-(order[e] + 1) for e in pages] or [0]], dtype=torch.int32) for pages in page_lists]
 
     @property
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for buf in self.buffers for b in buf)
+        """HBM the staging pool holds (its capacity, not this step's share)."""
+        return sum(b.numel() * b.element_size() for buf in self._pool for b in buf)
 
     def issue(self, layer: int) -> None:
         buf = layer % 2

@@ -27,9 +27,9 @@ from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 KERNELS = {
     "naive": {},
     "tiled": {},
-    "tiled:ca": {"host_load": "ca"},  # B copied through L1 (cp.async.ca) instead of L2 only
+    "tiled:cg": {"host_load": "cg"},  # B copied to L2 only (cp.async.cg); tiled / pipelined use .ca (through L1)
     "pipelined": {},
-    "pipelined:ca": {"host_load": "ca"},
+    "pipelined:cg": {"host_load": "cg"},
     "pipelined:no_prefetch": {"prefetch": False},
     "tiled:b_hbm": {"_b": "hbm"},
 }

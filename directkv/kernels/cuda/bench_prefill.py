@@ -33,7 +33,7 @@ from directkv.timing import time_fn
 KERNELS = {
     "naive": {},
     "tiled": {},
-    "tiled:ca": {"host_load": "ca"},  # past pages copied through L1 (cp.async.ca) instead of L2 only
+    "tiled:cg": {"host_load": "cg"},  # past pages copied to L2 only (cp.async.cg); tiled is .ca (through L1)
     "tiled:double": {"double_buffer": True},  # two half-size chunks: load one while computing the other
     "tiled:kv_hbm": {"_kv": "hbm"},
     "stream": {},  # copy engine fills a 2-slot HBM ring while the tiled kernel attends to the previous chunk
