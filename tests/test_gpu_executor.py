@@ -120,3 +120,13 @@ def test_stager_keeps_its_pool_across_steps_and_grows_by_a_quarter():
     assert stager.nbytes == held and stager.buffers[0][0].data_ptr() == ptr and len(stager.buffers[0][0]) == 3
     stager.plan([list(range(9))])  # 9 > 8 pages: grows to max(9, 8 * 5 // 4 = 10)
     assert stager.capacity == 10 and len(stager.buffers[1][0]) == 9
+
+
+def test_cpu_attention_reads_a_sequence_as_a_view_or_a_gather():
+    from directkv.engine.gpu.paths import _sequence
+
+    pool = torch.randn(10, 4, 2, 3)  # [pages, page_size, Hkv, D]
+    run = _sequence(pool, [2, 3, 4], 10)
+    assert run.data_ptr() == pool[2].data_ptr() and torch.equal(run, pool[2:5].reshape(-1, 2, 3)[:10])
+    scattered = _sequence(pool, [7, 1, 4], 9)
+    assert torch.equal(scattered, torch.cat([pool[7], pool[1], pool[4]])[:9])

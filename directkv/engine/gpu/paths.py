@@ -233,6 +233,9 @@ class CpuAttnPath(StagedPath):
         p = self.plan
         self.store(layer, k, v)
         out = torch.empty_like(q)
+        # Q of the decodes crosses first: the copy waits for the new K/V to land in host memory, and the GPU's
+        # prompt-chunk attention, queued next, then runs while the CPU attends for the decodes.
+        q_cpu = q[: p.num_decodes].to("cpu", torch.float32) if p.num_decodes else None
         if p.chunks:
             k_st, v_st = self.stager.acquire(layer)
             if layer + 1 < self.kv.model.num_layers:
@@ -246,25 +249,37 @@ class CpuAttnPath(StagedPath):
                                        self.decode_table, self.chunk_tables)
             self.stager.release(layer)
         if p.num_decodes:
-            out[: p.num_decodes] = self._cpu_decode(layer, q[: p.num_decodes])
+            out[: p.num_decodes] = self._cpu_decode(layer, q_cpu).to(q.device, q.dtype)
+            self.traffic.link_read_bytes += q_cpu.shape[0] * q.shape[1] * q.shape[2] * q.element_size()
+            self.traffic.link_write_bytes += q_cpu.shape[0] * q.shape[1] * q.shape[2] * q.element_size()
         return out
 
     def _cpu_decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Decode attention on the CPU: q `[num_decodes, Hq, D]` float32 -> out, same shape, float32.
+
+        Per sequence, K/V are read where they lie (a slice when the pages are one run of ids), converted to
+        float32 once, and the GQA group shares them through a view (no per-query-head copies).
+        """
         kv, ps = self.kv, self.kv.page_size
-        qc = q.to("cpu", torch.float32)  # Q crosses the link once; CPU math in fp32 (bf16 CPU GEMV is slow)
         k_host, v_host = kv.arena.k[layer], kv.arena.v[layer]
-        outs = []
-        group = qc.shape[1] // k_host.shape[2]
+        hkv, d = k_host.shape[2], k_host.shape[3]
+        group = q.shape[1] // hkv
+        out = torch.empty_like(q)
         for i, r in enumerate(self.plan.decode_ids):
             n = self.lens[i]
-            pages = torch.tensor(kv.pages(r)[: -(-n // ps)])
-            kk = k_host[pages].reshape(-1, *k_host.shape[2:])[:n].float().repeat_interleave(group, dim=1)
-            vv = v_host[pages].reshape(-1, *v_host.shape[2:])[:n].float().repeat_interleave(group, dim=1)
-            s = torch.einsum("hd,nhd->hn", qc[i], kk) / qc.shape[-1] ** 0.5
-            outs.append(torch.einsum("hn,nhd->hd", s.softmax(-1), vv))
-        self.traffic.link_read_bytes += q.numel() * q.element_size()
-        self.traffic.link_write_bytes += q.numel() * q.element_size()
-        return torch.stack(outs).to(q.device, q.dtype)
+            pages = kv.pages(r)[: -(-n // ps)]
+            kk = _sequence(k_host, pages, n).float()  # [n, Hkv, D]
+            vv = _sequence(v_host, pages, n).float()
+            scores = torch.bmm(q[i].view(hkv, group, d), kk.permute(1, 2, 0)) * d ** -0.5  # [Hkv, G, n]
+            out[i] = torch.bmm(scores.softmax(-1), vv.transpose(0, 1)).reshape(hkv * group, d)
+        return out
+
+
+def _sequence(pool: torch.Tensor, pages: list[int], n: int) -> torch.Tensor:
+    """The first n tokens of a sequence's pages as `[n, Hkv, D]`: a view when the ids are one ascending run."""
+    if pages and pages[-1] - pages[0] == len(pages) - 1 and pages == list(range(pages[0], pages[-1] + 1)):
+        return pool[pages[0] : pages[-1] + 1].reshape(-1, *pool.shape[2:])[:n]
+    return pool[torch.tensor(pages)].reshape(-1, *pool.shape[2:])[:n]
 
 
 def _only_chunks(p: StepPlan) -> StepPlan:
