@@ -7,7 +7,7 @@ from directkv.calibration import fit, load_all, main
 from directkv.costmodel import CALIBRATION, CostModel, Efficiency
 from directkv.specs import get_hardware
 
-RUN = Path(__file__).resolve().parents[1] / "results" / "h200" / "kernel_ablation" / "20261129-113829"
+RUN = Path(__file__).resolve().parents[1] / "results" / "h200" / "superseded" / "20261129-113829"
 
 
 def test_fit_on_the_stored_h200_run():
