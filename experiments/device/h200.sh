@@ -6,6 +6,8 @@
 # The device image has no Hydra: carry its wheels in .whl/ (pip download hydra-core omegaconf; pip wheel
 # antlr4-python3-runtime==4.9.3), which this script installs into /tmp/site.
 # Pass the commit: DIRECTKV_GIT_SHA=$(git rev-parse HEAD) (the device copy has no git history).
+# The ShareGPT / Alpaca samples live outside the checkout (../shared/data): copy them into an ignored .data/,
+# carry it, and export DIRECTKV_DATA_DIR=$PWD/.data for the rate step.
 # Results are packed into $OUT/results.tar.gz (the device tool returns at most 2 folder levels), logs into $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
