@@ -13,6 +13,20 @@ from workloads import build_workload, save_schedule, with_arrivals
 DATASETS = ("sharegpt", "alpaca")
 
 
+# options of the workload group that reach the dataset loader of the same kind
+LOADER_OPTIONS = ("path", "min_prompt", "max_prompt", "max_total")
+
+
+def dataset_options(cfg: DictConfig, dataset: str, num_requests: int) -> dict:
+    """Loader options for `dataset`: the sweep's request count and seed, plus the workload group's path and
+    length limits when that group is the dataset's (`workload=sharegpt workload.path=...`)."""
+    opts = {"num_requests": num_requests, "seed": int(cfg.seed)}
+    kind = str(cfg.workload.kind)
+    if kind == dataset:
+        opts |= {k: cfg.workload[k] for k in LOADER_OPTIONS if cfg.workload.get(k) is not None}
+    return opts
+
+
 def run(cfg: DictConfig, writer: ResultsWriter) -> None:
     s = setup(cfg)
     pols = policies(cfg)
@@ -20,9 +34,12 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
         check(d in DATASETS, f"unknown dataset {d!r}; valid: {', '.join(DATASETS)}")
     for r in cfg.rates:
         check_rate(r)
+    kind = str(cfg.workload.kind)
+    check(kind == "synthetic" or kind in cfg.datasets, f"workload={kind} sets the {kind} loader's options, but "
+          f"datasets={list(cfg.datasets)} does not include {kind}; add it or drop the workload override")
     n = as_int(cfg.num_requests, "num_requests")
     check(n >= 1, f"num_requests must be >= 1, got {n}")
-    workloads = {d: build_workload(d, num_requests=n, seed=int(cfg.seed)) for d in cfg.datasets}
+    workloads = {d: build_workload(d, **dataset_options(cfg, d, n)) for d in cfg.datasets}
     writer.manifest["workloads"] = {d: {"path": w.path, "tokenizer": w.tokenizer, "params": w.params}
                                     for d, w in workloads.items()}
     points = [(d, float(r), p) for d in cfg.datasets for r in cfg.rates for p in pols]

@@ -85,6 +85,9 @@ def _cli(*args, cwd):
     (["+exp=context_sweep", "model=tiny", "contexts=[256]", "batch_size=x"], "batch_size must be an integer"),
     (["+exp=context_sweep", "memory.page_size=3"], "page_size must be a power of two, got 3"),
     (["+exp=context_sweep", "foo=1"], "bad override: Could not override 'foo'"),
+    (["+exp=rate_sweep", "workload=alpaca", "datasets=[sharegpt]"], "datasets=['sharegpt'] does not include alpaca"),
+    (["+exp=rate_sweep", "workload=alpaca", "workload.path=/nope.json", "datasets=[alpaca]", "rates=[5]"],
+     "Alpaca file not found: '/nope.json'"),
 ])
 def test_bad_input_gets_one_line_and_exit_2(args, needle, tmp_path):
     p = _cli(*args, f"results_root={tmp_path}", cwd=tmp_path)
@@ -101,3 +104,12 @@ def test_multirun_outputs_do_not_collide(tmp_path):
     runs = sorted((tmp_path / "context_sweep").glob("*/results.parquet"))
     assert len(runs) == 2
     assert {pd.read_parquet(r)["system"].iloc[0] for r in runs} == {"directkv", "hbm"}
+
+
+def test_rate_sweep_hands_the_workload_group_to_its_dataset():
+    from experiments.rate_sweep import dataset_options
+
+    cfg = _compose(["+exp=rate_sweep", "workload=sharegpt", "workload.path=/data/sg.json", "workload.max_prompt=512"])
+    assert dataset_options(cfg, "sharegpt", 7) == {"num_requests": 7, "seed": 0, "path": "/data/sg.json",
+                                                   "min_prompt": 4, "max_prompt": 512, "max_total": 2048}
+    assert dataset_options(cfg, "alpaca", 7) == {"num_requests": 7, "seed": 0}  # another dataset's defaults

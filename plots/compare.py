@@ -1,0 +1,78 @@
+"""Measured beside simulated, one table per serving run: `python -m plots.compare RESULTS_DIR [--metric M]`.
+
+On a GPU every serving point is written twice, `mode=measured` and `mode=simulated` (the cost model on the
+same requests). This prints, per point and system, both values and their ratio as a Markdown table, so the
+gap between the model and the machine is read off rather than worked out. Points where either side is not
+`status=ok` show the status instead of a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from directkv.errors import ConfigError, check
+from plots.load import find_run_dirs, load_run
+
+# experiment -> the columns that name a point (besides system / variant)
+POINT_KEYS = {"context_sweep": ("model", "context_len", "batch_size"), "rate_sweep": ("model", "dataset", "rate")}
+METRICS = ("tpot_ms", "ttft_ms", "gpu_mem_gb", "mean_e2el_ms", "output_throughput")
+
+
+def _fmt(value: float) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+
+
+def compare_table(df: pd.DataFrame, exp: str, metric: str = "tpot_ms") -> str:
+    """Markdown table of `metric` measured / simulated / ratio per point and system of a serving run `df`."""
+    check(exp in POINT_KEYS, f"plots.compare reads serving runs; got exp {exp!r}; valid: {', '.join(POINT_KEYS)}")
+    check(metric in df.columns, f"metric {metric!r} is not a column of this run; valid: "
+          f"{', '.join(m for m in METRICS if m in df.columns)}")
+    keys = [k for k in POINT_KEYS[exp] if k in df.columns]
+    df = df.assign(label=df["system"] + df["variant"].map(lambda v: f" ({v})" if v else ""))
+    lines = ["| " + " | ".join([*keys, "system", f"measured {metric}", f"simulated {metric}", "measured / simulated"])
+             + " |", "| " + " | ".join(["---"] * (len(keys) + 4)) + " |"]
+    for point, group in df.groupby([*keys, "label"], sort=True, dropna=False):
+        cells = {}
+        for mode in ("measured", "simulated"):
+            rows = group[group["mode"] == mode]
+            if rows.empty:
+                cells[mode] = None
+            elif (rows["status"] != "ok").any():
+                cells[mode] = str(rows["status"].iloc[0])
+            else:
+                cells[mode] = float(rows[metric].iloc[0])
+        m, s = cells["measured"], cells["simulated"]
+        ratio = m / s if isinstance(m, float) and isinstance(s, float) and s else float("nan")
+        show = lambda c: "-" if c is None else (c if isinstance(c, str) else _fmt(c))  # noqa: E731
+        lines.append("| " + " | ".join([*(_fmt(v) if isinstance(v, float) else str(v) for v in point),
+                                        show(m), show(s), _fmt(ratio)]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results_dir", help="a serving run directory, or a directory above several")
+    ap.add_argument("--metric", default="tpot_ms", help=f"column to compare (e.g. {', '.join(METRICS)})")
+    args = ap.parse_args(argv)
+    try:
+        for run in find_run_dirs(Path(args.results_dir)):
+            df, manifest = load_run(run)
+            exp = str(df["exp"].iloc[0])
+            if exp not in POINT_KEYS:
+                continue
+            print(f"## {run}\n\n{compare_table(df, exp, args.metric)}\n")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
