@@ -19,6 +19,8 @@ from directkv.specs.models import ModelSpec
 
 # attend(layer, q [n, Hq, D], k [n, Hkv, D], v [n, Hkv, D]) -> out [n, Hq, D]
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# attend_async(layer, rows, q, k, v) -> wait() -> out [len(rows), Hq, D]  (see forward_pipelined)
+AsyncAttendFn = Callable[[int, slice, torch.Tensor, torch.Tensor, torch.Tensor], Callable[[], torch.Tensor]]
 
 # OPT's learned position table starts at row 2 (rows 0-1 are a padding artefact kept upstream).
 OPT_POSITION_OFFSET = 2
@@ -107,9 +109,52 @@ class ModelRunner:
             x = self._norm(x[logits_rows], w.final_norm, w.final_norm_bias)
             return (x @ w.lm_head).float()
 
+    def forward_pipelined(self, tokens: torch.Tensor, positions: torch.Tensor, attend_async: AsyncAttendFn,
+                          logits_rows: torch.Tensor, split: int) -> torch.Tensor:
+        """forward() for a batch of single-token rows cut into parts A = rows [0, split) and B = the rest,
+        software-pipelined so the attention of one part (e.g. on the CPU) overlaps the other part's
+        linear layers on the GPU (Neo's asymmetric pipeline).
+
+        attend_async(layer, rows, q, k, v) starts the attention of `rows` (a slice of the batch) and returns
+        a callable that waits for it and gives the output `[len(rows), Hq, D]`. Order per layer L: finish
+        A(L - 1) and start A(L), then finish B(L - 1) and start B(L): while the attention of one part runs,
+        the other part's projections and MLP are issued. Rows must not attend to each other (decode rows:
+        the parts never see each other's K/V within a step). Same result as forward().
+        """
+        tokens, positions, logits_rows = self._inputs(tokens, positions, logits_rows)
+        n = tokens.numel()
+        check(isinstance(split, int) and 0 < split < n, f"split must cut the {n} rows into two parts; got {split!r}")
+        spec, w = self.spec, self.weights
+        parts = (slice(0, split), slice(split, n))
+        with torch.no_grad():
+            x = w.embed[tokens]
+            if spec.family == "opt":
+                x = x + w.pos_embed[positions + OPT_POSITION_OFFSET]
+            rot = self.rope.lookup(positions) if self.rope is not None else None
+            xs = [x[r] for r in parts]
+            rots = [None if rot is None else (rot[0][r], rot[1][r]) for r in parts]
+            wait: list = [None, None]
+            for index, layer in enumerate(w.layers):
+                for p, rows in enumerate(parts):
+                    if wait[p] is not None:  # this part's previous layer: its attention ran meanwhile
+                        xs[p] = self._post(index - 1, w.layers[index - 1], xs[p], wait[p](), p)
+                    q, k, v = self._pre(layer, xs[p], rots[p])
+                    wait[p] = attend_async(index, rows, q, k, v)
+            last = len(w.layers) - 1
+            for p in range(2):
+                xs[p] = self._post(last, w.layers[last], xs[p], wait[p](), p)
+            x = self._norm(torch.cat(xs)[logits_rows], w.final_norm, w.final_norm_bias)
+            return (x @ w.lm_head).float()
+
     # ---- internals -----------------------------------------------------------------------------
     def _layer(self, index: int, layer: LayerWeights, x: torch.Tensor,
                rot: tuple[torch.Tensor, torch.Tensor] | None, attend: AttendFn) -> torch.Tensor:
+        q, k, v = self._pre(layer, x, rot)
+        return self._post(index, layer, x, attend(index, q, k, v))
+
+    def _pre(self, layer: LayerWeights, x: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor] | None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Norm, QKV projection and RoPE: q `[n, Hq, D]`, k, v `[n, Hkv, D]`, contiguous."""
         spec = self.spec
         n, d, hq = x.shape[0], spec.head_dim, spec.num_heads
         h = self._norm(x, layer.attn_norm, layer.attn_norm_bias)
@@ -119,9 +164,17 @@ class ModelRunner:
             qk = rope(qk, *rot)  # q and k in one pass: half the kernels of rotating each
         q, k = qk[:, :hq].contiguous(), qk[:, hq:].contiguous()
         v = qkv[:, spec.q_dim + spec.kv_dim:].reshape(n, spec.num_kv_heads, d).contiguous()
-        out = attend(index, q, k, v)
-        check(isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(q.shape) and out.device == x.device,
-              f"attend(layer={index}) must return [n, Hq, D] = {list(q.shape)} on {x.device}; got "
+        return q, k, v
+
+    def _post(self, index: int, layer: LayerWeights, x: torch.Tensor, out: torch.Tensor, part: int | None = None
+              ) -> torch.Tensor:
+        """Output projection and MLP with residuals, given the attention output `out` `[n, Hq, D]`."""
+        spec = self.spec
+        n = x.shape[0]
+        want = (n, spec.num_heads, spec.head_dim)
+        where = f"attend(layer={index})" if part is None else f"attend_async(layer={index}, part {part})"
+        check(isinstance(out, torch.Tensor) and tuple(out.shape) == want and out.device == x.device,
+              f"{where} must return [n, Hq, D] = {list(want)} on {x.device}; got "
               + (f"{list(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__))
         # A kernel may accumulate and return float32; the residual stream stays in the model dtype.
         out = out.to(x.dtype).reshape(n, spec.q_dim)

@@ -7,7 +7,9 @@ so the same code runs in the CPU tests at toy sizes.
 * ``ZeroCopyPath`` — directkv (KV in pinned host pages, read in place by the kernels) and hbm (pages in HBM).
 * ``StagedPath`` — swap: before each layer, the copy engine moves that layer's pages of the step's
   requests into an HBM staging pool on a side stream, one layer ahead (double-buffered), then HBM attention.
-* ``CpuAttnPath`` — cpu_attn: decode attention on the CPU over the pinned pages; prefill like swap.
+* ``CpuAttnPath`` — cpu_attn: decode attention on the CPU over the pinned pages; prefill like swap. Decode-only
+  steps run as two halves pipelined by the runner (forward_pipelined): one half's CPU attention overlaps
+  the other half's GPU layers, as in Neo.
 * FlexGen's compressed path is in ``flexgen_path.py``.
 """
 
@@ -217,6 +219,7 @@ class CpuAttnPath(StagedPath):
         super().__init__(kv, tile_kv=tile_kv)
         if threads:
             torch.set_num_threads(threads)
+        self._pool = None  # CPU worker of attend_async, made on first use
 
     def begin(self, plan: StepPlan) -> None:
         ZeroCopyPath.begin(self, plan)
@@ -254,8 +257,46 @@ class CpuAttnPath(StagedPath):
             self.traffic.link_write_bytes += q_cpu.shape[0] * q.shape[1] * q.shape[2] * q.element_size()
         return out
 
-    def _cpu_decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        """Decode attention on the CPU: q `[num_decodes, Hq, D]` float32 -> out, same shape, float32.
+    def attend_async(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Decode-only steps, one part of the batch (runner.forward_pipelined): store the part's new K/V,
+        send its Q to the host and queue its attention on the CPU worker; returns wait() -> out on the GPU.
+
+        The worker waits for the Q copy's event, so the main thread goes on issuing the other part's GPU
+        work; torch's CPU kernels release the GIL, so both proceed at once.
+        """
+        p = self.plan
+        slots = p.slots[rows]
+        k_pool, v_pool = self.kv.pools(layer, "host")
+        flat = (-1, *k_pool.shape[2:])
+        k_pool.view(flat)[slots] = k
+        v_pool.view(flat)[slots] = v
+        q_host = q.to("cpu", torch.float32, non_blocking=True)  # pinned when q is on a GPU
+        copied = None
+        if q.device.type == "cuda":
+            copied = torch.cuda.Event()
+            copied.record(torch.cuda.current_stream(q.device))  # after the stores and the Q copy
+        nbytes = q.numel() * q.element_size()
+        self.traffic.link_write_bytes += 2 * k.numel() * k.element_size() + nbytes
+        self.traffic.link_read_bytes += nbytes
+
+        def work() -> torch.Tensor:
+            if copied is not None:
+                copied.synchronize()
+            return self._cpu_decode(layer, q_host, rows)
+
+        future = self._worker().submit(work)
+        return lambda: future.result().to(q.device, q.dtype, non_blocking=True)
+
+    def _worker(self):
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-attn")  # parts run in order
+        return self._pool
+
+    def _cpu_decode(self, layer: int, q: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        """Decode attention on the CPU: q `[r, Hq, D]` float32 for the step's decodes (all of them, or the
+        slice `rows`) -> out, same shape, float32.
 
         Per sequence, K/V are read where they lie (a slice when the pages are one run of ids), converted to
         float32 once, and the GQA group shares them through a view (no per-query-head copies).
@@ -265,8 +306,8 @@ class CpuAttnPath(StagedPath):
         hkv, d = k_host.shape[2], k_host.shape[3]
         group = q.shape[1] // hkv
         out = torch.empty_like(q)
-        for i, r in enumerate(self.plan.decode_ids):
-            n = self.lens[i]
+        rows = rows or slice(0, len(self.plan.decode_ids))
+        for i, (r, n) in enumerate(zip(self.plan.decode_ids[rows], self.lens[rows], strict=True)):
             pages = kv.pages(r)[: -(-n // ps)]
             kk = _sequence(k_host, pages, n).float()  # [n, Hkv, D]
             vv = _sequence(v_host, pages, n).float()

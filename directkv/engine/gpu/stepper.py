@@ -54,6 +54,10 @@ class GPUStepper:
                 rows.append(n - 1)
         return torch.tensor(ids, dtype=torch.int64), torch.tensor(rows, dtype=torch.int64)
 
+    def pipelined(self, step: Step) -> bool:
+        """cpu_attn runs decode-only steps of >= 2 sequences as two software-pipelined halves."""
+        return self.policy.name == "cpu_attn" and not step.prefills and len(step.decodes) >= 2
+
     def run_step(self, step: Step) -> StepCost:
         ids, rows = self._tokens(step)
         cuda = self.device.type == "cuda"
@@ -66,7 +70,11 @@ class GPUStepper:
         self.path.begin(plan)
         # a step of mid-prompt chunks only needs no logits; the runner wants one row, which is then dropped
         want = rows if rows.numel() else torch.tensor([ids.numel() - 1])
-        logits = self.runner.forward(ids.to(self.device), plan.positions, self.path.attend, want.to(self.device))
+        if self.pipelined(step):  # Neo-like: CPU attention of one half overlaps the other half's GPU layers
+            logits = self.runner.forward_pipelined(ids.to(self.device), plan.positions, self.path.attend_async,
+                                                   want.to(self.device), split=len(step.decodes) // 2)
+        else:
+            logits = self.runner.forward(ids.to(self.device), plan.positions, self.path.attend, want.to(self.device))
         nxt = logits.argmax(-1).tolist()[: rows.numel()]  # greedy; ignore_eos: lengths come from the workload
         if cuda:
             stop.record()
