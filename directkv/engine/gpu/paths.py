@@ -270,7 +270,7 @@ class CpuAttnPath(StagedPath):
         flat = (-1, *k_pool.shape[2:])
         k_pool.view(flat)[slots] = k
         v_pool.view(flat)[slots] = v
-        q_host = q.to("cpu", torch.float32, non_blocking=True)  # pinned when q is on a GPU
+        q_host = q.float().to("cpu", non_blocking=True)  # converted on the device; pinned when q is on a GPU
         copied = None
         if q.device.type == "cuda":
             copied = torch.cuda.Event()
