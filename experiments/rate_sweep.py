@@ -39,7 +39,9 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
           f"datasets={list(cfg.datasets)} does not include {kind}; add it or drop the workload override")
     n = as_int(cfg.num_requests, "num_requests")
     check(n >= 1, f"num_requests must be >= 1, got {n}")
-    workloads = {d: build_workload(d, **dataset_options(cfg, d, n)) for d in cfg.datasets}
+    w = as_int(cfg.get("warmup_requests", 0), "warmup_requests")
+    check(w >= 0, f"warmup_requests must be >= 0, got {w}")
+    workloads = {d: build_workload(d, **dataset_options(cfg, d, n + w)) for d in cfg.datasets}
     writer.manifest["workloads"] = {d: {"path": w.path, "tokenizer": w.tokenizer, "params": w.params}
                                     for d, w in workloads.items()}
     points = [(d, float(r), p) for d in cfg.datasets for r in cfg.rates for p in pols]
@@ -49,5 +51,5 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
         wl = with_arrivals(workloads[d], rate, float(cfg.burstiness), seed=int(cfg.seed))
         save_schedule(wl, writer.run_dir / "schedules" / f"{d}-rate{rate:g}.parquet")  # replayable on a GPU
         row = base_row(cfg, s, system=pol.name, variant=pol.variant) | {"dataset": d, "rate": rate}
-        for r in serve_point(pol, s, wl.requests, row, whole_batch=False):
+        for r in serve_point(pol, s, wl.requests, row, whole_batch=False, warmup=w):
             writer.add(r)

@@ -86,6 +86,7 @@ def _cli(*args, cwd):
     (["+exp=context_sweep", "memory.page_size=3"], "page_size must be a power of two, got 3"),
     (["+exp=context_sweep", "foo=1"], "bad override: Could not override 'foo'"),
     (["+exp=rate_sweep", "workload=alpaca", "datasets=[sharegpt]"], "datasets=['sharegpt'] does not include alpaca"),
+    (["+exp=rate_sweep", "warmup_requests=-1"], "warmup_requests must be >= 0, got -1"),
     (["+exp=rate_sweep", "workload=alpaca", "workload.path=/nope.json", "datasets=[alpaca]", "rates=[5]"],
      "Alpaca file not found: '/nope.json'"),
 ])
@@ -113,3 +114,12 @@ def test_rate_sweep_hands_the_workload_group_to_its_dataset():
     assert dataset_options(cfg, "sharegpt", 7) == {"num_requests": 7, "seed": 0, "path": "/data/sg.json",
                                                    "min_prompt": 4, "max_prompt": 512, "max_total": 2048}
     assert dataset_options(cfg, "alpaca", 7) == {"num_requests": 7, "seed": 0}  # another dataset's defaults
+
+
+def test_rate_sweep_leaves_warm_up_requests_out_of_the_metrics(tmp_path):
+    if not (SAMPLES / "alpaca").is_dir():
+        pytest.skip("Alpaca sample (../shared/data) not beside this checkout")
+    cfg = _compose(["+exp=rate_sweep", "run_id=t", "progress=false", "device=cpu", "render=false", "model=tiny",
+                    "datasets=[alpaca]", "rates=[5]", "num_requests=6", "warmup_requests=3", "system.names=[hbm]"])
+    df = pd.read_parquet(run_experiment(cfg, tmp_path))
+    assert (df["num_requests"] == 6).all() and (df["warmup_requests"] == 3).all() and (df["completed"] == 6).all()
