@@ -56,9 +56,8 @@ void with_kernel(int dtype, int head_dim, int hpc, int tile, F&& f) {
 
 // Returns {number of SMs, resident CTAs per SM} of the kernel serving these arguments.
 std::pair<int, int> decode_attention_occupancy(int dtype, int head_dim, int heads_per_cta, int tile) {
-  int device = 0, sms = 0, per_sm = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+  int per_sm = 0;
   with_kernel(dtype, head_dim, heads_per_cta, tile, [&](auto kernel, size_t smem, int threads) {
     check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem),
                "cudaOccupancyMaxActiveBlocksPerMultiprocessor");

@@ -37,9 +37,7 @@ void dispatch_vec_l1(bool vec, int host_load, F&& f) {
 
 template <typename K>
 void allow_smem(K kernel, size_t smem) {
-  int device = 0, limit = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  const int limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   require(smem <= static_cast<size_t>(limit), "gemm_case_study: needs " + std::to_string(smem) +
                                                   " B of shared memory; the device allows " + std::to_string(limit));
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
@@ -124,11 +122,7 @@ std::string gemm_pointer_tier(uintptr_t ptr) {
 }
 
 std::pair<int, int> gemm_device_limits() {
-  int device = 0, sms = 0, smem = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  check_cuda(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
-  return {sms, smem};
+  return {device_attribute(cudaDevAttrMultiProcessorCount), device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)};
 }
 
 }  // namespace directkv

@@ -13,12 +13,7 @@ namespace {
 
 using prefill::PrefillParams;
 
-int max_smem_optin() {
-  int device = 0, bytes = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
-  return bytes;
-}
+int max_smem_optin() { return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); }
 
 // Lets `kernel` use up to the device's opt-in shared memory (above 48 KB a kernel must ask).
 template <typename K>
@@ -107,10 +102,7 @@ void launch(const PrefillParams& p, int variant, int dtype, int head_dim, int th
 
 // {number of SMs, opt-in shared memory per block}: what the Python split plan sizes against.
 std::pair<int, int> prefill_device_limits() {
-  int device = 0, sms = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  return {sms, max_smem_optin()};
+  return {device_attribute(cudaDevAttrMultiProcessorCount), max_smem_optin()};
 }
 
 void prefill_attention_run(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintptr_t host_k, uintptr_t host_v,

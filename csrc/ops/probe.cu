@@ -3,12 +3,7 @@
 
 namespace directkv {
 
-int num_sms() {
-  int device = 0, sms = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  return sms;
-}
+int num_sms() { return device_attribute(cudaDevAttrMultiProcessorCount); }
 
 void stream_read(uintptr_t src, int64_t nbytes, uintptr_t sink, int blocks, int threads, uintptr_t stream) {
   require(src % 16 == 0, "probe: source must be 16-byte aligned");

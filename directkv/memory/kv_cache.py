@@ -8,6 +8,7 @@ e < 0 is HBM page -(e + 1).
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import torch
@@ -67,7 +68,7 @@ class KVCacheManager:
         self.capacity_pages = {t: self.budget[t] // self.page_bytes for t in TIERS}
         if arena is not None:  # reuse a pinned arena across runs: pinning is slow (DESIGN.md §2)
             self.capacity_pages["host"] = min(self.capacity_pages["host"], arena.k.shape[1])
-        self._recycled: dict[str, list[int]] = {"hbm": [], "host": []}  # freed page ids, reused first
+        self._recycled: dict[str, list[int]] = {"hbm": [], "host": []}  # freed page ids (min-heaps), reused first
         self._used = {"hbm": 0, "host": 0}
         self._next = {"hbm": 0, "host": 0}
         self._peak = {"hbm": 0, "host": 0}
@@ -105,14 +106,12 @@ class KVCacheManager:
         self._used[tier] += n
         self._peak[tier] = max(self._peak[tier], self._used[tier])
         # freed ids first, then fresh ones; fresh ids only grow when every earlier id is in use, so every
-        # id stays below the tier's capacity and indexes its pool
-        # lowest freed ids first, ascending: a request's pages then form long runs of consecutive ids, which
-        # whoever copies pages in bulk (swap's stager) moves with one copy per run
+        # id stays below the tier's capacity and indexes its pool. Freed ids come lowest first, ascending: a
+        # request's pages then form long runs of consecutive ids, which whoever copies pages in bulk (swap's
+        # stager) moves with one copy per run
         recycled = self._recycled[tier]
         reuse = min(n, len(recycled))
-        if reuse:
-            recycled.sort(reverse=True)
-        ids = [recycled.pop() for _ in range(reuse)]
+        ids = [heapq.heappop(recycled) for _ in range(reuse)]
         ids += range(self._next[tier], self._next[tier] + n - reuse)
         self._next[tier] += n - reuse
         return ids if tier == "host" else [-(i + 1) for i in ids]
@@ -144,7 +143,8 @@ class KVCacheManager:
         if seq is None:
             return
         self._used[seq.tier] -= len(seq.pages)
-        self._recycled[seq.tier].extend(e if e >= 0 else -(e + 1) for e in seq.pages)
+        for e in seq.pages:
+            heapq.heappush(self._recycled[seq.tier], e if e >= 0 else -(e + 1))
 
     def seq_len(self, req_id: int) -> int:
         return self._seqs[req_id].length

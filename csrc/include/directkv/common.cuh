@@ -25,6 +25,14 @@ inline void require(bool cond, const std::string& msg) {
   if (!cond) throw std::runtime_error(msg);
 }
 
+// An attribute (SM count, opt-in shared memory, ...) of the current device: what launch plans size against.
+inline int device_attribute(cudaDeviceAttr attr) {
+  int device = 0, value = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&value, attr, device), "cudaDeviceGetAttribute");
+  return value;
+}
+
 inline bool is_pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
 inline int log2_int(int64_t x) {

@@ -15,6 +15,8 @@ so the same code runs in the CPU tests at toy sizes.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 
 from directkv.engine.gpu.plan import StepPlan
@@ -49,12 +51,14 @@ class ZeroCopyPath:
             return PagedKV(k_pool, v_pool, empty, empty, table, lens)
         return PagedKV(empty, empty, k_pool, v_pool, table, lens)
 
-    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scatter the step's new K/V into their slots (zero-copy stores for the host tier)."""
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: slice = slice(None)
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scatter the new K/V of the step's `rows` (all by default) into their slots (zero-copy stores for the
+        host tier)."""
         k_pool, v_pool = self.kv.pools(layer, self.tier)
         flat = (-1, *k_pool.shape[2:])
-        k_pool.view(flat)[self.plan.slots] = k
-        v_pool.view(flat)[self.plan.slots] = v
+        k_pool.view(flat)[self.plan.slots[rows]] = k
+        v_pool.view(flat)[self.plan.slots[rows]] = v
         if self.tier == "host":
             self.traffic.link_write_bytes += 2 * k.numel() * k.element_size()
         return k_pool, v_pool
@@ -253,9 +257,13 @@ class CpuAttnPath(StagedPath):
             self.stager.release(layer)
         if p.num_decodes:
             out[: p.num_decodes] = self._cpu_decode(layer, q_cpu).to(q.device, q.dtype)
-            self.traffic.link_read_bytes += q_cpu.shape[0] * q.shape[1] * q.shape[2] * q.element_size()
-            self.traffic.link_write_bytes += q_cpu.shape[0] * q.shape[1] * q.shape[2] * q.element_size()
+            self._count_q_and_out(q[: p.num_decodes])
         return out
+
+    def _count_q_and_out(self, q: torch.Tensor) -> None:
+        """Link bytes of sending `q` to the host and its attention output back."""
+        self.traffic.link_read_bytes += q.numel() * q.element_size()
+        self.traffic.link_write_bytes += q.numel() * q.element_size()
 
     def attend_async(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Decode-only steps, one part of the batch (runner.forward_pipelined): store the part's new K/V,
@@ -264,20 +272,13 @@ class CpuAttnPath(StagedPath):
         The worker waits for the Q copy's event, so the main thread goes on issuing the other part's GPU
         work; torch's CPU kernels release the GIL, so both proceed at once.
         """
-        p = self.plan
-        slots = p.slots[rows]
-        k_pool, v_pool = self.kv.pools(layer, "host")
-        flat = (-1, *k_pool.shape[2:])
-        k_pool.view(flat)[slots] = k
-        v_pool.view(flat)[slots] = v
+        self.store(layer, k, v, rows)
         q_host = q.float().to("cpu", non_blocking=True)  # converted on the device; pinned when q is on a GPU
         copied = None
         if q.device.type == "cuda":
             copied = torch.cuda.Event()
             copied.record(torch.cuda.current_stream(q.device))  # after the stores and the Q copy
-        nbytes = q.numel() * q.element_size()
-        self.traffic.link_write_bytes += 2 * k.numel() * k.element_size() + nbytes
-        self.traffic.link_read_bytes += nbytes
+        self._count_q_and_out(q)
 
         def work() -> torch.Tensor:
             if copied is not None:
@@ -289,8 +290,6 @@ class CpuAttnPath(StagedPath):
 
     def _worker(self):
         if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-attn")  # parts run in order
         return self._pool
 
@@ -318,7 +317,7 @@ class CpuAttnPath(StagedPath):
 
 def _sequence(pool: torch.Tensor, pages: list[int], n: int) -> torch.Tensor:
     """The first n tokens of a sequence's pages as `[n, Hkv, D]`: a view when the ids are one ascending run."""
-    if pages and pages[-1] - pages[0] == len(pages) - 1 and pages == list(range(pages[0], pages[-1] + 1)):
+    if pages and pages == list(range(pages[0], pages[0] + len(pages))):
         return pool[pages[0] : pages[-1] + 1].reshape(-1, *pool.shape[2:])[:n]
     return pool[torch.tensor(pages)].reshape(-1, *pool.shape[2:])[:n]
 
