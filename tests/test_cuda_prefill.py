@@ -9,6 +9,7 @@ traffic run anywhere.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -18,6 +19,7 @@ from directkv.errors import ConfigError
 from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES
 from directkv.kernels.cuda.prefill_attention import (
     HOST_LOADS,
+    PASS_KERNELS,
     STREAM_CHUNK_BYTES,
     STREAM_MIN_CHUNK_BYTES,
     STREAM_SLOTS,
@@ -51,7 +53,7 @@ CASES = [
 # partial state round-trips through HBM, with one buffer and 4-warp CTAs (two per SM) or two buffers.
 # stream: one ring chunk (these caches are small), then ring chunks of 2 or 3 pages so many chunks cycle
 # through the 2-slot ring (chunk_pages is turned into chunk_bytes per case), the last with its passes
-# forced to several tiled chunks per split. Every case mixes host and HBM pages; the first has past_len 0.
+# forced to several tiled chunks per split; each with flash passes (the default) and tiled ones. Every case mixes host and HBM pages; the first has past_len 0.
 RUNS = [
     ("naive", {}),
     ("tiled", {}),
@@ -59,7 +61,9 @@ RUNS = [
     ("tiled", {"kv_chunk": 64, "num_splits": 2, "double_buffer": True}),
     ("stream", {}),
     ("stream", {"chunk_pages": 2}),
-    ("stream", {"chunk_pages": 3, "kv_chunk": 64, "num_splits": 2}),
+    ("stream", {"chunk_pages": 3, "kv_chunk": 64, "num_splits": 2, "pass_kernel": "tiled"}),
+    ("stream", {"pass_kernel": "tiled"}),
+    ("stream", {"chunk_pages": 2, "pass_kernel": "tiled"}),
 ]
 
 
@@ -253,9 +257,10 @@ def test_prefill_stream_tiers_and_short_pasts(past, hbm_fraction):
     page. Chunks of one page, so several of them cycle through the ring wherever there are host pages."""
     q, k_new, v_new, kv_cpu, kv = make_inputs((33, past, 8, 2, 64, BF16, 16), hbm_fraction=hbm_fraction)
     ref = dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / 8)
-    for chunk_bytes in (None, page_bytes_of(kv_cpu)):
+    for chunk_bytes, pass_kernel in itertools.product((None, page_bytes_of(kv_cpu)), PASS_KERNELS):
         out = torch.full_like(q, math.nan)
-        prefill_attention(q, k_new, v_new, kv, variant="stream", out=out, chunk_bytes=chunk_bytes)
+        prefill_attention(q, k_new, v_new, kv, variant="stream", out=out, chunk_bytes=chunk_bytes,
+                          pass_kernel=pass_kernel)
         assert not out.isnan().any()
         assert rel_err(out, ref) < TOL[q.dtype]
 
@@ -319,6 +324,10 @@ def test_prefill_stream_options_checked_before_touching_cuda():
         prefill_attention(q, k_new, k_new, kv, variant="stream", chunk_bytes=64 << 20)
     with pytest.raises(ConfigError, match=r"unknown prefill_attention variant 'streaming'; valid: naive, stream, tiled"):
         prefill_attention(q, k_new, k_new, kv, variant="streaming")
+    with pytest.raises(ConfigError, match=r"unknown prefill_attention pass_kernel 'sdpa'; valid: flash, tiled"):
+        prefill_attention(q, k_new, k_new, kv, variant="stream", pass_kernel="sdpa")
+    with pytest.raises(ConfigError, match=r"got variant 'tiled' with pass_kernel='tiled'"):
+        prefill_attention(q, k_new, k_new, kv, variant="tiled", pass_kernel="tiled")
     with pytest.raises(ConfigError, match="CUDA tensor"):
         prefill_attention(q, k_new, k_new, kv, variant="stream", min_chunks=4)
 

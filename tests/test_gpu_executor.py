@@ -143,11 +143,35 @@ def test_stager_keeps_its_pool_across_steps_and_grows_by_a_quarter():
     assert stager.capacity == 10 and len(stager.buffers[1][0]) == 9
 
 
-def test_cpu_attention_reads_a_sequence_as_a_view_or_a_gather():
-    from directkv.engine.gpu.paths import _sequence
+def test_slot_runs_join_consecutive_pages_in_id_order():
+    from directkv.kernels.paged import slot_runs
 
-    pool = torch.randn(10, 4, 2, 3)  # [pages, page_size, Hkv, D]
-    run = _sequence(pool, [2, 3, 4], 10)
-    assert run.data_ptr() == pool[2].data_ptr() and torch.equal(run, pool[2:5].reshape(-1, 2, 3)[:10])
-    scattered = _sequence(pool, [7, 1, 4], 9)
-    assert torch.equal(scattered, torch.cat([pool[7], pool[1], pool[4]])[:9])
+    assert slot_runs([2, 3, 4], [4, 4, 2], 4) == [(8, 10)]  # one run, last page half full
+    assert slot_runs([7, 8, 1, 4, 5], [4, 4, 4, 4, 3], 4) == [(4, 4), (16, 7), (28, 8)]
+    assert slot_runs([5, 4, 3], [4, 4, 1], 4) == [(12, 1), (16, 8)]  # descending ids; the partial page ends a run
+    assert slot_runs([5, 6, 9], [4, 4, 0], 4) == [(20, 8)]  # an empty page is not read
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_cpu_decode_attention_matches_float64(dtype, group):
+    """Scattered pages, a partial last page, runs long enough to be cut into pieces (and a remainder),
+    GQA groups: against a float64 softmax over the gathered keys."""
+    from directkv.engine.gpu import paths
+
+    torch.manual_seed(group)
+    hkv, d, ps = 2, 64, 16
+    k_pool = torch.randn(200, ps, hkv, d).to(dtype)
+    v_pool = torch.randn(200, ps, hkv, d).to(dtype)
+    pages = list(range(40, 110)) + [3, 150, 151] + list(range(10, 30))  # runs of 70, 1, 2 and 20 pages
+    n = (len(pages) - 1) * ps + 5
+    q = torch.randn(hkv * group, d).to(dtype)
+    out = paths.cpu_decode_attention(q, k_pool, v_pool, pages, n, threads=8)
+    k = k_pool[pages].reshape(-1, hkv, d)[:n].double()
+    v = v_pool[pages].reshape(-1, hkv, d)[:n].double()
+    qq = q.double().view(hkv, group, d)
+    p = torch.softmax(torch.einsum("hgd,nhd->hgn", qq, k) * d**-0.5, dim=-1)
+    want = torch.einsum("hgn,nhd->hgd", p, v).reshape(hkv * group, d)
+    assert out.dtype == torch.float32 and out.shape == (hkv * group, d)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(out.double(), want, atol=tol, rtol=tol), (out.double() - want).abs().max()

@@ -67,3 +67,21 @@ class PagedKV:
             empty = self.host_k.new_empty((0, self.num_kv_heads, self.head_dim))
             return empty, empty.clone()
         return torch.cat(ks)[:n], torch.cat(vs)[:n]
+
+
+def slot_runs(pages: list[int], tokens: list[int], page_size: int) -> list[tuple[int, int]]:
+    """(first flat slot, slots) of each contiguous stretch of valid slots in a page pool.
+
+    `pages[j]` holds `tokens[j]` valid slots (its first ones). Attention with no mask inside the set does not
+    care about key order, so pages are taken in id order: consecutive ids join one run while the earlier page
+    is full; a partly filled page ends its run, so every run's valid slots are contiguous.
+    """
+    runs: list[list[int]] = []
+    for page, n in sorted(zip(pages, tokens, strict=True)):
+        if n <= 0:
+            continue
+        if runs and page * page_size == runs[-1][0] + runs[-1][1] and runs[-1][1] % page_size == 0:
+            runs[-1][1] += n
+        else:
+            runs.append([page * page_size, n])
+    return [(a, b) for a, b in runs]

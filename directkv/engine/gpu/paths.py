@@ -21,7 +21,7 @@ import torch
 
 from directkv.engine.gpu.plan import StepPlan
 from directkv.kernels import get_op
-from directkv.kernels.paged import PagedKV
+from directkv.kernels.paged import PagedKV, slot_runs
 from directkv.kernels.traffic import Traffic
 from directkv.memory import KVCacheManager
 
@@ -242,7 +242,7 @@ class CpuAttnPath(StagedPath):
         out = torch.empty_like(q)
         # Q of the decodes crosses first: the copy waits for the new K/V to land in host memory, and the GPU's
         # prompt-chunk attention, queued next, then runs while the CPU attends for the decodes.
-        q_cpu = q[: p.num_decodes].to("cpu", torch.float32) if p.num_decodes else None
+        q_cpu = q[: p.num_decodes].to("cpu") if p.num_decodes else None
         if p.chunks:
             k_st, v_st = self.stager.acquire(layer)
             if layer + 1 < self.kv.model.num_layers:
@@ -273,7 +273,7 @@ class CpuAttnPath(StagedPath):
         work; torch's CPU kernels release the GIL, so both proceed at once.
         """
         self.store(layer, k, v, rows)
-        q_host = q.float().to("cpu", non_blocking=True)  # converted on the device; pinned when q is on a GPU
+        q_host = q.to("cpu", non_blocking=True)  # pinned when q is on a GPU
         copied = None
         if q.device.type == "cuda":
             copied = torch.cuda.Event()
@@ -294,32 +294,68 @@ class CpuAttnPath(StagedPath):
         return self._pool
 
     def _cpu_decode(self, layer: int, q: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
-        """Decode attention on the CPU: q `[r, Hq, D]` float32 for the step's decodes (all of them, or the
-        slice `rows`) -> out, same shape, float32.
-
-        Per sequence, K/V are read where they lie (a slice when the pages are one run of ids), converted to
-        float32 once, and the GQA group shares them through a view (no per-query-head copies).
-        """
+        """Decode attention on the CPU: q `[r, Hq, D]` (CPU, the pools' dtype) for the step's decodes (all of
+        them, or the slice `rows`) -> out, same shape, float32. See cpu_decode_attention."""
         kv, ps = self.kv, self.kv.page_size
         k_host, v_host = kv.arena.k[layer], kv.arena.v[layer]
-        hkv, d = k_host.shape[2], k_host.shape[3]
-        group = q.shape[1] // hkv
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=torch.float32)
         rows = rows or slice(0, len(self.plan.decode_ids))
         for i, (r, n) in enumerate(zip(self.plan.decode_ids[rows], self.lens[rows], strict=True)):
-            pages = kv.pages(r)[: -(-n // ps)]
-            kk = _sequence(k_host, pages, n).float()  # [n, Hkv, D]
-            vv = _sequence(v_host, pages, n).float()
-            scores = torch.bmm(q[i].view(hkv, group, d), kk.permute(1, 2, 0)) * d ** -0.5  # [Hkv, G, n]
-            out[i] = torch.bmm(scores.softmax(-1), vv.transpose(0, 1)).reshape(hkv * group, d)
+            out[i] = cpu_decode_attention(q[i], k_host, v_host, kv.pages(r)[: -(-n // ps)], n)
         return out
 
 
-def _sequence(pool: torch.Tensor, pages: list[int], n: int) -> torch.Tensor:
-    """The first n tokens of a sequence's pages as `[n, Hkv, D]`: a view when the ids are one ascending run."""
-    if pages and pages == list(range(pages[0], pages[0] + len(pages))):
-        return pool[pages[0] : pages[-1] + 1].reshape(-1, *pool.shape[2:])[:n]
-    return pool[torch.tensor(pages)].reshape(-1, *pool.shape[2:])[:n]
+# Keys per piece at least: below this a piece's call costs more than its reads.
+CPU_MIN_PIECE = 512
+_cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def cpu_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, pages: list[int], n: int,
+                         *, threads: int | None = None) -> torch.Tensor:
+    """One sequence's decode attention on the CPU, read in place from the paged pools.
+
+    q `[Hq, D]`; pools `[num_pages, page_size, Hkv, D]` (same dtype as q); `pages` the sequence's pages in
+    logical order, holding its first `n` tokens. Returns `[Hq, D]` float32.
+
+    K/V are never copied or converted: each run of consecutive page ids is one strided view, cut into equal
+    pieces so that pieces x KV heads keep every CPU thread busy, and torch's CPU flash-attention kernel (which
+    reads bf16 in place and returns each piece's LSE) attends the G query heads of a KV head as G rows (GQA
+    without repeating K/V). The pieces are merged by a softmax over their LSEs. Key order does not matter
+    (decode: no causal mask), so scattered pages cost one call per run of consecutive ids (slot_runs), not a
+    gather.
+    """
+    hkv, d = k_pool.shape[2], k_pool.shape[3]
+    group = q.shape[0] // hkv
+    qg = q.reshape(1, hkv, group, d)
+    flat_k, flat_v = k_pool.reshape(-1, hkv, d), v_pool.reshape(-1, hkv, d)
+    want = 2 * (threads or torch.get_num_threads())  # work items per call the kernel can spread over threads
+    outs, lses = [], []
+    ps = k_pool.shape[1]
+    for start, length in slot_runs(pages, [min(ps, n - j * ps) for j in range(len(pages))], ps):
+        pieces = max(1, min(-(-want // hkv), length // CPU_MIN_PIECE))
+        size = length // pieces
+        cuts = [(start, pieces, size)]
+        if length - pieces * size:  # the remainder: one more piece
+            cuts.append((start + pieces * size, 1, length - pieces * size))
+        for first, count, size in cuts:
+            k = flat_k[first : first + count * size].view(count, size, hkv, d).transpose(1, 2)  # [count, Hkv, size, D]
+            v = flat_v[first : first + count * size].view(count, size, hkv, d).transpose(1, 2)
+            o, lse = _cpu_attention(qg.expand(count, hkv, group, d), k, v)
+            outs.append(o.float())
+            lses.append(lse.float())
+    o, lse = torch.cat(outs), torch.cat(lses)  # [pieces, Hkv, G, D], [pieces, Hkv, G]
+    return (o * torch.softmax(lse, dim=0).unsqueeze(-1)).sum(0).reshape(hkv * group, d)
+
+
+def _cpu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B, H, Lq, D], natural-log LSE [B, H, Lq]) of non-causal attention; torch's CPU flash kernel where
+    this torch has it, else the same in float32 matmuls."""
+    scale = q.shape[-1] ** -0.5
+    if _cpu_flash is not None:
+        return _cpu_flash(q, k, v, 0.0, False, scale=scale)[:2]
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()), lse
 
 
 def _only_chunks(p: StepPlan) -> StepPlan:

@@ -2,7 +2,8 @@
 
 Rows (one per q_len x method), all `mode="measured"`:
   naive / tiled / tiled:* / stream / stream:* : the CUDA kernels over a paged cache whose past K/V sit in
-                   pinned host pages (stream: copy-engine ring overlapped with the tiled kernel);
+                   pinned host pages (stream: copy-engine ring overlapped with torch's FlashAttention-2
+                   passes over it; stream:tiled: the same ring with our tiled kernel's passes);
   sdpa_hbm       : torch SDPA with all K/V in HBM (the compute anchor);
   sdpa_zero_copy : torch SDPA reading K/V through zero-copy views of pinned memory;
   swap_sdpa      : copy-engine copy of K/V to HBM, then SDPA (staging, not overlapped).
@@ -36,8 +37,9 @@ KERNELS = {
     "tiled:cg": {"host_load": "cg"},  # past pages copied to L2 only (cp.async.cg); tiled is .ca (through L1)
     "tiled:double": {"double_buffer": True},  # two half-size chunks: load one while computing the other
     "tiled:kv_hbm": {"_kv": "hbm"},
-    "stream": {},  # copy engine fills a 2-slot HBM ring while the tiled kernel attends to the previous chunk
+    "stream": {},  # copy engine fills a 2-slot HBM ring while flash passes attend to the previous chunk
     "stream:4chunks": {"min_chunks": 4},  # a small cache cut into 4 chunks so copy and math can overlap
+    "stream:tiled": {"pass_kernel": "tiled"},  # the ring's passes run our tiled kernel instead of flash
 }
 
 

@@ -11,10 +11,13 @@ tiled : CPU-memory-aware: a chunk of `kv_chunk` K/V tokens of one KV head is loa
         not faster (2026-11-29: q_len 2048 over 16K host tokens, 6.3 ms vs 5.4 ms), so one buffer is the
         default.
 stream : as decode_attention's stream: the copy engine moves the host pages a chunk at a time into a small
-         HBM ring (2 slots x (K, V) x <= 16 MiB) on a side stream while the tiled kernel attends the queries
-         to the previous chunk; every pass (each ring chunk, the HBM-resident past pages, then the new tokens
-         alone) writes fp32 O and its LSE, and the passes are merged with a softmax over the LSEs. Past K/V
-         cross the link once, by DMA instead of SM loads. See stream_chunk_pages / stream_passes.
+         HBM ring (2 slots x (K, V) x <= 16 MiB) on a side stream while the GPU attends the queries to the
+         previous chunk; every pass (each ring chunk, the HBM-resident past pages, then the new tokens alone)
+         gives fp32 O and its LSE, and the passes are merged with a softmax over the LSEs. Past K/V cross the
+         link once, by DMA instead of SM loads. See stream_chunk_pages / stream_passes. The ring and
+         new-token passes run torch's FlashAttention-2 forward by default (pass_kernel="flash": an HBM
+         attention core faster than ours; the G query heads of a KV head are folded into rows, exact since a
+         past chunk is seen whole by every query) or this module's tiled kernel (pass_kernel="tiled").
 
 The split plan (chunk size, buffers, CTAs per KV head) is host-side arithmetic on the SM count and shared
 memory: see plan_tiled. stream plans each of its passes the same way.
@@ -38,11 +41,12 @@ import torch
 from directkv.errors import check, unknown_name
 from directkv.kernels.cuda import build
 from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES, stream_schedule
-from directkv.kernels.paged import PagedKV
+from directkv.kernels.paged import PagedKV, slot_runs
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import prefill_traffic
 
 VARIANTS = ("naive", "tiled", "stream")
+PASS_KERNELS = ("flash", "tiled")  # stream: the kernel of its ring and new-token passes
 HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/directkv/dispatch.h)
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
 HEAD_DIMS = (64, 128)
@@ -226,6 +230,7 @@ def prefill_attention(
     host_load: str = "ca",
     chunk_bytes: int | None = None,
     min_chunks: int = 1,
+    pass_kernel: str = "flash",
 ) -> tuple[torch.Tensor, Traffic]:
     """Attention of q_len new tokens over the past_len = kv.seq_lens[0] cached tokens and themselves.
 
@@ -249,12 +254,21 @@ def prefill_attention(
         docstring). It changes no result and no closed-form traffic.
     chunk_bytes, min_chunks : stream only: bytes of K per ring chunk (default and at most STREAM_CHUNK_BYTES)
         and a cut of small caches into at least that many chunks (see stream_chunk_pages).
+    pass_kernel : stream only: what attends the queries to each ring chunk and to the new tokens: "flash"
+        (default; torch's FlashAttention-2 forward on the HBM ring, GQA heads folded into rows) or "tiled"
+        (this module's tiled kernel). The HBM-page pass always runs the tiled kernel.
 
     Returns
     -------
     (out `[q_len, num_heads, head_dim]`, Traffic from the closed form, see `traffic`). stream reads the
     block table on the CPU every call (a device sync when it lives on the GPU).
     """
+    if pass_kernel not in PASS_KERNELS:
+        raise unknown_name("prefill_attention pass_kernel", pass_kernel, PASS_KERNELS)
+    check(variant == "stream" or pass_kernel == "flash", f"pass_kernel is an option of variant 'stream'; got "
+          f"variant {variant!r} with pass_kernel={pass_kernel!r}")
+    check(pass_kernel != "flash" or variant != "stream" or _FLASH is not None,
+          "this torch has no aten._scaled_dot_product_flash_attention; use pass_kernel='tiled'")
     _check_inputs(q, k_new, v_new, kv, variant, tile_q, tile_kv, out, host_load, chunk_bytes, min_chunks)
     q_len, num_heads, head_dim = q.shape
     past_len = int(kv.seq_lens[0])
@@ -269,7 +283,7 @@ def prefill_attention(
     plan = None if variant == "naive" else _plan(past_len + q_len, q, kv.num_kv_heads, **tiled_opts)
     if variant == "stream":
         _run_stream(q, k_new, v_new, kv, out, past_len, tiled_opts=tiled_opts, chunk_bytes=chunk_bytes,
-                    min_chunks=min_chunks, **launch)
+                    min_chunks=min_chunks, pass_kernel=pass_kernel, **launch)
     else:
         table = kv.block_table[0]
         if table.device != q.device or table.dtype != torch.int32:
@@ -379,18 +393,25 @@ def _side(device: torch.device):
 
 
 def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts: dict, chunk_bytes: int | None,
-                min_chunks: int, **launch) -> None:
+                min_chunks: int, pass_kernel: str, **launch) -> None:
     """Ring passes (copy on the side stream, attend on the current one), the HBM-page pass, the new tokens'
-    pass; each writes fp32 O / LSE, merged by a softmax over the LSEs. No host sync per chunk."""
+    pass; each gives fp32 O / LSE, merged by a softmax over the LSEs. No host sync per chunk."""
     q_len, num_heads, _ = q.shape
     table = kv.block_table[:1, : -(-past_len // kv.page_size)].cpu()
     page_bytes = math.prod(kv.host_k.shape[1:]) * kv.host_k.element_size()
     host_pages = len(torch.unique(table[table >= 0]))
     chunk_pages = stream_chunk_pages(host_pages, page_bytes, chunk_bytes=chunk_bytes, min_chunks=min_chunks)
     passes = stream_passes(table, past_len, kv.page_size, chunk_pages)
-    o_parts = torch.empty((len(passes) + 1, *q.shape), dtype=torch.float32, device=q.device)
-    lse_parts = torch.empty((len(passes) + 1, q_len, num_heads), dtype=torch.float32, device=q.device)
-    plan = lambda keys: _plan(keys, q, kv.num_kv_heads, **tiled_opts)  # noqa: E731
+    flash = pass_kernel == "flash"
+    parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (O [q_len, Hq, D] fp32, LSE [q_len, Hq])
+
+    def tiled_pass(pools, tbl, keys: int, include_new: bool) -> None:
+        o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        lse = torch.empty((q_len, num_heads), dtype=torch.float32, device=q.device)
+        _launch(q, k_new, v_new, pools, tbl, keys, variant="tiled", plan=_plan(keys, q, kv.num_kv_heads, **tiled_opts),
+                include_new=include_new, out_f32=o, lse_out=lse, **launch)
+        parts.append((o, lse))
+
     if passes:
         tables = torch.stack([p.table for p in passes]).to(q.device)
     main = torch.cuda.current_stream(q.device)
@@ -402,27 +423,66 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts:
         side.wait_stream(main)  # the ring's previous users and the pools' writers come first
         copy_async = build.load("decode_attention").copy_async
         host = (kv.host_k.data_ptr(), kv.host_v.data_ptr())
+        q_fold = _fold_gqa(q, kv.num_kv_heads) if flash else None
     for c, ps in enumerate(passes):
-        if ps.ring:  # ring chunks come first in stream_passes, so c counts them
-            slot = c % STREAM_SLOTS
-            if c >= STREAM_SLOTS:
-                side.wait_event(freed[slot])  # the kernel of chunk c - STREAM_SLOTS is done with the slot
-            rings = (ring_k[slot], ring_v[slot])
-            for src, dst, n in ps.copies:
-                for ring, base in zip(rings, host, strict=True):
-                    copy_async(ring.data_ptr() + dst * page_bytes, base + src * page_bytes, n * page_bytes,
-                               side.cuda_stream)
-            filled[slot].record(side)
-            main.wait_event(filled[slot])
-            pools = (*rings, *rings)
+        if not ps.ring:
+            tiled_pass((kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), tables[c], ps.past_len, False)
+            continue
+        slot = c % STREAM_SLOTS  # ring chunks come first in stream_passes, so c counts them
+        if c >= STREAM_SLOTS:
+            side.wait_event(freed[slot])  # the passes of chunk c - STREAM_SLOTS are done with the slot
+        rings = (ring_k[slot], ring_v[slot])
+        for src, dst, n in ps.copies:
+            for ring, base in zip(rings, host, strict=True):
+                copy_async(ring.data_ptr() + dst * page_bytes, base + src * page_bytes, n * page_bytes, side.cuda_stream)
+        filled[slot].record(side)
+        main.wait_event(filled[slot])
+        if flash:
+            positions = [-(int(e) + 1) for e in ps.table[: -(-ps.past_len // kv.page_size)]]
+            tokens = [min(kv.page_size, ps.past_len - j * kv.page_size) for j in range(len(positions))]
+            for start, n in slot_runs(positions, tokens, kv.page_size):
+                parts.append(_flash_past(q_fold, q_len, rings, start, n, launch["scale"]))
         else:
-            pools = (kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v)
-        _launch(q, k_new, v_new, pools, tables[c], ps.past_len, variant="tiled", plan=plan(ps.past_len),
-                include_new=False, out_f32=o_parts[c], lse_out=lse_parts[c], **launch)
-        if ps.ring:
-            freed[slot].record(main)
-    _launch(q, k_new, v_new, (kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), None, 0, variant="tiled", plan=plan(q_len),
-            include_new=True, out_f32=o_parts[-1], lse_out=lse_parts[-1], **launch)
+            tiled_pass((*rings, *rings), tables[c], ps.past_len, False)
+        freed[slot].record(main)
+    if flash:
+        parts.append(_flash_new(q, k_new, v_new, launch["scale"], launch["causal"]))
+    else:
+        tiled_pass((kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), None, 0, True)
     # Every row sees at least its first new token in the last pass, so no row's LSEs are all -inf.
-    weights = torch.softmax(lse_parts, dim=0)
+    o_parts = torch.stack([o for o, _ in parts])
+    weights = torch.softmax(torch.stack([lse for _, lse in parts]), dim=0)
     out.copy_((o_parts * weights.unsqueeze(-1)).sum(0))
+
+
+# torch's FlashAttention-2 forward; returns the LSE beside O, which stream's merge needs (F.sdpa does not)
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention", None)
+
+
+def _fold_gqa(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """q `[q_len, Hq, D]` -> `[1, Hkv, q_len * G, D]`: the G query heads of a KV head become G rows per token.
+    Exact for attention with no mask (every row sees every key), and K/V are then read once per KV head."""
+    q_len, num_heads, d = q.shape
+    g = num_heads // num_kv_heads
+    return q.view(q_len, num_kv_heads, g, d).permute(1, 0, 2, 3).reshape(1, num_kv_heads, q_len * g, d)
+
+
+def _flash_past(q_fold, q_len: int, rings, start: int, n: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flash pass of the folded queries over ring slots [start, start + n) (K/V read in place, no mask)."""
+    _, hkv, rows, d = q_fold.shape
+    k, v = (r.view(-1, hkv, d)[start : start + n].permute(1, 0, 2).unsqueeze(0) for r in rings)  # [1, Hkv, n, D]
+    o, lse = _FLASH(q_fold, k, v, 0.0, False, False, scale=scale)[:2]
+    g = rows // q_len
+    o = o.view(hkv, q_len, g, d).permute(1, 0, 2, 3).reshape(q_len, hkv * g, d).float()
+    lse = lse.reshape(hkv, -1)[:, :rows].view(hkv, q_len, g).permute(1, 0, 2).reshape(q_len, hkv * g)
+    return o, lse.float()
+
+
+def _flash_new(q, k_new, v_new, scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flash pass of the queries over the new tokens alone (causal: same length, so the diagonal aligns);
+    GQA by repeating the new K/V, which are q_len tokens only."""
+    q_len, num_heads, d = q.shape
+    g = num_heads // k_new.shape[1]
+    k, v = (t.repeat_interleave(g, dim=1).transpose(0, 1).unsqueeze(0) for t in (k_new, v_new))  # [1, Hq, q_len, D]
+    o, lse = _FLASH(q.transpose(0, 1).unsqueeze(0), k, v, 0.0, causal, False, scale=scale)[:2]
+    return o[0].transpose(0, 1).float(), lse.reshape(num_heads, -1)[:, :q_len].transpose(0, 1).float()
