@@ -405,10 +405,11 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts:
     flash = pass_kernel == "flash"
     parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (O [q_len, Hq, D] fp32, LSE [q_len, Hq])
 
-    def tiled_pass(pools, tbl, keys: int, include_new: bool) -> None:
+    def tiled_pass(pools, tbl, past: int, include_new: bool) -> None:
         o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         lse = torch.empty((q_len, num_heads), dtype=torch.float32, device=q.device)
-        _launch(q, k_new, v_new, pools, tbl, keys, variant="tiled", plan=_plan(keys, q, kv.num_kv_heads, **tiled_opts),
+        keys = past + (q_len if include_new else 0)
+        _launch(q, k_new, v_new, pools, tbl, past, variant="tiled", plan=_plan(keys, q, kv.num_kv_heads, **tiled_opts),
                 include_new=include_new, out_f32=o, lse_out=lse, **launch)
         parts.append((o, lse))
 
@@ -438,7 +439,7 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts:
         filled[slot].record(side)
         main.wait_event(filled[slot])
         if flash:
-            positions = [-(int(e) + 1) for e in ps.table[: -(-ps.past_len // kv.page_size)]]
+            positions = (-(ps.table[: -(-ps.past_len // kv.page_size)].to(torch.int64) + 1)).tolist()  # one call, not one per page
             tokens = [min(kv.page_size, ps.past_len - j * kv.page_size) for j in range(len(positions))]
             for start, n in slot_runs(positions, tokens, kv.page_size):
                 parts.append(_flash_past(q_fold, q_len, rings, start, n, launch["scale"]))
