@@ -1,6 +1,9 @@
 // Launcher of decode attention: argument checks, dtype / head_dim / heads-per-CTA / tile dispatch, launch
 // on the caller's stream. Also the occupancy query the Python split plan uses, and an async copy helper for
 // the copy-engine ("stream") variant.
+#include <stdexcept>
+#include <tuple>
+#include <vector>
 #include <type_traits>
 
 #include "directkv/dispatch.h"
@@ -135,6 +138,21 @@ void copy_async(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream) {
   check_cuda(cudaMemcpyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes,
                              cudaMemcpyDefault, reinterpret_cast<cudaStream_t>(stream)),
              "decode_attention: cudaMemcpyAsync");
+}
+
+// copy_async for many page runs in one call: for each (src page, dst page, pages) and each (dst, src) base pair,
+// pages * unit_bytes bytes. Issued from C++ because a ring chunk of scattered pages is hundreds of copies, and
+// one Python call per copy cost more CPU time than the copy engine needed for the bytes.
+void copy_runs_async(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
+                     const std::vector<std::tuple<int64_t, int64_t, int64_t>>& runs, size_t unit_bytes,
+                     uintptr_t stream) {
+  if (dst_bases.size() != src_bases.size()) throw std::invalid_argument("copy_runs_async: one src base per dst base");
+  for (const auto& [src, dst, n] : runs) {
+    for (size_t b = 0; b < dst_bases.size(); ++b) {
+      copy_async(dst_bases[b] + static_cast<size_t>(dst) * unit_bytes, src_bases[b] + static_cast<size_t>(src) * unit_bytes,
+                 static_cast<size_t>(n) * unit_bytes, stream);
+    }
+  }
 }
 
 }  // namespace directkv

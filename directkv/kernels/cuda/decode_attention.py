@@ -334,10 +334,8 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
         if c >= num_slots:
             plan.side.wait_event(plan.freed[slot])
         ring_k, ring_v = plan.ring_k[slot], plan.ring_v[slot]
-        for src, dst, n in runs:
-            for ring, host in ((ring_k, host_k), (ring_v, host_v)):
-                mod.copy_async(ring.data_ptr() + dst * page_bytes, host + src * page_bytes, n * page_bytes,
-                               plan.side.cuda_stream)
+        mod.copy_runs_async([ring_k.data_ptr(), ring_v.data_ptr()], [host_k, host_v], runs, page_bytes,
+                            plan.side.cuda_stream)
         plan.filled[slot].record(plan.side)
         main.wait_event(plan.filled[slot])
         _launch(q, ring_k, ring_v, ring_k, ring_v, plan.passes[c], plan.lens[c], out_f32=o_parts[c],

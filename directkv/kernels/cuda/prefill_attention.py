@@ -422,7 +422,7 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts:
         ring_v = torch.empty(ring_shape, dtype=q.dtype, device=q.device)
         side, filled, freed = _side(q.device)
         side.wait_stream(main)  # the ring's previous users and the pools' writers come first
-        copy_async = build.load("decode_attention").copy_async
+        copy_runs = build.load("decode_attention").copy_runs_async
         host = (kv.host_k.data_ptr(), kv.host_v.data_ptr())
         q_fold = _fold_gqa(q, kv.num_kv_heads) if flash else None
     for c, ps in enumerate(passes):
@@ -433,9 +433,7 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts:
         if c >= STREAM_SLOTS:
             side.wait_event(freed[slot])  # the passes of chunk c - STREAM_SLOTS are done with the slot
         rings = (ring_k[slot], ring_v[slot])
-        for src, dst, n in ps.copies:
-            for ring, base in zip(rings, host, strict=True):
-                copy_async(ring.data_ptr() + dst * page_bytes, base + src * page_bytes, n * page_bytes, side.cuda_stream)
+        copy_runs([r.data_ptr() for r in rings], list(host), list(ps.copies), page_bytes, side.cuda_stream)
         filled[slot].record(side)
         main.wait_event(filled[slot])
         if flash:
