@@ -7,7 +7,7 @@ so the record is what the loop did, not a formula written beside it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 TIERS = ("hbm", "host")
 
@@ -20,14 +20,18 @@ class Traffic:
     hbm_write_bytes: int = 0
     flops: int = 0
 
+    # Added once per layer by the serving paths: field names are read once, not through asdict's deep copy.
     def __add__(self, other: Traffic) -> Traffic:
-        return Traffic(**{k: getattr(self, k) + getattr(other, k) for k in asdict(self)})
+        return Traffic(*(getattr(self, k) + getattr(other, k) for k in _FIELDS))
 
     def scaled(self, factor: int) -> Traffic:
-        return Traffic(**{k: v * factor for k, v in asdict(self).items()})
+        return Traffic(*(getattr(self, k) * factor for k in _FIELDS))
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        return {k: getattr(self, k) for k in _FIELDS}
+
+
+_FIELDS = tuple(f.name for f in fields(Traffic))
 
 
 @dataclass

@@ -172,10 +172,11 @@ class ModelRunner:
         spec = self.spec
         n = x.shape[0]
         want = (n, spec.num_heads, spec.head_dim)
-        where = f"attend(layer={index})" if part is None else f"attend_async(layer={index}, part {part})"
-        check(isinstance(out, torch.Tensor) and tuple(out.shape) == want and out.device == x.device,
-              f"{where} must return [n, Hq, D] = {list(want)} on {x.device}; got "
-              + (f"{list(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__))
+        if not (isinstance(out, torch.Tensor) and tuple(out.shape) == want and out.device == x.device):
+            # the message is built only on failure: this runs once per layer and step
+            where = f"attend(layer={index})" if part is None else f"attend_async(layer={index}, part {part})"
+            check(False, f"{where} must return [n, Hq, D] = {list(want)} on {x.device}; got "
+                  + (f"{list(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__))
         # A kernel may accumulate and return float32; the residual stream stays in the model dtype.
         out = out.to(x.dtype).reshape(n, spec.q_dim)
         x = x + (out @ layer.wo if layer.bo is None else torch.addmm(layer.bo, out, layer.wo))
