@@ -9,7 +9,7 @@ from directkv.errors import check
 from experiments.common import Setup, base_row
 
 COUNTERS = ("none", "ncu")
-NCU_VARIANTS = ("naive", "tiled", "pipelined", "tiled:cg", "pipelined:cg", "sdpa_zero_copy", "cublas_zero_copy")
+NCU_VARIANTS = ("naive", "tiled", "pipelined", "raster", "tiled:cg", "pipelined:cg", "sdpa_zero_copy", "cublas_zero_copy")
 _ceilings: dict | None = None
 
 
@@ -26,7 +26,7 @@ def ceilings() -> dict:
 def _label(cfg: DictConfig, s: Setup, rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
-        anchor = r["variant"].split(":")[0] not in ("naive", "tiled", "pipelined", "stream", "fused", "separate")
+        anchor = r["variant"].split(":")[0] not in ("naive", "tiled", "pipelined", "raster", "stream", "fused", "separate")
         base = base_row(cfg, s, system="anchor" if anchor else "directkv", variant=r["variant"], mode="measured")
         out.append(base | {k: v for k, v in r.items() if k not in ("mode",)} | {"mode": "measured"})
     return out

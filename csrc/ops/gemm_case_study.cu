@@ -12,7 +12,7 @@ namespace {
 
 using gemm::GemmParams;
 
-enum Variant : int { kNaive = 0, kTiled = 1, kPipelined = 2 };
+enum Variant : int { kNaive = 0, kTiled = 1, kPipelined = 2, kRaster = 3 };
 
 template <typename F>
 void dispatch_out(int code, F&& f) {
@@ -50,21 +50,27 @@ void launch(const GemmParams& p, int variant, int out_dtype, int host_load, cuda
   const bool vec = p.k % 8 == 0 && p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.a) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(p.b) % 16 == 0;
   const int64_t ntiles = (p.n + gemm::kBN - 1) / gemm::kBN, mtiles = (p.m + gemm::kBM - 1) / gemm::kBM;
-  if (variant == kNaive) {
-    require(mtiles <= 65535, "gemm_case_study: m too large for the naive grid");
+  if (variant == kNaive || variant == kRaster) {
+    const bool m_fast = variant == kRaster;
+    require((m_fast ? ntiles : mtiles) <= 65535, "gemm_case_study: matrix too large for the naive / raster grid");
     dispatch_out(out_dtype, [&](auto o) {
       dispatch_vec_l1(vec, host_load, [&](auto v, auto l1) {
-        auto kernel = gemm::gemm_naive_kernel<decltype(v)::value, decltype(l1)::value, decltype(o)>;
-        const size_t smem = gemm::kNaiveStages * (gemm::kATile + gemm::kBTile) * sizeof(__half);
-        allow_smem(kernel, smem);
-        kernel<<<dim3(static_cast<unsigned>(ntiles), static_cast<unsigned>(mtiles)), gemm::kThreads, smem, stream>>>(p);
-        check_cuda(cudaGetLastError(), "gemm_case_study: naive kernel launch");
+        dispatch_bool(m_fast, [&](auto mf) {
+          auto kernel = gemm::gemm_naive_kernel<decltype(v)::value, decltype(l1)::value, decltype(mf)::value, decltype(o)>;
+          const size_t smem = gemm::kNaiveStages * (gemm::kATile + gemm::kBTile) * sizeof(__half);
+          allow_smem(kernel, smem);
+          const dim3 grid = m_fast ? dim3(static_cast<unsigned>(mtiles), static_cast<unsigned>(ntiles))
+                                   : dim3(static_cast<unsigned>(ntiles), static_cast<unsigned>(mtiles));
+          kernel<<<grid, gemm::kThreads, smem, stream>>>(p);
+          check_cuda(cudaGetLastError(), "gemm_case_study: naive / raster kernel launch");
+        });
       });
     });
     return;
   }
   require(variant == kTiled || variant == kPipelined,
-          "gemm_case_study: variant code " + std::to_string(variant) + " is not naive (0), tiled (1) or pipelined (2)");
+          "gemm_case_study: variant code " + std::to_string(variant) + " is not naive (0), tiled (1), pipelined (2) "
+          "or raster (3)");
   require(p.part, "gemm_case_study: tiled / pipelined need the partial-C workspace");
   require(p.ldp == ntiles * gemm::kBN, "gemm_case_study: ldp must be 128 * ceil(n / 128)");
   require(p.chunks == (p.k + gemm::kChunkK - 1) / gemm::kChunkK, "gemm_case_study: chunks must be ceil(k / 512)");

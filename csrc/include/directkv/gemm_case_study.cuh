@@ -4,6 +4,11 @@
 // naive     : output-stationary. A CTA owns one 128x128 C tile and streams A and B k-tiles through a 3-stage
 //             cp.async ring. CTAs are rastered along n first, so the CTAs running together share an A row
 //             tile and each B tile is fetched across the link again for every row tile: ceil(m / 128) times.
+// raster    : naive's kernel with the CTA order transposed: the grid runs down the m tiles first, so the CTAs
+//             resident together (one column of C tiles and more) ask for the same B tiles at about the same
+//             time, and B crosses the link once per tile if L2 serves the repeats; A row tiles are then
+//             re-read from HBM / L2 once per column of C tiles. An experiment on L2 and host memory, not a
+//             variant of the paper.
 // tiled     : B-stationary. A CTA owns a 128-wide column strip of C and a contiguous run of 512-row B chunks
 //             (its k-split). Each chunk is loaded into shared memory once and stays while the CTA sweeps all
 //             m / 128 row tiles, streaming A tiles from HBM; the fp32 partial C tile is read-modified-written
@@ -172,15 +177,16 @@ __device__ __forceinline__ void split_range(const GemmParams& p, int split, int&
   end = static_cast<int>(static_cast<int64_t>(split + 1) * p.chunks / p.k_splits);
 }
 
-// grid (ceil(n / 128), ceil(m / 128)), 256 threads, smem 3 x (A tile + B tile).
-template <bool VEC, bool L1, typename OutT>
+// grid (ceil(n / 128), ceil(m / 128)), or (ceil(m / 128), ceil(n / 128)) when M_FAST (raster), 256 threads,
+// smem 3 x (A tile + B tile).
+template <bool VEC, bool L1, bool M_FAST, typename OutT>
 __global__ void __launch_bounds__(kThreads) gemm_naive_kernel(const GemmParams p) {
   static_assert(VEC || !L1, "the L1 form is a cp.async: 16-byte path only");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* as = reinterpret_cast<__half*>(smem_raw);
   __half* bs = as + kNaiveStages * kATile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * kBM;
+  const int n0 = (M_FAST ? blockIdx.y : blockIdx.x) * kBN, m0 = (M_FAST ? blockIdx.x : blockIdx.y) * kBM;
   const int ktiles = (p.k + kBK - 1) / kBK;
   auto load = [&](int kt) {
     const int k0 = kt * kBK, st = kt % kNaiveStages;

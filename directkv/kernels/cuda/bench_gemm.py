@@ -1,7 +1,8 @@
 """GEMM case-study benchmark on the GPU: the CUDA variants beside cuBLAS anchors, in one run.
 
 Rows (one per size x method), all `mode="measured"`, C = A B with square fp16 operands, fp16 C:
-  naive / tiled / pipelined (+ ':' options) : the CUDA kernels with B in pinned host memory (zero-copy view);
+  naive / tiled / pipelined / raster (+ ':' options) : the CUDA kernels with B in pinned host memory
+                    (zero-copy view);
   cublas_hbm        : torch.matmul with B in HBM (the compute anchor);
   cublas_zero_copy  : torch.matmul reading B through the zero-copy view.
 L2 is flushed before every timed call.
@@ -32,9 +33,13 @@ KERNELS = {
     "pipelined:cg": {"host_load": "cg"},
     "pipelined:no_prefetch": {"prefetch": False},
     "tiled:b_hbm": {"_b": "hbm"},
+    "raster": {},  # naive's kernel, CTAs down the m tiles first: does L2 serve B's repeats from host memory?
+    "raster:b_hbm": {"_b": "hbm"},  # its on-chip time
 }
 ANCHORS = ("cublas_hbm", "cublas_zero_copy")
 SLOW = ("naive", "cublas_zero_copy")  # B re-read across the link per row tile: fewer repeats
+# Closed-form link bytes are what the SMs request; for raster, L2 decides what crosses the link (ncu tells)
+SM_REQUESTS_ONLY = ("raster",)
 
 
 def bench_gemm(
@@ -104,7 +109,8 @@ def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, wa
     """One checked call (rel_err against cuBLAS in HBM; a kernel's closed-form link bytes), then timing."""
     result = fn()
     if isinstance(result, tuple):  # a kernel: (c, Traffic)
-        row["link_read_bytes"] = result[1].link_read_bytes
+        if row["variant"].split(":")[0] not in SM_REQUESTS_ONLY:
+            row["link_read_bytes"] = result[1].link_read_bytes
         result = result[0]
     row["rel_err"] = float((result.double() - reference).norm() / reference.norm())
     row.update(timed(fn, warmup=warmup, repeats=repeats))

@@ -6,6 +6,11 @@ naive     : output-stationary 128x128 C tiles; B crosses the link once per 128-r
 tiled     : B-stationary: a 512x128 B chunk sits in shared memory while the CTA sweeps every row tile of
             A; fp32 partial C per k-split in HBM, summed by a reduce kernel. B crosses the link once.
 pipelined : tiled plus a producer warp (mbarrier ring for A, L2 prefetch of the next B chunk).
+raster    : naive's kernel with the CTAs ordered down the m tiles first, so the CTAs resident together request
+            the same B tiles at about the same time: B crosses the link once per tile if L2 serves the
+            repeats, and not otherwise. An experiment on L2 and host memory beyond the paper's variants; its
+            Traffic is naive's closed form (what the SMs request), so only ncu's pcie__read_bytes tells
+            what crossed the link.
 
 The k-split plan is host-side arithmetic on the SM count: enough CTAs to fill the GPU in few waves.
 
@@ -30,7 +35,8 @@ from directkv.kernels.cuda import build
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import gemm_traffic
 
-VARIANTS = ("naive", "tiled", "pipelined")
+VARIANTS = ("naive", "tiled", "pipelined", "raster")  # index = the launcher's variant code
+OUTPUT_STATIONARY = ("naive", "raster")  # no k-split workspace
 TILE_M, TILE_N, TILE_K = 128, 128, 64
 CHUNK_K = 512  # B rows per stationary chunk (tiled, pipelined)
 OUT_CODES = {torch.float16: 0, torch.float32: 2}
@@ -82,7 +88,7 @@ def gemm(
     a : `[M, K]` contiguous fp16 CUDA tensor (HBM).
     b : `[K, N]` contiguous fp16: a zero-copy view of pinned memory (zero_copy.device_view), a pinned CPU
         tensor, or an HBM tensor.
-    variant : "naive", "tiled" or "pipelined" (module docstring).
+    variant : "naive", "tiled", "pipelined" or "raster" (module docstring).
     out : optional `[M, N]` contiguous CUDA output, fp16 or fp32 (default fp16).
     tile_m, tile_n, tile_k : must be 128, 128, 64 (the kernels' tiles).
     k_splits : tiled / pipelined: force the CTAs per column strip; None plans it (plan_k_splits).
@@ -92,7 +98,8 @@ def gemm(
     Returns
     -------
     (c `[M, N]`, Traffic from traffic_model.gemm_traffic; for tiled / pipelined at tile_k = 512, the
-    stationary chunk, i.e. one fp32 partial-C pass per chunk; the split reduction's extra pass is left out)
+    stationary chunk, i.e. one fp32 partial-C pass per chunk; the split reduction's extra pass is left out;
+    raster states naive's schedule)
     """
     if variant not in VARIANTS:
         raise unknown_name("gemm variant", variant, VARIANTS)
@@ -114,7 +121,7 @@ def gemm(
     check(out.shape == (m, n) and out.dtype in OUT_CODES and out.device == a.device and out.is_contiguous(),
           f"out must be a contiguous float16 or float32 [{m}, {n}] tensor on {a.device}")
     part, ldp, splits = None, 0, 1
-    if variant != "naive":
+    if variant not in OUTPUT_STATIONARY:
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
         splits = plan_k_splits(m, n, k, sms=_device_limits(device)[0], k_splits=k_splits)
         ldp = math.ceil(n / TILE_N) * TILE_N
@@ -124,7 +131,8 @@ def gemm(
         VARIANTS.index(variant), bool(prefetch), OUT_CODES[out.dtype], HOST_LOADS.index(host_load),
         torch.cuda.current_stream(a.device).cuda_stream,
     )  # fmt: skip
-    traffic = gemm_traffic(m, n, k, dtype_bytes=2, variant=variant, b_tier=b_tier(b), tile_m=TILE_M, tile_n=TILE_N,
-                           tile_k=TILE_K if variant == "naive" else CHUNK_K)
+    schedule = "naive" if variant in OUTPUT_STATIONARY else variant
+    traffic = gemm_traffic(m, n, k, dtype_bytes=2, variant=schedule, b_tier=b_tier(b), tile_m=TILE_M, tile_n=TILE_N,
+                           tile_k=TILE_K if schedule == "naive" else CHUNK_K)
     traffic.hbm_write_bytes += m * n * (out.element_size() - 2)  # the closed form writes C in a's dtype
     return out, traffic
