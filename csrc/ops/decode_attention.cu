@@ -142,16 +142,45 @@ void copy_async(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream) {
 
 // copy_async for many page runs in one call: for each (src page, dst page, pages) and each (dst, src) base pair,
 // pages * unit_bytes bytes. Issued from C++ because a ring chunk of scattered pages is hundreds of copies, and
-// one Python call per copy cost more CPU time than the copy engine needed for the bytes.
+// one Python call per copy cost more CPU time than the copy engine needed for the bytes. With CUDA 13's
+// cudaMemcpyBatchAsync the whole set is one call (the driver may also pack the DMA work); where the runtime
+// refuses it, the copies go one cudaMemcpyAsync at a time, and later calls do not try the batch again.
 void copy_runs_async(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
                      const std::vector<std::tuple<int64_t, int64_t, int64_t>>& runs, size_t unit_bytes,
                      uintptr_t stream) {
   if (dst_bases.size() != src_bases.size()) throw std::invalid_argument("copy_runs_async: one src base per dst base");
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  dsts.reserve(runs.size() * dst_bases.size());
+  srcs.reserve(dsts.capacity());
+  sizes.reserve(dsts.capacity());
   for (const auto& [src, dst, n] : runs) {
     for (size_t b = 0; b < dst_bases.size(); ++b) {
-      copy_async(dst_bases[b] + static_cast<size_t>(dst) * unit_bytes, src_bases[b] + static_cast<size_t>(src) * unit_bytes,
-                 static_cast<size_t>(n) * unit_bytes, stream);
+      dsts.push_back(reinterpret_cast<void*>(dst_bases[b] + static_cast<size_t>(dst) * unit_bytes));
+      srcs.push_back(reinterpret_cast<const void*>(src_bases[b] + static_cast<size_t>(src) * unit_bytes));
+      sizes.push_back(static_cast<size_t>(n) * unit_bytes);
     }
+  }
+  if (dsts.empty()) return;
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+#if CUDART_VERSION >= 13000
+  static bool batch_ok = true;
+  if (batch_ok && dsts.size() > 1) {
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // the pinned pages may be written by earlier work
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attr_index = 0;
+    if (cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attr, &attr_index, 1, s) ==
+        cudaSuccess) {
+      return;
+    }
+    (void)cudaGetLastError();  // clear the refusal; fall back for this and every later call
+    batch_ok = false;
+  }
+#endif
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    check_cuda(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, s), "decode_attention: cudaMemcpyAsync");
   }
 }
 
