@@ -12,8 +12,8 @@ void prefill_attention_run(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintpt
                            uintptr_t hbm_k, uintptr_t hbm_v, uintptr_t block_table, uintptr_t out, uintptr_t out_f32,
                            uintptr_t lse_out, uintptr_t part_o, uintptr_t part_ml, int q_len, int past_len,
                            int num_heads, int num_kv_heads, int head_dim, int page_size, bool causal, bool include_new,
-                           int variant, int kv_chunk, int num_splits, int threads, int num_buffers, float sm_scale,
-                           int dtype, int host_load, uintptr_t stream);
+                           int variant, int kv_chunk, int num_splits, int threads, int num_buffers, bool half_state,
+                           float sm_scale, int dtype, int host_load, uintptr_t stream);
 }  // namespace directkv
 
 PYBIND11_MODULE(_dkv_prefill_attention, m) {
@@ -24,6 +24,6 @@ PYBIND11_MODULE(_dkv_prefill_attention, m) {
         py::arg("out_f32"), py::arg("lse_out"), py::arg("part_o"), py::arg("part_ml"), py::arg("q_len"),
         py::arg("past_len"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("page_size"),
         py::arg("causal"), py::arg("include_new"), py::arg("variant"), py::arg("kv_chunk"), py::arg("num_splits"),
-        py::arg("threads"), py::arg("num_buffers"), py::arg("sm_scale"), py::arg("dtype"), py::arg("host_load"),
+        py::arg("threads"), py::arg("num_buffers"), py::arg("half_state"), py::arg("sm_scale"), py::arg("dtype"), py::arg("host_load"),
         py::arg("stream"));
 }

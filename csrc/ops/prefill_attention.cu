@@ -43,6 +43,7 @@ void check_params(const PrefillParams& p, int variant, int threads) {
   // Zero keys would leave the tiled kernel no chunk to give a split: the caller skips such a pass.
   require(prefill::num_keys(p) >= 1, "prefill_attention: no keys (past_len 0 and include_new 0)");
   if (variant == 0) {
+    require(p.half_state == 0, "prefill_attention: half_state is an option of the tiled variant (1); got naive (0)");
     // The stream variant runs its passes on the tiled kernel only; naive keeps the one-call form.
     require(p.include_new == 1 && !p.out_f32, "prefill_attention: include_new 0 and out_f32 / lse_out need the tiled "
                                               "variant (1); got naive (0)");
@@ -57,6 +58,7 @@ void check_params(const PrefillParams& p, int variant, int threads) {
     require(p.part_o && p.part_ml, "prefill_attention: the tiled variant needs the part_o / part_ml workspace");
     require(threads == 128 || threads == 256, "prefill_attention: threads must be 128 or 256");
     require(p.num_buffers == 1 || p.num_buffers == 2, "prefill_attention: num_buffers must be 1 or 2");
+    require(p.half_state == 0 || p.half_state == 1, "prefill_attention: half_state must be 0 or 1");
     require(static_cast<int64_t>(p.num_kv_heads) * p.num_splits < (int64_t{1} << 31), "prefill_attention: grid too large");
   }
 }
@@ -109,8 +111,8 @@ void prefill_attention_run(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintpt
                            uintptr_t hbm_k, uintptr_t hbm_v, uintptr_t block_table, uintptr_t out, uintptr_t out_f32,
                            uintptr_t lse_out, uintptr_t part_o, uintptr_t part_ml, int q_len, int past_len,
                            int num_heads, int num_kv_heads, int head_dim, int page_size, bool causal, bool include_new,
-                           int variant, int kv_chunk, int num_splits, int threads, int num_buffers, float sm_scale,
-                           int dtype, int host_load, uintptr_t stream) {
+                           int variant, int kv_chunk, int num_splits, int threads, int num_buffers, bool half_state,
+                           float sm_scale, int dtype, int host_load, uintptr_t stream) {
   PrefillParams p{};
   p.q = reinterpret_cast<const void*>(q);
   p.k_new = reinterpret_cast<const void*>(k_new);
@@ -136,6 +138,7 @@ void prefill_attention_run(uintptr_t q, uintptr_t k_new, uintptr_t v_new, uintpt
   p.num_chunks = kv_chunk > 0 ? (prefill::num_keys(p) + kv_chunk - 1) / kv_chunk : 0;
   p.num_splits = num_splits;
   p.num_buffers = num_buffers;
+  p.half_state = half_state ? 1 : 0;
   p.scale_log2 = sm_scale * 1.4426950408889634f;
   launch(p, variant, dtype, head_dim, threads, host_load, reinterpret_cast<cudaStream_t>(stream));
 }

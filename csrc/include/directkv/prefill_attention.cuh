@@ -22,6 +22,10 @@
 // attends the queries to one chunk of the past only and writes fp32 O and its LSE (out_f32 / lse_out), so
 // the passes can be merged afterwards; the new tokens get a pass of their own.
 //
+// half_state (tiled): the partial O that goes to HBM between chunks is stored normalised (O / l, a convex
+// combination of V rows, so within T's range) in T instead of fp32, halving the bytes of the partial-state
+// round trips, which serialise with the math (results/h200/README.md); l stays fp32 beside the max.
+//
 // kL1 (both variants) copies the past K/V pages with cp.async.ca (through L1) instead of .cg (L2 only). The
 // pages are inputs no CTA writes, so a non-coherent L1 cannot serve stale bytes; k_new / v_new and the
 // partial O / m / l the tiled kernel writes and re-reads stay on the L2-only path.
@@ -51,7 +55,8 @@ struct PrefillParams {
   void* out;                // [q_len, num_heads, head_dim]; unused when out_f32 is set
   float* out_f32;           // tiled, optional: [q_len, num_heads, head_dim] normalised O kept in fp32 ...
   float* lse_out;           // ... and [q_len, num_heads] its natural-log LSE, so passes can be merged later
-  float* part_o;            // tiled: [num_splits, q_len, num_heads, head_dim] unnormalised partial O
+  float* part_o;            // tiled: [num_splits, q_len, num_heads, head_dim] unnormalised partial O (fp32), or
+                            // with half_state O / l in T: half the bytes per round trip through HBM
   float* part_ml;           // tiled: [num_splits, q_len, num_heads, 2] (max in log2 units, sum)
   int q_len, past_len, num_heads, num_kv_heads, page_size;
   int causal;
@@ -60,6 +65,7 @@ struct PrefillParams {
   int num_chunks;           // tiled: ceil(num_keys / kv_chunk)
   int num_splits;           // tiled: CTAs per KV head (<= num_chunks)
   int num_buffers;          // tiled: 1 (load, then compute) or 2 (load chunk c + 1 while computing chunk c)
+  int half_state;           // tiled: 1 keeps part_o normalised (O / l) in T, 0 unnormalised in fp32
   float scale_log2;         // sm_scale * log2(e): scores are kept in log2 units so exp2f does the softmax
 };
 
@@ -212,7 +218,7 @@ __device__ __forceinline__ size_t part_row(const PrefillParams& p, int split, in
   return (static_cast<size_t>(split) * p.q_len + qi) * p.num_heads + head;
 }
 
-template <int D>
+template <typename T, int D>
 __device__ __forceinline__ void load_partial(State<D>& s, const PrefillParams& p, int split, const Rows& w, int lane) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -220,6 +226,16 @@ __device__ __forceinline__ void load_partial(State<D>& s, const PrefillParams& p
     const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.part_ml) + row);
     s.m[i] = ml.x;
     s.l[i] = (lane & 3) == 0 ? ml.y : 0.f;  // the quad's shares must add up to the stored sum
+    if (p.half_state) {  // stored O / l: scale back by l
+      const uint32_t* o = reinterpret_cast<const uint32_t*>(reinterpret_cast<const T*>(p.part_o) + row * D + 2 * (lane & 3));
+#pragma unroll
+      for (int nb = 0; nb < D / 8; ++nb) {
+        const float2 v = tc::unpack2<T>(__ldcg(o + nb * 4));
+        s.o[nb][2 * i] = v.x * ml.y;
+        s.o[nb][2 * i + 1] = v.y * ml.y;
+      }
+      continue;
+    }
     const float* o = p.part_o + row * D + 2 * (lane & 3);
 #pragma unroll
     for (int nb = 0; nb < D / 8; ++nb) {
@@ -230,7 +246,7 @@ __device__ __forceinline__ void load_partial(State<D>& s, const PrefillParams& p
   }
 }
 
-template <int D>
+template <typename T, int D>
 __device__ __forceinline__ void store_partial(const State<D>& s, const PrefillParams& p, int split, const Rows& w,
                                               int lane) {
 #pragma unroll
@@ -238,10 +254,17 @@ __device__ __forceinline__ void store_partial(const State<D>& s, const PrefillPa
     const float l = group_sum<4>(s.l[i]);
     if (!w.valid[i]) continue;
     const size_t row = part_row(p, split, w.qi[i], w.head[i]);
-    float* o = p.part_o + row * D + 2 * (lane & 3);
+    if (p.half_state) {  // O / l; a row that has seen nothing (l = 0) stores zeros
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      uint32_t* o = reinterpret_cast<uint32_t*>(reinterpret_cast<T*>(p.part_o) + row * D + 2 * (lane & 3));
 #pragma unroll
-    for (int nb = 0; nb < D / 8; ++nb) {
-      __stcg(reinterpret_cast<float2*>(o + nb * 8), make_float2(s.o[nb][2 * i], s.o[nb][2 * i + 1]));
+      for (int nb = 0; nb < D / 8; ++nb) __stcg(o + nb * 4, tc::pack2<T>(s.o[nb][2 * i] * inv, s.o[nb][2 * i + 1] * inv));
+    } else {
+      float* o = p.part_o + row * D + 2 * (lane & 3);
+#pragma unroll
+      for (int nb = 0; nb < D / 8; ++nb) {
+        __stcg(reinterpret_cast<float2*>(o + nb * 8), make_float2(s.o[nb][2 * i], s.o[nb][2 * i + 1]));
+      }
     }
     if ((lane & 3) == 0) __stcg(reinterpret_cast<float2*>(p.part_ml) + row, make_float2(s.m[i], l));
   }
@@ -369,7 +392,7 @@ __global__ void __launch_bounds__(kTiledMaxThreads, 1) prefill_tiled_kernel(cons
       if (visible <= 0) {
         if (first) {  // the split's state must exist for the merge even when it saw nothing
           s.reset();
-          store_partial<D>(s, p, split, w, lane);
+          store_partial<T, D>(s, p, split, w, lane);
         }
         continue;
       }
@@ -378,12 +401,12 @@ __global__ void __launch_bounds__(kTiledMaxThreads, 1) prefill_tiled_kernel(cons
       if (first) {
         s.reset();
       } else {
-        load_partial<D>(s, p, split, w, lane);
+        load_partial<T, D>(s, p, split, w, lane);
       }
       for (int t = 0; t < visible; ++t) {
         attend_tile<T, D>(s, qf, ks + t * kTileKV * S, vs + t * kTileKV * S, key0 + t * kTileKV, w, p.scale_log2, lane);
       }
-      store_partial<D>(s, p, split, w, lane);
+      store_partial<T, D>(s, p, split, w, lane);
     }
   }
 }
@@ -407,6 +430,16 @@ __global__ void prefill_merge_kernel(const PrefillParams p) {
     const float2 st = __ldcg(ml + r);
     const float wgt = rescale(st.x, m_max);  // a split that saw none of this row's keys weighs 0
     l_sum += wgt * st.y;
+    if (p.half_state) {  // stored O / l: weigh by l too
+      const uint32_t* o = reinterpret_cast<const uint32_t*>(reinterpret_cast<const T*>(p.part_o) + r * D + lane * E);
+#pragma unroll
+      for (int e = 0; e < E / 2; ++e) {
+        const float2 v = tc::unpack2<T>(__ldcg(o + e));
+        acc[2 * e] += wgt * st.y * v.x;
+        acc[2 * e + 1] += wgt * st.y * v.y;
+      }
+      continue;
+    }
     const float* o = p.part_o + r * D + lane * E;
     if constexpr (E == 4) {
       const float4 v = __ldcg(reinterpret_cast<const float4*>(o));

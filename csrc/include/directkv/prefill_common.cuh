@@ -89,6 +89,20 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return u;
 }
 
+// The inverse of pack2: the low and high element of a packed pair of T as floats.
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t u) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v;
+    memcpy(&v, &u, 4);
+    return __bfloat1622float2(v);
+  } else {
+    __half2 v;
+    memcpy(&v, &u, 4);
+    return __half22float2(v);
+  }
+}
+
 __device__ __forceinline__ uint32_t ld_u32(const void* p) { return __ldg(reinterpret_cast<const uint32_t*>(p)); }
 
 // ---- mbarriers (producer / consumer hand-off of the warp-specialised GEMM) ----

@@ -37,6 +37,7 @@ KERNELS = {
     "tiled:cg": {"host_load": "cg"},  # past pages copied to L2 only (cp.async.cg); tiled is .ca (through L1)
     "tiled:double": {"double_buffer": True},  # two half-size chunks: load one while computing the other
     "tiled:kv_hbm": {"_kv": "hbm"},
+    "tiled:half_state": {"state_dtype": "input"},  # partial O between chunks normalised in bf16: half the bytes
     "stream": {},  # copy engine fills a 2-slot HBM ring while flash passes attend to the previous chunk
     "stream:4chunks": {"min_chunks": 4},  # a small cache cut into 4 chunks so copy and math can overlap
     "stream:tiled": {"pass_kernel": "tiled"},  # the ring's passes run our tiled kernel instead of flash

@@ -47,6 +47,7 @@ from directkv.kernels.traffic_model import prefill_traffic
 
 VARIANTS = ("naive", "tiled", "stream")
 PASS_KERNELS = ("flash", "tiled")  # stream: the kernel of its ring and new-token passes
+STATE_DTYPES = ("float32", "input")  # tiled: partial O between chunks in fp32, or normalised in q's dtype
 HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/directkv/dispatch.h)
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
 HEAD_DIMS = (64, 128)
@@ -231,6 +232,7 @@ def prefill_attention(
     chunk_bytes: int | None = None,
     min_chunks: int = 1,
     pass_kernel: str = "flash",
+    state_dtype: str = "float32",
 ) -> tuple[torch.Tensor, Traffic]:
     """Attention of q_len new tokens over the past_len = kv.seq_lens[0] cached tokens and themselves.
 
@@ -257,12 +259,19 @@ def prefill_attention(
     pass_kernel : stream only: what attends the queries to each ring chunk and to the new tokens: "flash"
         (default; torch's FlashAttention-2 forward on the HBM ring, GQA heads folded into rows) or "tiled"
         (this module's tiled kernel). The HBM-page pass always runs the tiled kernel.
+    state_dtype : tiled (and stream's tiled passes): "float32" (default) keeps the partial O that goes to HBM
+        between chunks in fp32; "input" keeps it normalised (O / l) in q's dtype, halving those bytes at the
+        cost of one rounding per round trip. The closed-form Traffic counts fp32 state either way.
 
     Returns
     -------
     (out `[q_len, num_heads, head_dim]`, Traffic from the closed form, see `traffic`). stream reads the
     block table on the CPU every call (a device sync when it lives on the GPU).
     """
+    if state_dtype not in STATE_DTYPES:
+        raise unknown_name("prefill_attention state_dtype", state_dtype, STATE_DTYPES)
+    check(variant != "naive" or state_dtype == "float32", f"state_dtype is an option of the tiled and stream "
+          f"variants; got variant 'naive' with state_dtype={state_dtype!r}")
     if pass_kernel not in PASS_KERNELS:
         raise unknown_name("prefill_attention pass_kernel", pass_kernel, PASS_KERNELS)
     check(variant == "stream" or pass_kernel == "flash", f"pass_kernel is an option of variant 'stream'; got "
@@ -277,7 +286,7 @@ def prefill_attention(
           f"table has {kv.block_table.shape[1]}")
     out = torch.empty_like(q) if out is None else out
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
-    launch = dict(causal=bool(causal), scale=scale, host_load=host_load)
+    launch = dict(causal=bool(causal), scale=scale, host_load=host_load, half_state=state_dtype == "input")
     tiled_opts = dict(kv_chunk=kv_chunk, num_splits=num_splits, double_buffer=double_buffer)
     # stream's Traffic is tiled's closed form, at the plan tiled would make for the whole call
     plan = None if variant == "naive" else _plan(past_len + q_len, q, kv.num_kv_heads, **tiled_opts)
@@ -307,7 +316,8 @@ def _plan(keys: int, q: torch.Tensor, num_kv_heads: int, *, kv_chunk, num_splits
 
 
 def _launch(q, k_new, v_new, pools, table, past_len: int, *, variant: str, plan: TiledPlan | None, include_new: bool,
-            causal: bool, scale: float, host_load: str, out=None, out_f32=None, lse_out=None) -> None:
+            causal: bool, scale: float, host_load: str, half_state: bool = False, out=None, out_f32=None,
+            lse_out=None) -> None:
     """One kernel call on the current stream. pools: (host_k, host_v, hbm_k, hbm_v); table: int32 CUDA
     entries of the past pages (None when past_len is 0); out_f32 / lse_out (tiled only) instead of out."""
     q_len, num_heads, head_dim = q.shape
@@ -316,14 +326,15 @@ def _launch(q, k_new, v_new, pools, table, past_len: int, *, variant: str, plan:
     if plan is None:
         plan = TiledPlan(0, 0, 1, 4 * 32)
     else:
-        part_o = torch.empty(plan.num_splits, q_len, num_heads, head_dim, dtype=torch.float32, device=q.device)
+        state = q.dtype if half_state else torch.float32
+        part_o = torch.empty(plan.num_splits, q_len, num_heads, head_dim, dtype=state, device=q.device)
         part_ml = torch.empty(plan.num_splits, q_len, num_heads, 2, dtype=torch.float32, device=q.device)
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
     build.load("prefill_attention").run(
         q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), *(t.data_ptr() for t in pools), ptr(table), ptr(out),
         ptr(out_f32), ptr(lse_out), ptr(part_o), ptr(part_ml), q_len, past_len, num_heads, num_kv_heads, head_dim,
         page_size, causal, include_new, VARIANTS.index(variant), plan.kv_chunk, plan.num_splits, plan.threads,
-        plan.num_buffers, scale, DTYPE_CODES[q.dtype], HOST_LOADS.index(host_load),
+        plan.num_buffers, bool(half_state and plan.kv_chunk), scale, DTYPE_CODES[q.dtype], HOST_LOADS.index(host_load),
         torch.cuda.current_stream(q.device).cuda_stream,
     )  # fmt: skip
 
