@@ -28,6 +28,7 @@ class Setup:
     sched: SchedulerConfig
     device: str  # "cpu" (simulate) or "cuda" (measure)
     sim_mode: str  # label of simulated rows on this hardware: simulated | projected
+    cuda_graphs: bool = False  # measured serving: the runner's dense layer parts replayed as CUDA graphs
 
 
 def resolve_device(requested: str) -> str:
@@ -62,7 +63,9 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     check(page >= 1 and page & (page - 1) == 0, f"memory.page_size must be a power of two, got {page}")
     mem = MemoryConfig(hbm, host, overhead * 1e9, page)
     sched = SchedulerConfig(int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_batched_tokens))
-    return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, resolve_device(cfg.device), mode_for(hw))
+    graphs = cfg.get("executor", {}).get("cuda_graphs", False)
+    check(isinstance(graphs, bool), f"executor.cuda_graphs must be true or false; got {graphs!r}")
+    return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, resolve_device(cfg.device), mode_for(hw), graphs)
 
 
 def policies(cfg: DictConfig) -> list[SystemPolicy]:

@@ -54,7 +54,8 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
         if measure:
             from directkv.engine.gpu.executor import run_gpu
 
-            res, extra = run_gpu(requests, policy, s.model, mem=s.mem, sched_cfg=s.sched, warmup=warmup)
+            res, extra = run_gpu(requests, policy, s.model, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
+                                 cuda_graphs=s.cuda_graphs)
             return _fill(row, res, s, extra)
         return _fill(row, simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup),
                      s, {})

@@ -87,6 +87,7 @@ def _cli(*args, cwd):
     (["+exp=context_sweep", "foo=1"], "bad override: Could not override 'foo'"),
     (["+exp=rate_sweep", "workload=alpaca", "datasets=[sharegpt]"], "datasets=['sharegpt'] does not include alpaca"),
     (["+exp=rate_sweep", "warmup_requests=-1"], "warmup_requests must be >= 0, got -1"),
+    (["+exp=context_sweep", "executor.cuda_graphs=maybe"], "executor.cuda_graphs must be true or false; got 'maybe'"),
     (["+exp=rate_sweep", "workload=alpaca", "workload.path=/nope.json", "datasets=[alpaca]", "rates=[5]"],
      "Alpaca file not found: '/nope.json'"),
 ])

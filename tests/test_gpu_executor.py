@@ -14,6 +14,7 @@ from directkv.engine.loop import serve
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig
 from directkv.engine.systems import SystemPolicy
+from directkv.errors import ConfigError
 from directkv.memory import KVCacheManager
 from directkv.model.runner import ModelRunner
 from directkv.model.weights import init_weights
@@ -113,6 +114,12 @@ def test_run_gpu_entry_on_cpu():
     res, extra = run_gpu(_requests(), SystemPolicy("directkv", "tiled"), SPEC, mem=mem, sched_cfg=SCHED,
                          device="cpu")
     assert res.metrics["completed"] == 5 and res.host_pinned_bytes > 0 and "pin_s" in extra
+
+
+def test_run_gpu_refuses_cuda_graphs_without_a_gpu():
+    mem = MemoryConfig(hbm_budget_bytes=2e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
+    with pytest.raises(ConfigError, match="CUDA graphs need the model on a CUDA device; it is on cpu"):
+        run_gpu(_requests(), SystemPolicy("hbm"), SPEC, mem=mem, sched_cfg=SCHED, device="cpu", cuda_graphs=True)
 
 
 def test_stager_copies_runs_of_host_pages_whatever_the_request_order():

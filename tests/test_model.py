@@ -324,3 +324,115 @@ def test_pipelined_forward_matches_forward(name):
     assert calls == [(layer, start) for layer in range(spec.num_layers) for start in (0, 2)]
     with pytest.raises(ConfigError, match="split must cut the 5 rows into two parts; got 5"):
         runner.forward_pipelined(tokens, positions, attend_async, rows, split=5)
+
+
+def _row_mixing_attend(spec):
+    group = spec.num_heads // spec.num_kv_heads
+
+    def attend(layer, q, k, v):  # mixes q, k and v row by row, so every input matters
+        return q + k.repeat_interleave(group, dim=1) * v.repeat_interleave(group, dim=1)
+
+    return attend
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_graphed_forward_matches_eager(name):
+    """The graph plumbing (static inputs, per-layer static outputs, padding to the bucket, refresh on every
+    step) with the CPU stand-in for CUDA graphs: steps of several sizes, in and beyond the buckets, give the
+    eager logits; the graphed steps hand the attention views of the step's rows only."""
+    from directkv.model.graphs import eager_capture
+
+    spec = SPECS[name]
+    w = make_weights(spec)
+    eager, graphed = ModelRunner(spec, w), ModelRunner(spec, w)
+    replays = []
+
+    def counting_capture(fn, pool):
+        replay, outputs = eager_capture(fn, pool)
+        return lambda: (replays.append(1), replay()), outputs
+
+    graphed.enable_graphs((2, 4, 8), slots=2, capture=counting_capture)
+    assert sorted(graphed._graph_sets) == [(2, 0), (2, 1), (4, 0), (4, 1), (8, 0), (8, 1)]
+    attend = _row_mixing_attend(spec)
+    seen = []
+
+    def recording(layer, q, k, v):
+        seen.append(q.shape[0])
+        return attend(layer, q, k, v)
+
+    gen = torch.Generator().manual_seed(5)
+    for n in (3, 1, 8, 5, 11, 3):  # 11 > 8: eager
+        tokens = torch.randint(0, spec.vocab_size, (n,), generator=gen)
+        positions = torch.randint(0, 40, (n,), generator=gen)
+        rows = torch.arange(n)
+        seen.clear()
+        replays.clear()
+        want = eager.forward(tokens, positions, attend, rows)
+        got = graphed.forward(tokens, positions, recording, rows)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert seen == [n] * spec.num_layers
+        assert len(replays) == (2 * spec.num_layers if n <= 8 else 0)
+    graphed.graphs_enabled = False  # switched off: eager again, same logits
+    torch.testing.assert_close(graphed.forward(tokens, positions, attend, rows), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_graphed_pipelined_forward_matches_eager(name):
+    """Both halves of a pipelined step in flight at once, each with its own graph set (slot)."""
+    from directkv.model.graphs import eager_capture
+
+    spec = SPECS[name]
+    w = make_weights(spec)
+    eager, graphed = ModelRunner(spec, w), ModelRunner(spec, w)
+    graphed.enable_graphs((4,), slots=2, capture=eager_capture)
+    attend = _row_mixing_attend(spec)
+
+    def attend_async(layer, part, q, k, v):
+        out = attend(layer, q, k, v).clone()  # held across the other part's replays
+        return lambda: out
+
+    tokens = torch.tensor([3, 17, 5, 9, 11], dtype=torch.int64)
+    positions = torch.tensor([4, 0, 7, 2, 30], dtype=torch.int64)
+    rows = torch.arange(5)
+    want = eager.forward(tokens, positions, attend, rows)
+    got = graphed.forward_pipelined(tokens, positions, attend_async, rows, split=2)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_graphs_need_a_cuda_device_and_valid_buckets():
+    spec = SPECS["tiny"]
+    runner = ModelRunner(spec, make_weights(spec))
+    with pytest.raises(ConfigError, match="CUDA graphs need the model on a CUDA device; it is on cpu"):
+        runner.enable_graphs()
+    with pytest.raises(ConfigError, match=r"graph buckets must be positive ints; got \[0\]"):
+        runner.enable_graphs([0])
+    with pytest.raises(ConfigError, match="graph slots must be 1 or 2; got 3"):
+        runner.enable_graphs(slots=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", list(SPECS))
+def test_cuda_graphs_match_eager_on_the_gpu(name):
+    """Real CUDA graph capture (bf16 weights on the GPU): graphed steps of several sizes, including padded
+    ones and one beyond the buckets, and a pipelined step, against the eager runner on the same weights.
+    Padding changes the GEMM shapes, so the comparison allows bf16 rounding."""
+    spec = SPECS[name]
+    w = init_weights(spec, device="cuda", dtype=torch.bfloat16, seed=3)
+    eager, graphed = ModelRunner(spec, w), ModelRunner(spec, w)
+    graphed.enable_graphs((1, 4, 8), slots=2)
+    attend = _row_mixing_attend(spec)
+    gen = torch.Generator().manual_seed(9)
+    for n in (3, 1, 8, 5, 13):
+        tokens = torch.randint(0, spec.vocab_size, (n,), generator=gen).cuda()
+        positions = torch.randint(0, 40, (n,), generator=gen).cuda()
+        rows = torch.arange(n, device="cuda")
+        torch.testing.assert_close(graphed.forward(tokens, positions, attend, rows),
+                                   eager.forward(tokens, positions, attend, rows), rtol=2e-2, atol=2e-2)
+
+    def attend_async(layer, part, q, k, v):
+        out = attend(layer, q, k, v).clone()
+        return lambda: out
+
+    torch.testing.assert_close(graphed.forward_pipelined(tokens, positions, attend_async, rows, split=6),
+                               eager.forward(tokens, positions, attend, rows), rtol=2e-2, atol=2e-2)

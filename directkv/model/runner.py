@@ -8,11 +8,12 @@ system under test keeps KV and reads the cache back).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
-from directkv.errors import check
+from directkv.errors import ConfigError, check
+from directkv.model.graphs import BUCKETS, Capture, GraphSet, bucket_for, capture_set, cuda_capture
 from directkv.model.layers import RopeCache, layer_norm, mlp, rms_norm, rope
 from directkv.model.weights import LayerWeights, Weights, check_weights
 from directkv.specs.models import ModelSpec
@@ -57,6 +58,41 @@ class ModelRunner:
         self.check_ranges = check_ranges
         self.rope = (RopeCache(spec.head_dim, spec.rope_theta, limit, self.device)
                      if spec.family == "llama" else None)
+        self.graphs_enabled = False  # see enable_graphs
+        self._graph_sets: dict[tuple[int, int], GraphSet] = {}  # (bucket, slot) -> captured set
+
+    # ---- CUDA graphs of the dense layer parts (directkv/model/graphs.py) ---------------------------
+    def enable_graphs(self, buckets: Sequence[int] = BUCKETS, *, slots: int = 1, capture: Capture | None = None) -> None:
+        """Capture the per-layer graphs for steps of up to max(buckets) tokens (idempotent: sets captured
+        before are kept) and use them from now on; slots=2 also captures the second half of pipelined steps.
+        capture defaults to CUDA graphs and needs the weights on a CUDA device (tests pass eager_capture)."""
+        check(all(isinstance(b, int) and b >= 1 for b in buckets) and len(buckets) > 0,
+              f"graph buckets must be positive ints; got {list(buckets)!r}")
+        check(slots in (1, 2), f"graph slots must be 1 or 2; got {slots!r}")
+        if capture is None:
+            if self.device.type != "cuda":
+                raise ConfigError(f"CUDA graphs need the model on a CUDA device; it is on {self.device}")
+            capture = cuda_capture
+        spec = self.spec
+        with torch.no_grad():
+            for size in sorted(buckets):
+                for slot in range(slots):
+                    if (size, slot) in self._graph_sets:
+                        continue
+                    pool = torch.cuda.graph_pool_handle() if capture is cuda_capture else None
+                    self._graph_sets[(size, slot)] = capture_set(
+                        size, hidden=spec.hidden_size, q_shape=(spec.num_heads, spec.head_dim),
+                        rope_half=spec.head_dim // 2 if self.rope is not None else None,
+                        num_layers=spec.num_layers, pre=lambda i, x, rot: self._pre(self.weights.layers[i], x, rot),
+                        post=lambda i, x, attn: self._post(i, self.weights.layers[i], x, attn), dtype=self.dtype,
+                        device=self.device, capture=capture, pool=pool)
+        self.graphs_enabled = True
+
+    def _graph_set(self, n: int, slot: int = 0) -> GraphSet | None:
+        if not self.graphs_enabled:
+            return None
+        size = bucket_for(n, [b for b, s in self._graph_sets if s == slot])
+        return None if size is None else self._graph_sets[(size, slot)]
 
     # ---- public entry points -------------------------------------------------------------------
     def prefill(self, tokens: torch.Tensor, positions: torch.Tensor, attend: AttendFn) -> torch.Tensor:
@@ -97,6 +133,7 @@ class ModelRunner:
         """
         tokens, positions, logits_rows = self._inputs(tokens, positions, logits_rows)
         spec, w = self.spec, self.weights
+        n = tokens.numel()
         # no_grad rather than inference_mode: tensors handed to `attend` may be kept by the caller and
         # updated in place later, which inference tensors forbid outside inference mode.
         with torch.no_grad():
@@ -104,8 +141,15 @@ class ModelRunner:
             if spec.family == "opt":
                 x = x + w.pos_embed[positions + OPT_POSITION_OFFSET]
             rot = self.rope.lookup(positions) if self.rope is not None else None
-            for index, layer in enumerate(w.layers):
-                x = self._layer(index, layer, x, rot, attend)
+            gs = self._graph_set(n)
+            if gs is not None:
+                gs.load(x, rot)
+                for index in range(spec.num_layers):
+                    q, k, v = self._graph_pre(gs, index, n)
+                    x = self._graph_post(gs, index, n, attend(index, q, k, v))
+            else:
+                for index, layer in enumerate(w.layers):
+                    x = self._layer(index, layer, x, rot, attend)
             x = self._norm(x[logits_rows], w.final_norm, w.final_norm_bias)
             return (x @ w.lm_head).float()
 
@@ -133,16 +177,31 @@ class ModelRunner:
             rot = self.rope.lookup(positions) if self.rope is not None else None
             xs = [x[r] for r in parts]
             rots = [None if rot is None else (rot[0][r], rot[1][r]) for r in parts]
+            sizes = [split, n - split]
+            sets = [self._graph_set(sizes[p], p) for p in range(2)]
+            if None in sets:
+                sets = [None, None]
+            for p in range(2):
+                if sets[p] is not None:
+                    sets[p].load(xs[p], rots[p])
             wait: list = [None, None]
+
+            def post(p: int, index: int) -> torch.Tensor:  # this part's layer `index`, its attention done
+                if sets[p] is not None:
+                    return self._graph_post(sets[p], index, sizes[p], wait[p](), p)
+                return self._post(index, w.layers[index], xs[p], wait[p](), p)
+
             for index, layer in enumerate(w.layers):
                 for p, rows in enumerate(parts):
                     if wait[p] is not None:  # this part's previous layer: its attention ran meanwhile
-                        xs[p] = self._post(index - 1, w.layers[index - 1], xs[p], wait[p](), p)
-                    q, k, v = self._pre(layer, xs[p], rots[p])
+                        xs[p] = post(p, index - 1)
+                    if sets[p] is not None:
+                        q, k, v = self._graph_pre(sets[p], index, sizes[p])
+                    else:
+                        q, k, v = self._pre(layer, xs[p], rots[p])
                     wait[p] = attend_async(index, rows, q, k, v)
-            last = len(w.layers) - 1
             for p in range(2):
-                xs[p] = self._post(last, w.layers[last], xs[p], wait[p](), p)
+                xs[p] = post(p, len(w.layers) - 1)
             x = self._norm(torch.cat(xs)[logits_rows], w.final_norm, w.final_norm_bias)
             return (x @ w.lm_head).float()
 
@@ -171,17 +230,36 @@ class ModelRunner:
         """Output projection and MLP with residuals, given the attention output `out` `[n, Hq, D]`."""
         spec = self.spec
         n = x.shape[0]
-        want = (n, spec.num_heads, spec.head_dim)
-        if not (isinstance(out, torch.Tensor) and tuple(out.shape) == want and out.device == x.device):
-            # the message is built only on failure: this runs once per layer and step
-            where = f"attend(layer={index})" if part is None else f"attend_async(layer={index}, part {part})"
-            check(False, f"{where} must return [n, Hq, D] = {list(want)} on {x.device}; got "
-                  + (f"{list(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__))
+        self._check_attention(index, out, n, x.device, part)
         # A kernel may accumulate and return float32; the residual stream stays in the model dtype.
         out = out.to(x.dtype).reshape(n, spec.q_dim)
         x = x + (out @ layer.wo if layer.bo is None else torch.addmm(layer.bo, out, layer.wo))
         h = self._norm(x, layer.mlp_norm, layer.mlp_norm_bias)
         return x + mlp(h, layer, spec.family)
+
+    def _check_attention(self, index: int, out, n: int, device: torch.device, part: int | None) -> None:
+        """`out` must be the attention output `[n, Hq, D]` on `device` (message built only on failure: this
+        runs once per layer and step)."""
+        want = (n, self.spec.num_heads, self.spec.head_dim)
+        if not (isinstance(out, torch.Tensor) and tuple(out.shape) == want and out.device == device):
+            where = f"attend(layer={index})" if part is None else f"attend_async(layer={index}, part {part})"
+            check(False, f"{where} must return [n, Hq, D] = {list(want)} on {device}; got "
+                  + (f"{list(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__))
+
+    @staticmethod
+    def _graph_pre(gs: GraphSet, index: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Replay layer `index`'s pre graph; q, k, v of the step's n rows (views of the static outputs)."""
+        gs.pre[index]()
+        q, k, v = gs.pre_out[index]
+        return q[:n], k[:n], v[:n]
+
+    def _graph_post(self, gs: GraphSet, index: int, n: int, out, part: int | None = None) -> torch.Tensor:
+        """Copy the attention output of the n rows in and replay layer `index`'s post graph; the new x of the
+        n rows (a view of the static output, read by the next layer's pre graph)."""
+        self._check_attention(index, out, n, gs.attn.device, part)
+        gs.attn[:n].copy_(out)
+        gs.post[index]()
+        return gs.post_out[index][:n]
 
     @staticmethod
     def _norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -85,8 +85,12 @@ class NvmlSampler:
 
 
 def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, mem: MemoryConfig,
-            sched_cfg: SchedulerConfig, device: str = "cuda", warmup: int = 0, seed: int = 0) -> tuple[ServeResult, dict]:
-    """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns."""
+            sched_cfg: SchedulerConfig, device: str = "cuda", warmup: int = 0, seed: int = 0,
+            cuda_graphs: bool = False) -> tuple[ServeResult, dict]:
+    """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
+
+    cuda_graphs: replay the runner's dense layer parts as CUDA graphs on steps of <= 256 tokens
+    (directkv/model/graphs.py; captured once per process, before the warm-up); attention stays eager."""
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     if cuda and dev.index is None:  # memory-fraction and stats calls want an explicit index
@@ -111,6 +115,13 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
         torch.cuda.reset_peak_memory_stats(dev)
     kv = KVCacheManager(model, page_size=mem.page_size, hbm_budget_bytes=hbm_kv, host_budget_bytes=host_kv,
                         bytes_per_token=per_token, materialize=policy.name != "flexgen", hbm_device=dev, arena=arena)
+    extra["cuda_graphs"] = bool(cuda_graphs)
+    if cuda_graphs:
+        t0 = time.perf_counter()
+        runner.enable_graphs(slots=2 if policy.name == "cpu_attn" else 1)  # cpu_attn pipelines two halves
+        extra["graph_capture_s"] = time.perf_counter() - t0
+    else:
+        runner.graphs_enabled = False
     threads = int(os.environ.get("DIRECTKV_CPU_THREADS", os.cpu_count() or 1))
     stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads)
     # warm-up outside the measurement: kernel builds and first launches, library handles
