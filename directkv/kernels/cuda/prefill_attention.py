@@ -406,7 +406,7 @@ def _side(device: torch.device):
 def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts: dict, chunk_bytes: int | None,
                 min_chunks: int, pass_kernel: str, **launch) -> None:
     """Ring passes (copy on the side stream, attend on the current one), the HBM-page pass, the new tokens'
-    pass; each gives fp32 O / LSE, merged by a softmax over the LSEs. No host sync per chunk."""
+    pass; each gives O and its LSE, merged by merge_passes. No host sync per chunk."""
     q_len, num_heads, _ = q.shape
     table = kv.block_table[:1, : -(-past_len // kv.page_size)].cpu()
     page_bytes = math.prod(kv.host_k.shape[1:]) * kv.host_k.element_size()
@@ -414,7 +414,7 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts:
     chunk_pages = stream_chunk_pages(host_pages, page_bytes, chunk_bytes=chunk_bytes, min_chunks=min_chunks)
     passes = stream_passes(table, past_len, kv.page_size, chunk_pages)
     flash = pass_kernel == "flash"
-    parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (O [q_len, Hq, D] fp32, LSE [q_len, Hq])
+    parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (O [q_len, Hq, D], LSE [q_len, Hq]), views allowed
 
     def tiled_pass(pools, tbl, past: int, include_new: bool) -> None:
         o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -460,9 +460,25 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts:
     else:
         tiled_pass((kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), None, 0, True)
     # Every row sees at least its first new token in the last pass, so no row's LSEs are all -inf.
-    o_parts = torch.stack([o for o, _ in parts])
-    weights = torch.softmax(torch.stack([lse for _, lse in parts]), dim=0)
-    out.copy_((o_parts * weights.unsqueeze(-1)).sum(0))
+    merge_passes(parts, out, kv.num_kv_heads)
+
+
+def merge_passes(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor, num_kv_heads: int) -> None:
+    """out `[q_len, Hq, D]` = the softmax-over-LSE weighted sum of the passes' outputs.
+
+    parts: (O `[q_len, Hq, D]` or `[q_len, Hkv, G, D]`, natural-log LSE `[q_len, Hq]` or `[q_len, Hkv, G]`)
+    per pass, any strides and float dtypes: the flash passes hand over permuted views of their outputs, which
+    only the 4-D form can hold without a copy. One fp32 accumulator, updated in place per pass, so each pass's
+    O is read once.
+    """
+    group = out.shape[1] // num_kv_heads
+    os_ = [o if o.dim() == 4 else o.unflatten(1, (num_kv_heads, group)) for o, _ in parts]
+    lses = [lse if lse.dim() == 3 else lse.unflatten(1, (num_kv_heads, group)) for _, lse in parts]
+    weights = torch.softmax(torch.stack(lses), dim=0).unsqueeze(-1)  # [P, q_len, Hkv, G, 1]
+    acc = os_[0] * weights[0]  # fp32 (weights are)
+    for o, w in zip(os_[1:], weights[1:], strict=True):
+        acc.addcmul_(o, w)
+    out.unflatten(1, (num_kv_heads, group)).copy_(acc)
 
 
 # torch's FlashAttention-2 forward; returns the LSE beside O, which stream's merge needs (F.sdpa does not)
@@ -483,8 +499,9 @@ def _flash_past(q_fold, q_len: int, rings, start: int, n: int, scale: float) -> 
     k, v = (r.view(-1, hkv, d)[start : start + n].permute(1, 0, 2).unsqueeze(0) for r in rings)  # [1, Hkv, n, D]
     o, lse = _FLASH(q_fold, k, v, 0.0, False, False, scale=scale)[:2]
     g = rows // q_len
-    o = o.view(hkv, q_len, g, d).permute(1, 0, 2, 3).reshape(q_len, hkv * g, d).float()
-    lse = lse.reshape(hkv, -1)[:, :rows].view(hkv, q_len, g).permute(1, 0, 2).reshape(q_len, hkv * g)
+    # [q_len, Hkv, G, D] and [q_len, Hkv, G] views, no copies: merge_passes reads them once
+    o = o.view(hkv, q_len, g, d).permute(1, 0, 2, 3)
+    lse = lse.reshape(hkv, -1)[:, :rows].view(hkv, q_len, g).permute(1, 0, 2)
     return o, lse.float()
 
 
@@ -495,4 +512,4 @@ def _flash_new(q, k_new, v_new, scale: float, causal: bool) -> tuple[torch.Tenso
     g = num_heads // k_new.shape[1]
     k, v = (t.repeat_interleave(g, dim=1).transpose(0, 1).unsqueeze(0) for t in (k_new, v_new))  # [1, Hq, q_len, D]
     o, lse = _FLASH(q.transpose(0, 1).unsqueeze(0), k, v, 0.0, causal, False, scale=scale)[:2]
-    return o[0].transpose(0, 1).float(), lse.reshape(num_heads, -1)[:, :q_len].transpose(0, 1).float()
+    return o[0].transpose(0, 1), lse.reshape(num_heads, -1)[:, :q_len].transpose(0, 1).float()
