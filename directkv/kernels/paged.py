@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from directkv.errors import check
+
 
 @dataclass(frozen=True)
 class PagedKV:
@@ -85,3 +87,15 @@ def slot_runs(pages: list[int], tokens: list[int], page_size: int) -> list[tuple
         else:
             runs.append([page * page_size, n])
     return [(a, b) for a, b in runs]
+
+
+def check_queries(q: torch.Tensor, kv: PagedKV, *, rows: str) -> tuple[int, int, int]:
+    """The checks every attention op makes of its queries `[rows, num_heads, head_dim]` against the cache:
+    3-D, the cache's head_dim and dtype, whole GQA groups. Returns (rows, num_heads, head_dim); each backend
+    adds its own (what its kernels support, devices, the batch or one-sequence rule)."""
+    check(q.dim() == 3, f"q must be [{rows}, num_heads, head_dim]; got shape {tuple(q.shape)}")
+    n, num_heads, head_dim = (int(s) for s in q.shape)
+    check(head_dim == kv.head_dim, f"q head_dim {head_dim} != kv head_dim {kv.head_dim}")
+    check(num_heads % kv.num_kv_heads == 0, f"num_heads {num_heads} is not a multiple of num_kv_heads {kv.num_kv_heads}")
+    check(q.dtype == kv.dtype, f"q dtype {q.dtype} != KV dtype {kv.dtype}")
+    return n, num_heads, head_dim

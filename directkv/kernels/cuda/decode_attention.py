@@ -23,7 +23,7 @@ import torch
 
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.cuda import build
-from directkv.kernels.paged import PagedKV
+from directkv.kernels.paged import PagedKV, check_queries
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import decode_traffic
 
@@ -133,14 +133,10 @@ def _check_inputs(q: torch.Tensor, kv: PagedKV, variant: str, tile_kv: int, out:
     if variant not in VARIANTS:
         raise unknown_name("decode_attention variant", variant, VARIANTS)
     check(tile_kv in TILES, f"tile_kv {tile_kv!r} is not supported by the CUDA kernel; valid: {TILES}")
-    check(q.dim() == 3, f"q must be [batch, num_heads, head_dim]; got shape {tuple(q.shape)}")
-    batch, num_heads, head_dim = q.shape
+    batch, num_heads, head_dim = check_queries(q, kv, rows="batch")
     check(q.dtype in DTYPE_CODES, f"dtype {q.dtype} is not supported; valid: float16, bfloat16")
     check(head_dim in (64, 128), f"head_dim {head_dim} is not supported; valid: 64, 128")
-    check(q.dtype == kv.dtype, f"q dtype {q.dtype} != KV dtype {kv.dtype}")
-    check((batch, head_dim) == (kv.batch, kv.head_dim), f"q {tuple(q.shape)} does not match kv batch "
-          f"{kv.batch} / head_dim {kv.head_dim}")
-    check(num_heads % kv.num_kv_heads == 0, f"num_heads {num_heads} is not a multiple of num_kv_heads {kv.num_kv_heads}")
+    check(batch == kv.batch, f"q batch {batch} != kv batch {kv.batch}")
     ps = kv.page_size
     check(ps >= 1 and ps & (ps - 1) == 0, f"page_size {ps} is not a power of two")
     for name, t in (("q", q), ("host_k", kv.host_k), ("host_v", kv.host_v), ("hbm_k", kv.hbm_k), ("hbm_v", kv.hbm_v),

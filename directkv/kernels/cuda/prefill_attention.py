@@ -41,7 +41,7 @@ import torch
 from directkv.errors import check, unknown_name
 from directkv.kernels.cuda import build
 from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES, stream_schedule
-from directkv.kernels.paged import PagedKV, slot_runs
+from directkv.kernels.paged import PagedKV, check_queries, slot_runs
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import prefill_traffic
 
@@ -150,15 +150,11 @@ def _check_inputs(q, k_new, v_new, kv: PagedKV, variant: str, tile_q: int, tile_
     check_stream_options(variant, chunk_bytes, min_chunks)
     check(tile_q == TILE_Q, f"tile_q {tile_q!r} is not supported by the CUDA kernel; valid: {TILE_Q} (query rows per CTA)")
     check(tile_kv == TILE_KV, f"tile_kv {tile_kv!r} is not supported by the CUDA kernel; valid: {TILE_KV}")
-    check(q.dim() == 3, f"q must be [q_len, num_heads, head_dim]; got shape {tuple(q.shape)}")
-    q_len, num_heads, head_dim = q.shape
+    q_len, num_heads, head_dim = check_queries(q, kv, rows="q_len")
     check(q_len >= 1, "prefill needs q_len >= 1")
     check(q.dtype in DTYPE_CODES, f"dtype {q.dtype} is not supported; valid: float16, bfloat16")
     check(head_dim in HEAD_DIMS, f"head_dim {head_dim} is not supported; valid: {HEAD_DIMS}")
     check(kv.batch == 1, f"prefill takes one sequence; kv.batch is {kv.batch}")
-    check((kv.dtype, kv.head_dim) == (q.dtype, head_dim), f"KV {kv.dtype} head_dim {kv.head_dim} does not match q "
-          f"{q.dtype} head_dim {head_dim}")
-    check(num_heads % kv.num_kv_heads == 0, f"num_heads {num_heads} is not a multiple of num_kv_heads {kv.num_kv_heads}")
     want = (q_len, kv.num_kv_heads, head_dim)
     for name, t in (("k_new", k_new), ("v_new", v_new)):
         check(tuple(t.shape) == want and t.dtype == q.dtype, f"{name} must be {q.dtype} {list(want)}; got "

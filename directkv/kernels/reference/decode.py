@@ -7,7 +7,7 @@ import math
 import torch
 
 from directkv.errors import check
-from directkv.kernels.paged import PagedKV
+from directkv.kernels.paged import PagedKV, check_queries
 from directkv.kernels.reference.common import check_tiles, check_variant, counted, page_entries
 from directkv.kernels.reference.kv_source import PagedKVRange
 from directkv.kernels.reference.online_softmax import HeadLayout
@@ -47,15 +47,8 @@ def decode_attention(
     """
     check_variant("decode_attention", variant, DECODE_VARIANTS)
     check_tiles(tile_kv=tile_kv)
-    check(q.dim() == 3, f"q must be [batch, num_heads, head_dim]; got shape {tuple(q.shape)}")
-    batch, num_heads, head_dim = (int(s) for s in q.shape)
+    batch, num_heads, head_dim = check_queries(q, kv, rows="batch")
     check(batch == kv.batch, f"q batch {batch} != kv batch {kv.batch}")
-    check(head_dim == kv.head_dim, f"q head_dim {head_dim} != kv head_dim {kv.head_dim}")
-    check(
-        num_heads % kv.num_kv_heads == 0,
-        f"num_heads {num_heads} is not a multiple of num_kv_heads {kv.num_kv_heads}",
-    )
-    check(q.dtype == kv.dtype, f"q dtype {q.dtype} != KV dtype {kv.dtype}")
     seq_lens = [int(n) for n in kv.seq_lens.tolist()]
     check(
         all(n >= 1 for n in seq_lens), f"decode needs seq_lens >= 1 (the query's own token); got {seq_lens}"
