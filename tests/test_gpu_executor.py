@@ -173,7 +173,7 @@ def test_cpu_decode_attention_matches_float64(dtype, group):
     pages = list(range(40, 110)) + [3, 150, 151] + list(range(10, 30))  # runs of 70, 1, 2 and 20 pages
     n = (len(pages) - 1) * ps + 5
     q = torch.randn(hkv * group, d).to(dtype)
-    out = paths.cpu_decode_attention(q, k_pool, v_pool, pages, n, threads=8)
+    out = paths.cpu_decode_attention(q, k_pool, v_pool, paths.sequence_runs(pages, n, ps), threads=8)
     k = k_pool[pages].reshape(-1, hkv, d)[:n].double()
     v = v_pool[pages].reshape(-1, hkv, d)[:n].double()
     qq = q.double().view(hkv, group, d)

@@ -47,7 +47,12 @@ class FlexgenPath(StagedPath):
         dev = torch.device(device)
         self.shadow = torch.empty((pages, ps, m.num_kv_heads, m.head_dim), dtype=kv.dtype, device=dev), \
             torch.empty((pages, ps, m.num_kv_heads, m.head_dim), dtype=kv.dtype, device=dev)
-        self.errors: list[float] = []
+        self._errors: list[torch.Tensor] = []  # 0-d, on the device: read once at the end, not synced per step
+
+    @property
+    def errors(self) -> list[float]:
+        """Relative error of layer 0's decode attention output against the exact shadow, one per decode step."""
+        return [float(e) for e in self._errors]
 
     def pinned_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.host.values())
@@ -87,7 +92,7 @@ class FlexgenPath(StagedPath):
         exact, _ = self.decode(q[:nd], PagedKV(empty, empty, *self.shadow, _as_hbm(p.decode_table), p.decode_lens),
                                variant="tiled")
         ref = exact.float()
-        self.errors.append(float((out[:nd].float() - ref).norm() / ref.norm().clamp_min(1e-12)))
+        self._errors.append((out[:nd].float() - ref).norm() / ref.norm().clamp_min(1e-12))
 
 
 

@@ -231,7 +231,11 @@ class CpuAttnPath(StagedPath):
         self.decode_table = torch.zeros((0, 1), dtype=torch.int32, device=self.stager.device)
         self.chunk_tables = [t.to(self.stager.device) for t in tables]
         self.staging_bytes = max(self.staging_bytes, self.stager.nbytes)
-        self.lens = plan.decode_lens_host
+        ps = self.kv.page_size
+        # each decode's runs of consecutive pages, once per step rather than once per layer (2,048 pages per
+        # sequence at 32K context made this Python a few ms per layer, on the thread the GPU launches wait for)
+        self.runs = [sequence_runs(self.kv.pages(r)[: -(-n // ps)], n, ps)
+                     for r, n in zip(plan.decode_ids, plan.decode_lens_host, strict=True)]
         if plan.chunks:
             self.remap = self._slot_remap(plan.slots[plan.num_decodes:])
             self.stager.issue(0)
@@ -296,12 +300,11 @@ class CpuAttnPath(StagedPath):
     def _cpu_decode(self, layer: int, q: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
         """Decode attention on the CPU: q `[r, Hq, D]` (CPU, the pools' dtype) for the step's decodes (all of
         them, or the slice `rows`) -> out, same shape, float32. See cpu_decode_attention."""
-        kv, ps = self.kv, self.kv.page_size
-        k_host, v_host = kv.arena.k[layer], kv.arena.v[layer]
+        k_host, v_host = self.kv.arena.k[layer], self.kv.arena.v[layer]
         out = torch.empty(q.shape, dtype=torch.float32)
         rows = rows or slice(0, len(self.plan.decode_ids))
-        for i, (r, n) in enumerate(zip(self.plan.decode_ids[rows], self.lens[rows], strict=True)):
-            out[i] = cpu_decode_attention(q[i], k_host, v_host, kv.pages(r)[: -(-n // ps)], n)
+        for i, runs in enumerate(self.runs[rows]):
+            out[i] = cpu_decode_attention(q[i], k_host, v_host, runs)
         return out
 
 
@@ -310,12 +313,17 @@ CPU_MIN_PIECE = 512
 _cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def cpu_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, pages: list[int], n: int,
+def sequence_runs(pages: list[int], n: int, page_size: int) -> list[tuple[int, int]]:
+    """slot_runs of a sequence whose first n tokens sit in `pages` (logical order)."""
+    return slot_runs(pages, [min(page_size, n - j * page_size) for j in range(len(pages))], page_size)
+
+
+def cpu_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, runs: list[tuple[int, int]],
                          *, threads: int | None = None) -> torch.Tensor:
     """One sequence's decode attention on the CPU, read in place from the paged pools.
 
-    q `[Hq, D]`; pools `[num_pages, page_size, Hkv, D]` (same dtype as q); `pages` the sequence's pages in
-    logical order, holding its first `n` tokens. Returns `[Hq, D]` float32.
+    q `[Hq, D]`; pools `[num_pages, page_size, Hkv, D]` (same dtype as q); `runs` the sequence's (first flat
+    slot, tokens) stretches of valid slots (sequence_runs). Returns `[Hq, D]` float32.
 
     K/V are never copied or converted: each run of consecutive page ids is one strided view, cut into equal
     pieces so that pieces x KV heads keep every CPU thread busy, and torch's CPU flash-attention kernel (which
@@ -330,8 +338,7 @@ def cpu_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     flat_k, flat_v = k_pool.reshape(-1, hkv, d), v_pool.reshape(-1, hkv, d)
     want = 2 * (threads or torch.get_num_threads())  # work items per call the kernel can spread over threads
     outs, lses = [], []
-    ps = k_pool.shape[1]
-    for start, length in slot_runs(pages, [min(ps, n - j * ps) for j in range(len(pages))], ps):
+    for start, length in runs:
         pieces = max(1, min(-(-want // hkv), length // CPU_MIN_PIECE))
         size = length // pieces
         cuts = [(start, pieces, size)]
