@@ -182,3 +182,21 @@ def test_cpu_decode_attention_matches_float64(dtype, group):
     assert out.dtype == torch.float32 and out.shape == (hkv * group, d)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     assert torch.allclose(out.double(), want, atol=tol, rtol=tol), (out.double() - want).abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("system", ["directkv", "hbm", "swap", "cpu_attn", "flexgen"])
+def test_every_system_serves_on_the_gpu_with_and_without_cuda_graphs(system):
+    """The real executor on the GPU at toy size (bf16, the CUDA kernels): every request completes with the
+    dense layer parts eager and as CUDA graphs, and the rows say which."""
+    mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
+    policy = SystemPolicy(system, "tiled" if system == "directkv" else "")
+    try:
+        for graphs in (False, True):
+            res, extra = run_gpu(_requests(), policy, SPEC, mem=mem, sched_cfg=SCHED, device="cuda",
+                                 cuda_graphs=graphs)
+            assert res.metrics["completed"] == 5 and extra["cuda_graphs"] is graphs
+            assert ("graph_capture_s" in extra) is graphs
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)  # run_gpu capped it at the point's budget
