@@ -89,6 +89,11 @@ def slot_runs(pages: list[int], tokens: list[int], page_size: int) -> list[tuple
     return [(a, b) for a, b in runs]
 
 
+def sequence_runs(pages: list[int], n: int, page_size: int) -> list[tuple[int, int]]:
+    """slot_runs of a sequence whose first n tokens sit in `pages` (logical order: only the last may be partial)."""
+    return slot_runs(pages, [min(page_size, n - j * page_size) for j in range(len(pages))], page_size)
+
+
 def check_queries(q: torch.Tensor, kv: PagedKV, *, rows: str) -> tuple[int, int, int]:
     """The checks every attention op makes of its queries `[rows, num_heads, head_dim]` against the cache:
     3-D, the cache's head_dim and dtype, whole GQA groups. Returns (rows, num_heads, head_dim); each backend

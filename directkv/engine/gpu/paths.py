@@ -21,7 +21,7 @@ import torch
 
 from directkv.engine.gpu.plan import StepPlan
 from directkv.kernels import get_op
-from directkv.kernels.paged import PagedKV, slot_runs
+from directkv.kernels.paged import PagedKV, sequence_runs
 from directkv.kernels.traffic import Traffic
 from directkv.memory import KVCacheManager
 
@@ -313,11 +313,6 @@ CPU_MIN_PIECE = 512
 _cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def sequence_runs(pages: list[int], n: int, page_size: int) -> list[tuple[int, int]]:
-    """slot_runs of a sequence whose first n tokens sit in `pages` (logical order)."""
-    return slot_runs(pages, [min(page_size, n - j * page_size) for j in range(len(pages))], page_size)
-
-
 def cpu_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, runs: list[tuple[int, int]],
                          *, threads: int | None = None) -> torch.Tensor:
     """One sequence's decode attention on the CPU, read in place from the paged pools.
@@ -329,8 +324,8 @@ def cpu_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Te
     pieces so that pieces x KV heads keep every CPU thread busy, and torch's CPU flash-attention kernel (which
     reads bf16 in place and returns each piece's LSE) attends the G query heads of a KV head as G rows (GQA
     without repeating K/V). The pieces are merged by a softmax over their LSEs. Key order does not matter
-    (decode: no causal mask), so scattered pages cost one call per run of consecutive ids (slot_runs), not a
-    gather.
+    (decode: no causal mask), so scattered pages cost one call per run of consecutive ids (sequence_runs), not
+    a gather.
     """
     hkv, d = k_pool.shape[2], k_pool.shape[3]
     group = q.shape[0] // hkv

@@ -340,5 +340,18 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
     if plan.hbm_pass:
         _launch(q, kv.hbm_k, kv.hbm_v, kv.hbm_k, kv.hbm_v, plan.passes[-1], plan.lens[-1], out_f32=o_parts[-1],
                 lse_out=lse_parts[-1], **kwargs)
-    weights = torch.softmax(lse_parts, dim=0)  # passes with no tokens of a sequence have lse -inf: weight 0
-    out.copy_((o_parts * weights.unsqueeze(-1)).sum(0))
+    merge_passes(list(zip(o_parts, lse_parts, strict=True)), out)  # a pass without a sequence's tokens: weight 0
+
+
+def merge_passes(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor) -> None:
+    """out = the softmax-over-LSE weighted sum of the stream passes' outputs (decode and prefill).
+
+    parts: (O, natural-log LSE) per pass; every O has out's shape (or one it views as), every LSE that shape
+    without the last dim; any strides and float dtypes, so a pass can hand over a permuted view instead of a
+    copy. One fp32 accumulator, updated in place per pass: each pass's O is read once.
+    """
+    weights = torch.softmax(torch.stack([lse for _, lse in parts]), dim=0).unsqueeze(-1)
+    acc = parts[0][0] * weights[0]  # fp32 (the weights are)
+    for (o, _), w in zip(parts[1:], weights[1:], strict=True):
+        acc.addcmul_(o, w)
+    out.view(acc.shape).copy_(acc)

@@ -40,8 +40,8 @@ import torch
 
 from directkv.errors import check, unknown_name
 from directkv.kernels.cuda import build
-from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES, stream_schedule
-from directkv.kernels.paged import PagedKV, check_queries, slot_runs
+from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES, merge_passes, stream_schedule
+from directkv.kernels.paged import PagedKV, check_queries, sequence_runs
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import prefill_traffic
 
@@ -445,8 +445,7 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts:
         main.wait_event(filled[slot])
         if flash:
             positions = (-(ps.table[: -(-ps.past_len // kv.page_size)].to(torch.int64) + 1)).tolist()  # one call, not one per page
-            tokens = [min(kv.page_size, ps.past_len - j * kv.page_size) for j in range(len(positions))]
-            for start, n in slot_runs(positions, tokens, kv.page_size):
+            for start, n in sequence_runs(positions, ps.past_len, kv.page_size):
                 parts.append(_flash_past(q_fold, q_len, rings, start, n, launch["scale"]))
         else:
             tiled_pass((*rings, *rings), tables[c], ps.past_len, False)
@@ -455,26 +454,11 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts:
         parts.append(_flash_new(q, k_new, v_new, launch["scale"], launch["causal"]))
     else:
         tiled_pass((kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), None, 0, True)
-    # Every row sees at least its first new token in the last pass, so no row's LSEs are all -inf.
-    merge_passes(parts, out, kv.num_kv_heads)
-
-
-def merge_passes(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor, num_kv_heads: int) -> None:
-    """out `[q_len, Hq, D]` = the softmax-over-LSE weighted sum of the passes' outputs.
-
-    parts: (O `[q_len, Hq, D]` or `[q_len, Hkv, G, D]`, natural-log LSE `[q_len, Hq]` or `[q_len, Hkv, G]`)
-    per pass, any strides and float dtypes: the flash passes hand over permuted views of their outputs, which
-    only the 4-D form can hold without a copy. One fp32 accumulator, updated in place per pass, so each pass's
-    O is read once.
-    """
-    group = out.shape[1] // num_kv_heads
-    os_ = [o if o.dim() == 4 else o.unflatten(1, (num_kv_heads, group)) for o, _ in parts]
-    lses = [lse if lse.dim() == 3 else lse.unflatten(1, (num_kv_heads, group)) for _, lse in parts]
-    weights = torch.softmax(torch.stack(lses), dim=0).unsqueeze(-1)  # [P, q_len, Hkv, G, 1]
-    acc = os_[0] * weights[0]  # fp32 (weights are)
-    for o, w in zip(os_[1:], weights[1:], strict=True):
-        acc.addcmul_(o, w)
-    out.unflatten(1, (num_kv_heads, group)).copy_(acc)
+    # Every row sees at least its first new token in the last pass, so no row's LSEs are all -inf. The flash
+    # passes' permuted views only hold as [q_len, Hkv, G, D]: every pass is merged in that form.
+    hkv, g = kv.num_kv_heads, num_heads // kv.num_kv_heads
+    merge_passes([(o if o.dim() == 4 else o.unflatten(1, (hkv, g)), lse if lse.dim() == 3 else lse.unflatten(1, (hkv, g)))
+                  for o, lse in parts], out)
 
 
 # torch's FlashAttention-2 forward; returns the LSE beside O, which stream's merge needs (F.sdpa does not)
