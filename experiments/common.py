@@ -65,7 +65,9 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     sched = SchedulerConfig(int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_batched_tokens))
     graphs = cfg.get("executor", {}).get("cuda_graphs", False)
     check(isinstance(graphs, bool), f"executor.cuda_graphs must be true or false; got {graphs!r}")
-    return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, resolve_device(cfg.device), mode_for(hw), graphs)
+    device = resolve_device(cfg.device)
+    # graphs are a property of the measured executor; the simulation has no kernel launches to save
+    return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda")
 
 
 def policies(cfg: DictConfig) -> list[SystemPolicy]:
