@@ -2,8 +2,9 @@
 
 Simulated: traffic from the closed forms, time from the cost model. The tiled kernel without a producer
 warp alternates loading a stationary B tile and computing on it, so its link and compute times add; the
-pipelined kernel prefetches the next B tile while computing, so they overlap (max). With a GPU
-(device=cuda) the CUDA kernels and cuBLAS anchors are measured in one run.
+pipelined kernel prefetches the next B tile while computing, so they overlap (max). stream (beyond the
+paper) is a two-slot pipeline of copy-engine panel copies and cuBLAS panel products, timed panel by panel
+(stream_ms). With a GPU (device=cuda) the CUDA kernels, stream and the cuBLAS anchors are measured in one run.
 """
 
 from __future__ import annotations
@@ -13,11 +14,25 @@ from omegaconf import DictConfig
 from directkv.engine.step_traffic import to_hbm
 from directkv.errors import check
 from directkv.kernels import traffic_model as tm
+from directkv.kernels.cuda.gemm_case_study import STREAM_SLOTS, plan_panel_cols
 from directkv.results import ResultsWriter
 from experiments.common import Setup, base_row, progress, setup
 
-VARIANTS = ("naive", "tiled", "pipelined")
+VARIANTS = ("naive", "tiled", "pipelined", "stream")
 DTYPE_BYTES = 2  # fp16
+
+
+def stream_ms(link_s: float, on_chip_s: float, n: int, panel_cols: int) -> float:
+    """Milliseconds of stream's pipeline: panel i's copy (its share of link_s, on the copy engine) starts when
+    copy i - 1 is done and the product of panel i - STREAM_SLOTS has freed its slot; its product (its share
+    of on_chip_s) when the copy is done and product i - 1 too. The first copy and the last product stand
+    alone."""
+    copy_end, mm_end = 0.0, [0.0] * STREAM_SLOTS
+    for i, n0 in enumerate(range(0, n, panel_cols)):
+        share = min(panel_cols, n - n0) / n
+        copy_end = max(copy_end, mm_end[i % STREAM_SLOTS]) + link_s * share
+        mm_end[i % STREAM_SLOTS] = max(mm_end[(i - 1) % STREAM_SLOTS], copy_end) + on_chip_s * share
+    return max(mm_end) * 1e3
 
 
 def simulated_rows(cfg: DictConfig, s: Setup, n: int) -> list[dict]:
@@ -27,12 +42,21 @@ def simulated_rows(cfg: DictConfig, s: Setup, n: int) -> list[dict]:
              "floor_ms": b_bytes / (s.hw.link_ce_h2d_gbps * 1e9) * 1e3}
     rows = []
     for v in cfg.variants:
-        t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant=v, **tiles)
-        terms = s.cm.terms(t, link="sm", flops_kind="matmul")
+        extra = {}
+        if v == "stream":  # copy engine on the link, cuBLAS on chip
+            extra["panel_cols"] = plan_panel_cols(n, n)
+            t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant=v, panel_cols=extra["panel_cols"])
+        else:
+            t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant=v, **tiles)
+        terms = s.cm.terms(t, link="ce" if v == "stream" else "sm", flops_kind="matmul")
         on_chip = max(terms["hbm"], terms["compute"])
-        overlap = v != "tiled"  # naive: many CTAs in flight hide each other; tiled: load, then compute
-        ms = (max(terms["link_read"], on_chip) if overlap else terms["link_read"] + on_chip) * 1e3
-        rows.append(base_row(cfg, s, system="directkv", variant=v) | shape | {
+        if v == "stream":
+            ms = stream_ms(terms["link_read"], on_chip, n, extra["panel_cols"])
+        elif v == "tiled":  # load, then compute
+            ms = (terms["link_read"] + on_chip) * 1e3
+        else:  # naive: many CTAs in flight hide each other; pipelined: the producer warp prefetches
+            ms = max(terms["link_read"], on_chip) * 1e3
+        rows.append(base_row(cfg, s, system="directkv", variant=v) | shape | extra | {
             "time_ms": ms, "link_read_bytes": float(t.link_read_bytes), "hbm_read_bytes": float(t.hbm_read_bytes),
             "hbm_write_bytes": float(t.hbm_write_bytes), "flops": float(t.flops)})
     t_hbm = to_hbm(tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant="tiled", **tiles))

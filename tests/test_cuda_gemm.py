@@ -1,21 +1,27 @@
-"""CUDA GEMM case study (naive, tiled, pipelined) against a float64 product on the GPU.
+"""CUDA GEMM case study (naive, tiled, pipelined, raster, stream) against a float64 product on the GPU.
 
 B lives in pinned host memory read through a zero-copy view; fresh random inputs, C poisoned with NaN,
 odd shapes (unaligned rows take the element-load path), several chunks per k-split, fp16 and fp32 C, both
-host-load forms (cp.async.cg and .ca). The GPU tests skip without CUDA; the argument check runs anywhere.
+host-load forms (cp.async.cg and .ca). stream: B as a zero-copy view, a pinned CPU tensor or in HBM, N not
+a multiple of the panel width, back-to-back calls sharing the ring. The GPU tests skip without CUDA; the
+argument checks, the panel plan and the simulated stream pipeline run anywhere.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
 from directkv.errors import ConfigError
-from directkv.kernels.cuda.gemm_case_study import HOST_LOADS, gemm
+from directkv.kernels.cuda.gemm_case_study import HOST_LOADS, KERNEL_VARIANTS, VARIANTS, gemm, plan_panel_cols
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 from directkv.kernels.reference import gemm as reference_gemm
+from directkv.kernels.traffic_model import gemm_traffic
+from experiments.gemm_case_study import stream_ms
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -27,7 +33,7 @@ SHAPES = [  # (m, n, k)
     (130, 136, 1032),  # aligned, not tile multiples, 3 chunks of 512
     (300, 520, 2048),
 ]
-VARIANTS = ["naive", "tiled", "pipelined", "raster"]
+KERNELS = ["naive", "tiled", "pipelined", "raster"]
 
 
 def host_b(k: int, n: int) -> torch.Tensor:
@@ -51,7 +57,7 @@ def check_product(a, b, variant, out_dtype, **kwargs):
 @needs_cuda
 @pytest.mark.parametrize("host_load", HOST_LOADS)
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32], ids=["c16", "c32"])
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", KERNELS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_gemm_matches_float64(shape, variant, out_dtype, host_load):
     m, n, k = shape
@@ -93,7 +99,7 @@ def test_gemm_b_in_hbm_and_pinned_cpu(host_load):
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("host_load", HOST_LOADS)
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", KERNELS)
 def test_gemm_sees_b_rewritten_between_launches(variant, host_load):
     """B rewritten in place between two calls: the second call must read the new bytes (an L1 line cached
     by the first launch must not survive into the next one)."""
@@ -125,3 +131,133 @@ def test_gemm_rejects_bad_arguments():
         gemm(a, b, variant="naive", tile_k=32)
     with pytest.raises(ConfigError, match="float16"):
         gemm(a.float(), b, variant="naive")
+
+
+# ---- stream: copy-engine panels into an HBM ring, cuBLAS per panel ---------------------------------------
+
+
+def test_launcher_codes_are_the_kernel_variants_in_order():
+    """VARIANTS.index is the launcher's variant code for the kernels; stream has none (it is not launched)."""
+    cu = (Path(__file__).parents[1] / "csrc" / "ops" / "gemm_case_study.cu").read_text()
+    codes = {name.lower(): int(code) for name, code in re.findall(r"k(Naive|Tiled|Pipelined|Raster) = (\d+)", cu)}
+    assert codes == {v: i for i, v in enumerate(KERNEL_VARIANTS)}
+    assert VARIANTS == (*KERNEL_VARIANTS, "stream")
+
+
+@pytest.mark.parametrize("k,n,cols", [
+    (10240, 10240, 1408),  # (10240 - 1) // 7 = 1462 -> 1408 (8 panels: 7 x 1408 + 384); the ring fits 1638
+    (4096, 4096, 576),  # 4095 // 7 = 585 -> 576 (8 panels)
+    (517, 1000, 128),  # 999 // 7 = 142 -> 128: ceil(1000 / 128) = 8
+    (64, 449, 64),  # 7 x 64 = 448 < 449: 8 panels of at most 64
+    (64, 448, 64),  # too narrow for 8 panels of 64: 64 all the same (7 panels)
+    (64, 40, 40),  # never more than n
+    (262144, 10240, 64),  # the ring fits exactly 64 columns of 262144 rows (2 x 262144 x 64 x 2 B = 64 MiB)
+    (1 << 20, 10240, 16),  # 64 columns do not fit: the widest that does, 64 MiB // (2 x 2^20 x 2 B)
+    (1 << 24, 3, 1),  # one column of 2^24 rows: 2 x 2^24 x 2 B = 64 MiB exactly
+])  # fmt: skip
+def test_plan_panel_cols_by_hand(k, n, cols):
+    assert plan_panel_cols(k, n) == cols
+
+
+def test_plan_panel_cols_given_and_refused():
+    assert plan_panel_cols(517, 1000, panel_cols=100) == 100
+    assert plan_panel_cols(517, 1000, panel_cols=5000) == 1000  # clipped to n; the ring still had to fit it
+    fit = (64 << 20) // (2 * 517 * 2)  # 32451
+    assert plan_panel_cols(517, 40000, panel_cols=fit) == fit
+    for bad in (0, -3, fit + 1, 1.5, True, "64"):
+        with pytest.raises(ConfigError, match=rf"panel_cols {re.escape(repr(bad))} must be an int in 1\.\.{fit} "
+                                              r"\(2 slots x K=517 rows <= 64 MiB\)"):
+            plan_panel_cols(517, 1000, panel_cols=bad)
+    with pytest.raises(ConfigError, match=r"K=16777217 is too large for the stream variant's ring: one column in 2 "
+                                          r"slots needs 67108868 B > 67108864 B \(64 MiB\)"):
+        plan_panel_cols((1 << 24) + 1, 8)
+    with pytest.raises(ConfigError, match="K and N must be >= 1"):
+        plan_panel_cols(0, 8)
+
+
+def test_simulated_stream_pipeline_by_hand():
+    """experiments.gemm_case_study.stream_ms: a 2-slot ring, copies in order, each product after its copy."""
+    # copy-bound, 4 equal panels (copy 2, product 1): copies end at 2, 4, 6, 8; the last product ends at 9
+    assert stream_ms(8.0, 4.0, 4, 1) == pytest.approx(9e3)
+    # compute-bound (copy 1, product 2): copy 2 waits for product 0 (ends 3), copy 3 for product 1 (5);
+    # products end at 3, 5, 7, 9
+    assert stream_ms(4.0, 8.0, 4, 1) == pytest.approx(9e3)
+    # uneven panels (2 + 1 columns of 3): copy 0-2, product 2-4; copy 2-3, product 4-5
+    assert stream_ms(3.0, 3.0, 3, 2) == pytest.approx(5e3)
+    assert stream_ms(3.0, 3.0, 3, 3) == pytest.approx(6e3)  # one panel: nothing overlaps
+
+
+def test_gemm_rejects_panel_cols_outside_stream_before_touching_cuda():
+    a = torch.randn(64, 64).half()
+    with pytest.raises(ConfigError, match="panel_cols is an option of gemm variant 'stream'; got 64 for 'tiled'"):
+        gemm(a, a, variant="tiled", panel_cols=64)
+    with pytest.raises(ConfigError, match="CUDA tensor"):
+        gemm(a, a, variant="stream", panel_cols=64)
+
+
+def stream_b(kind: str, k: int, n: int) -> torch.Tensor:
+    """B `[k, n]` fp16 of fresh random values: a zero-copy view, a pinned CPU tensor, or in HBM."""
+    if kind == "zero_copy":
+        return host_b(k, n)
+    b = torch.randn(k, n, device="cuda").half()
+    return b.cpu().pin_memory() if kind == "pinned_cpu" else b
+
+
+STREAM_SHAPES = [  # (m, n, k)
+    (333, 1000, 517),  # odd M and K, N not a multiple of the panel width (default 128, forced 96)
+    (1, 8, 8),  # one row, one panel narrower than any plan
+    (1000, 777, 1111),
+    (64, 3000, 64),  # many panels
+]
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("b_kind", ["zero_copy", "pinned_cpu", "hbm"])
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32], ids=["c16", "c32"])
+@pytest.mark.parametrize("panel_cols", [None, 96], ids=["planned", "p96"])
+@pytest.mark.parametrize("shape", STREAM_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gemm_stream_matches_float64(shape, panel_cols, out_dtype, b_kind):
+    m, n, k = shape
+    a = torch.randn(m, k, device="cuda").half()
+    b = stream_b(b_kind, k, n)
+    traffic = check_product(a, b, "stream", out_dtype, panel_cols=panel_cols)
+    cols = plan_panel_cols(k, n, panel_cols=panel_cols)
+    model = gemm_traffic(m, n, k, dtype_bytes=2, variant="stream", b_tier="hbm" if b_kind == "hbm" else "host",
+                         panel_cols=cols)
+    model.hbm_write_bytes += m * n * (out_dtype.itemsize - 2)
+    assert traffic == model
+    assert traffic.link_read_bytes == (0 if b_kind == "hbm" else k * n * 2)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gemm_stream_back_to_back_calls_share_the_ring():
+    """Three calls with no sync between them: each call's ring is most likely the previous one's memory (the
+    same size, freed on the same stream), so its copies must wait for the previous call's products; and B
+    rewritten on the current stream between two calls must be copied after the rewrite."""
+    # a panel's product (16384 x 256 x 1536, ~13 GFLOP) takes longer than its copy (768 KiB), so the copies
+    # run ahead as far as the events let them: an early copy into a slot still being read would show
+    m, n, k = 16384, 2000, 1536
+    a = torch.randn(m, k, device="cuda").half()
+    b1, b2 = host_b(k, n), host_b(k, n)
+    ref1 = a.double() @ b1.double()
+    outs = [torch.full((m, n), math.nan, dtype=torch.float16, device="cuda") for _ in range(3)]
+    gemm(a, b1, variant="stream", out=outs[0], panel_cols=256)
+    gemm(a, b2, variant="stream", out=outs[1], panel_cols=256)
+    new = torch.randn(k, n, device="cuda").half()
+    b1.copy_(new)  # on the current stream, no sync: the next call's first copy waits for it
+    gemm(a, b1, variant="stream", out=outs[2], panel_cols=256)
+    torch.cuda.synchronize()
+    for out, ref in zip(outs, (ref1, a.double() @ b2.double(), a.double() @ new.double()), strict=True):
+        assert not out.isnan().any(), "unwritten or NaN output elements"
+        assert float((out.double() - ref).norm() / ref.norm()) < TOL[torch.float16]
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gemm_stream_rejects_bad_panel_cols():
+    a = torch.randn(64, 64, device="cuda").half()
+    b = host_b(64, 64)
+    with pytest.raises(ConfigError, match=r"panel_cols 0 must be an int in 1\.\.262144"):
+        gemm(a, b, variant="stream", panel_cols=0)

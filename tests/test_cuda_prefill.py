@@ -23,6 +23,8 @@ from directkv.kernels.cuda.prefill_attention import (
     STREAM_CHUNK_BYTES,
     STREAM_MIN_CHUNK_BYTES,
     STREAM_SLOTS,
+    PrefillStreamPlan,
+    plan_prefill_stream,
     prefill_attention,
     stream_chunk_pages,
     stream_passes,
@@ -284,6 +286,40 @@ def test_prefill_stream_back_to_back_calls_reuse_the_ring():
         ref = dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(q.shape[-1]))
         assert not out.isnan().any()
         assert rel_err(out, ref) < TOL[q.dtype]
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("pass_kernel", PASS_KERNELS)
+def test_prefill_stream_plan_reused_across_calls(pass_kernel):
+    """One plan_prefill_stream result serves several calls over the same cache (as every layer of a serving
+    step does) with fresh queries each time; shuffled pages cut into 3-page chunks, a quarter of them in HBM."""
+    q, k_new, v_new, kv_cpu, kv = make_inputs((77, 1001, 8, 2, 128, BF16, 16), hbm_fraction=0.25)
+    plan = plan_prefill_stream(kv, chunk_bytes=3 * page_bytes_of(kv_cpu))
+    assert plan.past_len == 1001 and plan.chunk_pages == 3 and sum(p.ring for p in plan.passes) >= 2
+    for _ in range(3):
+        q = torch.randn_like(q)
+        ref = dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(q.shape[-1]))
+        out = torch.full_like(q, math.nan)
+        prefill_attention(q, k_new, v_new, kv, variant="stream", out=out, stream_plan=plan, pass_kernel=pass_kernel)
+        assert not out.isnan().any()
+        assert rel_err(out, ref) < TOL[q.dtype]
+    other = make_inputs((77, 999, 8, 2, 128, BF16, 16), hbm_fraction=0.25)
+    with pytest.raises(ConfigError, match=r"stream_plan was made for past_len 1001; this cache has 999"):
+        prefill_attention(*other[:3], other[4], variant="stream", stream_plan=plan)
+
+
+def test_prefill_stream_plan_is_refused_with_other_options():
+    """Runs without a GPU: a plan belongs to stream and carries the chunking, so the two are not given together."""
+    q = torch.randn(7, 4, 64).to(BF16)
+    k_new = torch.randn(7, 2, 64).to(BF16)
+    kv = random_paged_kv([100], page_size=16, num_kv_heads=2, head_dim=64, dtype=BF16)
+    plan = PrefillStreamPlan(past_len=100, chunk_pages=1, page_bytes=1, passes=(), tables=None, runs=())
+    with pytest.raises(ConfigError, match=r"stream_plan is an option of variant 'stream' and carries its chunking; "
+                                          r"got variant 'tiled' with chunk_bytes=None, min_chunks=1"):
+        prefill_attention(q, k_new, k_new, kv, variant="tiled", stream_plan=plan)
+    with pytest.raises(ConfigError, match=r"got variant 'stream' with chunk_bytes=None, min_chunks=2"):
+        prefill_attention(q, k_new, k_new, kv, variant="stream", stream_plan=plan, min_chunks=2)
 
 
 def test_stream_chunk_pages_caps_the_ring():

@@ -174,6 +174,36 @@ def test_gemm_b_crosses_link_once_when_stationary(m, n, k):
             assert gemm(meta(m, k), meta(k, n), variant=variant, compute=False)[1] == model
 
 
+def test_gemm_stream_closed_form_by_hand():
+    """m=3, n=10, k=4, 2-byte elements, panels of 4 columns (3 panels: 4, 4, 2); B is 4 * 10 * 2 = 80 bytes."""
+    t = gemm_traffic(3, 10, 4, dtype_bytes=2, variant="stream", panel_cols=4)
+    assert t.link_read_bytes == 80  # B once, by the copy engine
+    assert t.hbm_read_bytes == 80 + 3 * (3 * 4 * 2)  # B back from the ring + A once per panel
+    assert t.hbm_write_bytes == 80 + 3 * 10 * 2  # the ring + C
+    assert t.flops == 2 * 3 * 10 * 4
+    assert t.link_write_bytes == 0
+    hbm = gemm_traffic(3, 10, 4, dtype_bytes=2, variant="stream", b_tier="hbm", panel_cols=4)
+    assert hbm.link_read_bytes == 0 and hbm.hbm_read_bytes == 80 + 80 + 72 and hbm.hbm_write_bytes == 140
+    # one panel: A once; 10240^3 at 1408 columns: 8 panels, B (200 MiB) crosses the link once
+    assert gemm_traffic(3, 10, 4, dtype_bytes=2, variant="stream", panel_cols=64).hbm_read_bytes == 80 + 24
+    big = gemm_traffic(10240, 10240, 10240, dtype_bytes=2, variant="stream", panel_cols=1408)
+    assert big.link_read_bytes == 200 << 20
+    assert big.hbm_read_bytes == (200 << 20) * 9 and big.hbm_write_bytes == (200 << 20) * 2
+
+
+def test_gemm_stream_is_cuda_only_and_its_options_are_checked():
+    with pytest.raises(ConfigError, match="unknown gemm variant 'stream'; valid: naive, pipelined, tiled"):
+        gemm(meta(4, 4), meta(4, 4), variant="stream", compute=False)  # the reference has no stream loop
+    with pytest.raises(ConfigError, match="gemm variant 'stream' needs panel_cols, a positive int; got None"):
+        gemm_traffic(4, 4, 4, dtype_bytes=2, variant="stream")
+    with pytest.raises(ConfigError, match="needs panel_cols, a positive int; got 0"):
+        gemm_traffic(4, 4, 4, dtype_bytes=2, variant="stream", panel_cols=0)
+    with pytest.raises(ConfigError, match="panel_cols is an option of gemm variant 'stream'; got 64 for 'tiled'"):
+        gemm_traffic(4, 4, 4, dtype_bytes=2, variant="tiled", panel_cols=64)
+    with pytest.raises(ConfigError, match="valid: naive, pipelined, stream, tiled"):
+        gemm_traffic(4, 4, 4, dtype_bytes=2, variant="raster")
+
+
 def test_closed_form_bad_inputs():
     h = dict(num_heads=8, num_kv_heads=2, head_dim=64, dtype_bytes=2)
     with pytest.raises(ConfigError, match="valid: naive, tiled"):

@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -12,6 +13,8 @@ namespace directkv {
 void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, int m, int n, int k, int ldp,
                          int k_splits, int variant, bool prefetch, int out_dtype, int host_load, uintptr_t stream);
 std::string gemm_pointer_tier(uintptr_t ptr);
+void gemm_copy_panel_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, size_t src_pitch, size_t width_bytes,
+                           size_t height, uintptr_t stream);
 std::pair<int, int> gemm_device_limits();
 }  // namespace directkv
 
@@ -22,5 +25,8 @@ PYBIND11_MODULE(_dkv_gemm_case_study, m) {
         py::arg("out_dtype"), py::arg("host_load"), py::arg("stream"));
   m.def("pointer_tier", &directkv::gemm_pointer_tier, py::arg("ptr"),
         "'host' for page-locked host memory, 'hbm' for device memory");
+  m.def("copy_panel_async", &directkv::gemm_copy_panel_async, py::arg("dst"), py::arg("dst_pitch"), py::arg("src"),
+        py::arg("src_pitch"), py::arg("width_bytes"), py::arg("height"), py::arg("stream"),
+        "cudaMemcpy2DAsync (cudaMemcpyDefault: direction from UVA) of height rows of width_bytes on stream");
   m.def("device_limits", &directkv::gemm_device_limits, "(number of SMs, opt-in shared memory bytes per block)");
 }

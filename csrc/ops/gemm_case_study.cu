@@ -1,5 +1,6 @@
 // Launcher of the GEMM case study: argument checks, variant / alignment / host-load / output-dtype dispatch,
-// launch on the caller's stream. The k-split plan is host-side arithmetic done by the Python wrapper.
+// launch on the caller's stream. The k-split plan is host-side arithmetic done by the Python wrapper. Also
+// the 2-D panel copy of the copy-engine ("stream") variant, whose math is cuBLAS through torch.
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -125,6 +126,21 @@ std::string gemm_pointer_tier(uintptr_t ptr) {
     case cudaMemoryTypeDevice: return "hbm";
     default: throw std::runtime_error("gemm_case_study: B is neither pinned host nor device memory (pageable or managed)");
   }
+}
+
+// One cudaMemcpy2DAsync on `stream`: `height` rows of `width_bytes`, row r from src + r * src_pitch to
+// dst + r * dst_pitch. cudaMemcpyDefault takes the direction from UVA: pinned host -> HBM runs on the copy
+// engine (a zero-copy view's device address is the host address), HBM -> HBM is a device copy.
+void gemm_copy_panel_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, size_t src_pitch, size_t width_bytes,
+                           size_t height, uintptr_t stream) {
+  require(dst && src, "gemm_case_study: copy_panel_async: null dst or src");
+  require(width_bytes <= dst_pitch && width_bytes <= src_pitch,
+          "gemm_case_study: copy_panel_async: width " + std::to_string(width_bytes) + " B exceeds a pitch (dst " +
+              std::to_string(dst_pitch) + " B, src " + std::to_string(src_pitch) + " B)");
+  if (width_bytes == 0 || height == 0) return;
+  check_cuda(cudaMemcpy2DAsync(reinterpret_cast<void*>(dst), dst_pitch, reinterpret_cast<const void*>(src), src_pitch,
+                               width_bytes, height, cudaMemcpyDefault, reinterpret_cast<cudaStream_t>(stream)),
+             "gemm_case_study: cudaMemcpy2DAsync");
 }
 
 std::pair<int, int> gemm_device_limits() {

@@ -18,7 +18,7 @@ VARIANTS = {
     "decode_attention": ("naive", "tiled", "stream"),
     "prefill_attention": ("naive", "tiled", "stream"),
     "proj_attention": ("separate", "fused"),
-    "gemm": ("naive", "tiled", "pipelined"),
+    "gemm": ("naive", "tiled", "pipelined", "stream"),
 }
 # module of each op per backend (the CUDA module name is the op's csrc name)
 _MODULES = {

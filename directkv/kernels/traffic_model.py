@@ -259,6 +259,11 @@ def proj_attention_traffic(
     return attention + projection
 
 
+# stream (CUDA only): B staged by the copy engine into an HBM ring panel by panel, each panel multiplied by
+# cuBLAS. Its closed form is here; the reference backend has no stream loop to count.
+GEMM_TRAFFIC_VARIANTS = (*GEMM_VARIANTS, "stream")
+
+
 def gemm_traffic(
     m: int,
     n: int,
@@ -270,13 +275,32 @@ def gemm_traffic(
     tile_m: int = 128,
     tile_n: int = 128,
     tile_k: int = 64,
+    panel_cols: int | None = None,
 ) -> Traffic:
-    """Traffic of `gemm`: A `[m, k]` in HBM, B `[k, n]` in b_tier, C `[m, n]` written in A's dtype."""
-    check_variant("gemm", variant, GEMM_VARIANTS)
+    """Traffic of `gemm`: A `[m, k]` in HBM, B `[k, n]` in b_tier, C `[m, n]` written in A's dtype.
+
+    stream (the tiles do not apply; panel_cols, its B columns per panel, is required and belongs to it
+    alone): B crosses the link once, by the copy engine (from HBM when b_tier is "hbm"), is written into
+    the ring and read back from it by cuBLAS; A is read once per panel (cuBLAS's own tiling inside a panel
+    is left to L2); C is written once.
+    """
+    check_variant("gemm", variant, GEMM_TRAFFIC_VARIANTS)
     check(b_tier in TIERS, f"unknown b_tier {b_tier!r}; valid: {', '.join(TIERS)}")
     check_tiles(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k)
     check(min(m, n, k, dtype_bytes) >= 1, f"need m, n, k, dtype_bytes >= 1; got {m}, {n}, {k}, {dtype_bytes}")
     e = dtype_bytes
+    if variant == "stream":
+        check(isinstance(panel_cols, int) and panel_cols >= 1, f"gemm variant 'stream' needs panel_cols, a "
+              f"positive int; got {panel_cols!r}")
+        b_bytes = k * n * e
+        traffic = Traffic(hbm_read_bytes=b_bytes + ceil_div(n, panel_cols) * m * k * e,
+                          hbm_write_bytes=b_bytes + m * n * e, flops=2 * m * n * k)
+        if b_tier == "host":
+            traffic.link_read_bytes += b_bytes
+        else:
+            traffic.hbm_read_bytes += b_bytes
+        return traffic
+    check(panel_cols is None, f"panel_cols is an option of gemm variant 'stream'; got {panel_cols!r} for {variant!r}")
     b_reads = k * n * e * (ceil_div(m, tile_m) if variant == "naive" else 1)
     hbm_read = m * k * e * ceil_div(n, tile_n)  # A is re-read for every column of C tiles in both orders
     hbm_write = m * n * e

@@ -3,6 +3,8 @@
 Rows (one per size x method), all `mode="measured"`, C = A B with square fp16 operands, fp16 C:
   naive / tiled / pipelined / raster (+ ':' options) : the CUDA kernels with B in pinned host memory
                     (zero-copy view);
+  stream            : B in the same pinned memory, moved by the copy engine panel by panel into an HBM
+                    ring and multiplied by cuBLAS (beyond the paper);
   cublas_hbm        : torch.matmul with B in HBM (the compute anchor);
   cublas_zero_copy  : torch.matmul reading B through the zero-copy view.
 L2 is flushed before every timed call.
@@ -35,6 +37,7 @@ KERNELS = {
     "tiled:b_hbm": {"_b": "hbm"},
     "raster": {},  # naive's kernel, CTAs down the m tiles first: does L2 serve B's repeats from host memory?
     "raster:b_hbm": {"_b": "hbm"},  # its on-chip time
+    "stream": {},  # copy-engine panels into a 2-slot HBM ring, cuBLAS per panel (plan_panel_cols)
 }
 ANCHORS = ("cublas_hbm", "cublas_zero_copy")
 SLOW = ("naive", "cublas_zero_copy")  # B re-read across the link per row tile: fewer repeats

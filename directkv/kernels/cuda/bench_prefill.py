@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 
-from directkv.kernels.cuda.prefill_attention import prefill_attention
+from directkv.kernels.cuda.prefill_attention import plan_prefill_stream, prefill_attention
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 from directkv.kernels.paged import PagedKV
 from directkv.timing import time_fn
@@ -39,6 +40,7 @@ KERNELS = {
     "tiled:kv_hbm": {"_kv": "hbm"},
     "tiled:half_state": {"state_dtype": "input"},  # partial O between chunks normalised in bf16: half the bytes
     "stream": {},  # copy engine fills a 2-slot HBM ring while flash passes attend to the previous chunk
+    "stream:per_call_plan": {"_plan": "per_call"},  # the schedule rebuilt inside every timed call (host Python)
     "stream:4chunks": {"min_chunks": 4},  # a small cache cut into 4 chunks so copy and math can overlap
     "stream:tiled": {"pass_kernel": "tiled"},  # the ring's passes run our tiled kernel instead of flash
 }
@@ -168,8 +170,8 @@ def bench_prefill(
         methods = _methods(q, k_new, v_new, (kv, kv_hbm), torch.cat([k_past, k_new]), torch.cat([v_past, v_new]),
                            kernels, anchors)
         reference = methods.pop("_reference")
-        for name, (fn, link_bytes, kv_bytes) in methods.items():
-            row = dict(base, variant=name, kv_bytes=kv_bytes, link_read_bytes=link_bytes,
+        for name, (fn, link_bytes, kv_bytes, *extra) in methods.items():
+            row = dict(base, **(extra[0] if extra else {}), variant=name, kv_bytes=kv_bytes, link_read_bytes=link_bytes,
                        floor_ms=kv_bytes / (ceilings["ce_h2d_gbps"] * 1e9) * 1e3 if "ce_h2d_gbps" in ceilings else None)
             slow = name in ("sdpa_zero_copy", "naive")
             rows.append(run_point(row, partial(_measure, fn, row, reference, warmup=1 if slow else warmup,
@@ -180,7 +182,8 @@ def bench_prefill(
 
 
 def _methods(q, k_new, v_new, caches: tuple[PagedKV, PagedKV], k_all, v_all, kernels, anchors) -> dict:
-    """name -> (call, link bytes or None, host K/V bytes) for one q_len, plus "_reference" (SDPA in HBM).
+    """name -> (call, link bytes or None, host K/V bytes[, extra row fields]) for one q_len, plus "_reference"
+    (SDPA in HBM).
 
     caches: the paged cache in host pages and its copy in HBM pages; k_all, v_all `[past_len + q_len,
     num_kv_heads, head_dim]` in HBM; the anchors' pinned copy is made here.
@@ -203,11 +206,23 @@ def _methods(q, k_new, v_new, caches: tuple[PagedKV, PagedKV], k_all, v_all, ker
         return _sdpa(qh, *layout(k_buf, v_buf))
 
     def kernel(name: str):
+        """(call, extra row fields): stream's schedule is planned once here, outside the timed calls, as a
+        serving step plans it once for all its layers (plan_ms: its host time), unless _plan is per_call."""
         kwargs = dict(KERNELS[name], variant=name.split(":")[0])
         cache = caches[1] if kwargs.pop("_kv", "host") == "hbm" else kv
-        return lambda: prefill_attention(q, k_new, v_new, cache, out=out, **kwargs)
+        extra = {}
+        if kwargs["variant"] == "stream" and kwargs.pop("_plan", "once") == "once":
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            kwargs["stream_plan"] = plan_prefill_stream(cache, chunk_bytes=kwargs.pop("chunk_bytes", None),
+                                                        min_chunks=kwargs.pop("min_chunks", 1))
+            extra["plan_ms"] = (time.perf_counter() - t0) * 1e3
+        return (lambda: prefill_attention(q, k_new, v_new, cache, out=out, **kwargs)), extra
 
-    methods = {name: (kernel(name), None, 0 if "_kv" in KERNELS[name] else past_bytes) for name in kernels}
+    methods = {}
+    for name in kernels:
+        fn, extra = kernel(name)
+        methods[name] = (fn, None, 0 if "_kv" in KERNELS[name] else past_bytes, extra)
     anchor_fns = {
         "sdpa_hbm": (lambda: _sdpa(qh, *hbm_kv), 0, 0),
         "sdpa_zero_copy": (lambda: _sdpa(qh, *host_kv), None, all_bytes),

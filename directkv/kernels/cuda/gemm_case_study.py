@@ -11,6 +11,13 @@ raster    : naive's kernel with the CTAs ordered down the m tiles first, so the 
             repeats, and not otherwise. An experiment on L2 and host memory beyond the paper's variants; its
             Traffic is naive's closed form (what the SMs request), so only ncu's pcie__read_bytes tells
             what crossed the link.
+stream    : beyond the paper, no kernel of ours: the copy engine moves B a column panel at a time (one 2-D
+            cudaMemcpy2DAsync per panel, on a side stream) into a 2-slot HBM ring while cuBLAS (torch.mm on
+            the current stream) multiplies A by the previous panel into C's matching columns. B crosses the
+            link once, by DMA instead of SM loads (on the H200 the copy engine moves 55.5 GB/s where SM reads
+            top out at 51.4), and the math is cuBLAS's on HBM operands; what is left un-overlapped is the first
+            panel's copy and the last panel's product. As decode / prefill's stream: events, no host sync per
+            panel. Not yet measured on the GPU. See plan_panel_cols.
 
 The k-split plan is host-side arithmetic on the SM count: enough CTAs to fill the GPU in few waves.
 
@@ -32,16 +39,21 @@ import torch
 
 from directkv.errors import check, unknown_name
 from directkv.kernels.cuda import build
+from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import gemm_traffic
 
-VARIANTS = ("naive", "tiled", "pipelined", "raster")  # index = the launcher's variant code
+KERNEL_VARIANTS = ("naive", "tiled", "pipelined", "raster")  # index = the launcher's variant code
+VARIANTS = (*KERNEL_VARIANTS, "stream")
 OUTPUT_STATIONARY = ("naive", "raster")  # no k-split workspace
 TILE_M, TILE_N, TILE_K = 128, 128, 64
 CHUNK_K = 512  # B rows per stationary chunk (tiled, pipelined)
 OUT_CODES = {torch.float16: 0, torch.float32: 2}
 HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/directkv/dispatch.h)
 WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most
+STREAM_SLOTS = 2  # ring slots: the copy engine fills one while cuBLAS reads the other
+STREAM_MIN_PANELS = 8  # the default plan's panels at least, so copy and math overlap
+PANEL_ALIGN = 64  # default panel widths are multiples of this many columns
 
 
 def plan_k_splits(m: int, n: int, k: int, *, sms: int, k_splits: int | None = None) -> int:
@@ -55,6 +67,30 @@ def plan_k_splits(m: int, n: int, k: int, *, sms: int, k_splits: int | None = No
         return max(1, min(k_splits, chunks, cap))
     cost = lambda s: math.ceil(strips * s / sms) * math.ceil(chunks / s)  # noqa: E731
     return min(range(1, min(chunks, cap) + 1), key=lambda s: (cost(s), s))
+
+
+def plan_panel_cols(k: int, n: int, *, panel_cols: int | None = None) -> int:
+    """B columns per ring panel of the stream variant, for fp16 B `[k, n]`.
+
+    The ring holds STREAM_SLOTS panels `[k, panel_cols]` in at most MAX_RING_BYTES (64 MiB). Default: the
+    widest multiple of 64 columns that fits and still cuts B into at least 8 panels (the first panel's copy
+    is not overlapped; a narrower last panel also shortens the product left after the last copy), 64 when
+    B is too narrow for 8 such panels, the widest that fits when 64 do not; never more than n. A given
+    panel_cols is checked against the ring and clipped to n.
+    """
+    check(min(k, n) >= 1, f"K and N must be >= 1; got {k}, {n}")
+    fit = MAX_RING_BYTES // (STREAM_SLOTS * k * 2)  # the widest panel the ring holds
+    check(fit >= 1, f"K={k} is too large for the stream variant's ring: one column in {STREAM_SLOTS} slots needs "
+          f"{STREAM_SLOTS * k * 2} B > {MAX_RING_BYTES} B (64 MiB)")
+    if panel_cols is not None:
+        check(isinstance(panel_cols, int) and not isinstance(panel_cols, bool) and 1 <= panel_cols <= fit,
+              f"panel_cols {panel_cols!r} must be an int in 1..{fit} ({STREAM_SLOTS} slots x K={k} rows <= 64 MiB)")
+        return min(panel_cols, n)
+    if fit < PANEL_ALIGN:
+        return min(fit, n)
+    widest = (n - 1) // (STREAM_MIN_PANELS - 1)  # ceil(n / w) >= 8 exactly when 7 w < n
+    cols = max(PANEL_ALIGN, widest // PANEL_ALIGN * PANEL_ALIGN)
+    return min(cols, fit // PANEL_ALIGN * PANEL_ALIGN, n)
 
 
 @cache
@@ -80,6 +116,7 @@ def gemm(
     k_splits: int | None = None,
     prefetch: bool = True,
     host_load: str = "ca",
+    panel_cols: int | None = None,
 ) -> tuple[torch.Tensor, Traffic]:
     """C = A B on the tensor cores (fp16 operands, fp32 accumulation).
 
@@ -88,23 +125,26 @@ def gemm(
     a : `[M, K]` contiguous fp16 CUDA tensor (HBM).
     b : `[K, N]` contiguous fp16: a zero-copy view of pinned memory (zero_copy.device_view), a pinned CPU
         tensor, or an HBM tensor.
-    variant : "naive", "tiled", "pipelined" or "raster" (module docstring).
+    variant : "naive", "tiled", "pipelined", "raster" or "stream" (module docstring).
     out : optional `[M, N]` contiguous CUDA output, fp16 or fp32 (default fp16).
     tile_m, tile_n, tile_k : must be 128, 128, 64 (the kernels' tiles).
     k_splits : tiled / pipelined: force the CTAs per column strip; None plans it (plan_k_splits).
     prefetch : pipelined: prefetch the next B chunk into L2 while computing the current one.
     host_load : "ca" (through L1, default) or "cg" (L2 only): how B tiles are copied (module docstring).
+    panel_cols : stream only: B columns per ring panel; None plans it (plan_panel_cols).
 
     Returns
     -------
     (c `[M, N]`, Traffic from traffic_model.gemm_traffic; for tiled / pipelined at tile_k = 512, the
     stationary chunk, i.e. one fp32 partial-C pass per chunk; the split reduction's extra pass is left out;
-    raster states naive's schedule)
+    raster states naive's schedule; stream at its panel width)
     """
     if variant not in VARIANTS:
         raise unknown_name("gemm variant", variant, VARIANTS)
     if host_load not in HOST_LOADS:
         raise unknown_name("gemm host_load", host_load, HOST_LOADS)
+    check(variant == "stream" or panel_cols is None, f"panel_cols is an option of gemm variant 'stream'; got "
+          f"{panel_cols!r} for {variant!r}")
     check((tile_m, tile_n, tile_k) == (TILE_M, TILE_N, TILE_K), f"tiles ({tile_m}, {tile_n}, {tile_k}) are not "
           f"supported by the CUDA kernels; valid: ({TILE_M}, {TILE_N}, {TILE_K})")
     check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0], f"need a [M, K] and b [K, N]; got "
@@ -116,10 +156,17 @@ def gemm(
     m, k = a.shape
     n = b.shape[1]
     check(min(m, n, k) >= 1, f"M, N, K must be >= 1; got {m}, {n}, {k}")
+    if variant == "stream":
+        panel_cols = plan_panel_cols(k, n, panel_cols=panel_cols)  # before out is allocated: fails cheaply
     if out is None:
         out = torch.empty(m, n, dtype=torch.float16, device=a.device)
     check(out.shape == (m, n) and out.dtype in OUT_CODES and out.device == a.device and out.is_contiguous(),
           f"out must be a contiguous float16 or float32 [{m}, {n}] tensor on {a.device}")
+    if variant == "stream":
+        _run_stream(a, b, out, panel_cols)
+        traffic = gemm_traffic(m, n, k, dtype_bytes=2, variant="stream", b_tier=b_tier(b), panel_cols=panel_cols)
+        traffic.hbm_write_bytes += m * n * (out.element_size() - 2)  # the closed form writes C in a's dtype
+        return out, traffic
     part, ldp, splits = None, 0, 1
     if variant not in OUTPUT_STATIONARY:
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
@@ -128,7 +175,7 @@ def gemm(
         part = torch.empty(splits, m, ldp, dtype=torch.float32, device=a.device)
     build.load("gemm_case_study").run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if part is None else part.data_ptr(), m, n, k, ldp, splits,
-        VARIANTS.index(variant), bool(prefetch), OUT_CODES[out.dtype], HOST_LOADS.index(host_load),
+        KERNEL_VARIANTS.index(variant), bool(prefetch), OUT_CODES[out.dtype], HOST_LOADS.index(host_load),
         torch.cuda.current_stream(a.device).cuda_stream,
     )  # fmt: skip
     schedule = "naive" if variant in OUTPUT_STATIONARY else variant
@@ -136,3 +183,50 @@ def gemm(
                            tile_k=TILE_K if schedule == "naive" else CHUNK_K)
     traffic.hbm_write_bytes += m * n * (out.element_size() - 2)  # the closed form writes C in a's dtype
     return out, traffic
+
+
+# --- stream variant -------------------------------------------------------------------------------
+
+# device -> (side stream, filled events, freed events): one copy stream per device, reused by every call
+_SIDE: dict[int, tuple[torch.cuda.Stream, list[torch.cuda.Event], list[torch.cuda.Event]]] = {}
+
+
+def _side(device: torch.device):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE:
+        _SIDE[index] = (torch.cuda.Stream(device), [torch.cuda.Event() for _ in range(STREAM_SLOTS)],
+                        [torch.cuda.Event() for _ in range(STREAM_SLOTS)])
+    return _SIDE[index]
+
+
+def _run_stream(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, panel_cols: int) -> None:
+    """out[:, n0:n0 + w] = a @ B[:, n0:n0 + w] panel by panel: the copy on the side stream, the product on the
+    current one, ordered by the slots' filled / freed events; no host sync."""
+    k, n = b.shape
+    e = b.element_size()
+    main = torch.cuda.current_stream(a.device)
+    side, filled, freed = _side(a.device)
+    # Allocated on the current stream and written by the side stream, without record_stream: every side-stream
+    # write of the ring is followed by main.wait_event(filled), so all of them are ordered before any later
+    # work of the current stream, which is the only stream the caching allocator hands this block to once it
+    # is freed. record_stream would only delay that reuse (and grow the pool when calls come back to back).
+    ring = torch.empty(STREAM_SLOTS, k, panel_cols, dtype=torch.float16, device=a.device)
+    # One 2-D copy per panel, issued from C++: torch's copy_ of a strided (column-panel) view of pinned
+    # memory may stage it through a contiguous host-side copy first.
+    copy_panel = build.load("gemm_case_study").copy_panel_async
+    # fp32 C: cuBLAS accumulates in fp32 and writes fp32 itself (mm's out_dtype), as the kernels do; no fp16
+    # temporary, so no fp16 rounding of C.
+    widen = {} if out.dtype == torch.float16 else {"out_dtype": out.dtype}
+    side.wait_stream(main)  # earlier writers of B and of the ring's memory come first
+    for i, n0 in enumerate(range(0, n, panel_cols)):
+        w, slot = min(panel_cols, n - n0), i % STREAM_SLOTS
+        if i >= STREAM_SLOTS:
+            side.wait_event(freed[slot])  # the product of panel i - STREAM_SLOTS is done with the slot
+        copy_panel(ring[slot].data_ptr(), panel_cols * e, b.data_ptr() + n0 * e, n * e, w * e, k, side.cuda_stream)
+        filled[slot].record(side)
+        main.wait_event(filled[slot])
+        # A column view of row-major C has strides (N, 1): torch's CUDA addmm takes it as is, as a transposed
+        # result with leading dimension N (prepare_matrix_for_cublas borrows any (ld >= cols, 1) matrix, the
+        # ring panel (panel_cols, 1) likewise), so cuBLAS writes C's columns in place: no temporary, no copy.
+        torch.mm(a, ring[slot, :, :w], out=out[:, n0 : n0 + w], **widen)
+        freed[slot].record(main)

@@ -229,6 +229,7 @@ def prefill_attention(
     min_chunks: int = 1,
     pass_kernel: str = "flash",
     state_dtype: str = "float32",
+    stream_plan: PrefillStreamPlan | None = None,
 ) -> tuple[torch.Tensor, Traffic]:
     """Attention of q_len new tokens over the past_len = kv.seq_lens[0] cached tokens and themselves.
 
@@ -258,11 +259,14 @@ def prefill_attention(
     state_dtype : tiled (and stream's tiled passes): "float32" (default) keeps the partial O that goes to HBM
         between chunks in fp32; "input" keeps it normalised (O / l) in q's dtype, halving those bytes at the
         cost of one rounding per round trip. The closed-form Traffic counts fp32 state either way.
+    stream_plan : stream only: a `plan_prefill_stream(kv)` result reused across calls over the same block
+        table and past (every layer of a serving step; the benchmark's repeats); made per call when None,
+        which reads the block table on the CPU (a device sync when it lives on the GPU) and costs ~ms of
+        host work at 16K past tokens. chunk_bytes / min_chunks are then the plan's.
 
     Returns
     -------
-    (out `[q_len, num_heads, head_dim]`, Traffic from the closed form, see `traffic`). stream reads the
-    block table on the CPU every call (a device sync when it lives on the GPU).
+    (out `[q_len, num_heads, head_dim]`, Traffic from the closed form, see `traffic`).
     """
     if state_dtype not in STATE_DTYPES:
         raise unknown_name("prefill_attention state_dtype", state_dtype, STATE_DTYPES)
@@ -274,9 +278,15 @@ def prefill_attention(
           f"variant {variant!r} with pass_kernel={pass_kernel!r}")
     check(pass_kernel != "flash" or variant != "stream" or _FLASH is not None,
           "this torch has no aten._scaled_dot_product_flash_attention; use pass_kernel='tiled'")
+    check(stream_plan is None or (variant == "stream" and chunk_bytes is None and min_chunks == 1),
+          f"stream_plan is an option of variant 'stream' and carries its chunking; got variant {variant!r} with "
+          f"chunk_bytes={chunk_bytes!r}, min_chunks={min_chunks!r}")
     _check_inputs(q, k_new, v_new, kv, variant, tile_q, tile_kv, out, host_load, chunk_bytes, min_chunks)
     q_len, num_heads, head_dim = q.shape
     past_len = int(kv.seq_lens[0])
+    if stream_plan is not None:
+        check(stream_plan.past_len == past_len, f"stream_plan was made for past_len {stream_plan.past_len}; this cache "
+              f"has {past_len}")
     pages = -(-past_len // kv.page_size)
     check(past_len >= 0 and pages <= kv.block_table.shape[1], f"past_len {past_len} needs {pages} pages; the block "
           f"table has {kv.block_table.shape[1]}")
@@ -287,8 +297,9 @@ def prefill_attention(
     # stream's Traffic is tiled's closed form, at the plan tiled would make for the whole call
     plan = None if variant == "naive" else _plan(past_len + q_len, q, kv.num_kv_heads, **tiled_opts)
     if variant == "stream":
-        _run_stream(q, k_new, v_new, kv, out, past_len, tiled_opts=tiled_opts, chunk_bytes=chunk_bytes,
-                    min_chunks=min_chunks, pass_kernel=pass_kernel, **launch)
+        if stream_plan is None:
+            stream_plan = plan_prefill_stream(kv, chunk_bytes=chunk_bytes, min_chunks=min_chunks, device=q.device)
+        _run_stream(q, k_new, v_new, kv, out, stream_plan, tiled_opts=tiled_opts, pass_kernel=pass_kernel, **launch)
     else:
         table = kv.block_table[0]
         if table.device != q.device or table.dtype != torch.int32:
@@ -387,6 +398,43 @@ def stream_passes(block_table: torch.Tensor, past_len: int, page_size: int, chun
     return passes
 
 
+@dataclass(frozen=True)
+class PrefillStreamPlan:
+    """The stream variant's host-side schedule for one block table and past, made once by plan_prefill_stream.
+
+    passes : stream_passes of the past; tables : `[len(passes), width]` int32 block tables of the passes on
+    the GPU (None when there are none); runs : per pass, the (first ring slot, slots) stretches the flash
+    passes attend to (() for the HBM-page pass); chunk_pages, page_bytes : the ring's geometry.
+    """
+
+    past_len: int
+    chunk_pages: int
+    page_bytes: int
+    passes: tuple[StreamPass, ...]
+    tables: torch.Tensor | None
+    runs: tuple[tuple[tuple[int, int], ...], ...]
+
+
+def plan_prefill_stream(kv: PagedKV, *, chunk_bytes: int | None = None, min_chunks: int = 1,
+                        device: torch.device | str | None = None) -> PrefillStreamPlan:
+    """Plan stream for the one-sequence cache `kv` (reads its block table on the CPU once: a device sync
+    when the table lives on the GPU). Reuse it for every call over the same table and past: the schedule is
+    Python over every page (~ms at 16K tokens), which the GPU would otherwise wait for on every call."""
+    check_stream_options("stream", chunk_bytes, min_chunks)
+    check(kv.batch == 1, f"prefill takes one sequence; kv.batch is {kv.batch}")
+    past_len = int(kv.seq_lens[0])
+    table = kv.block_table[:1, : -(-past_len // kv.page_size)].cpu()
+    page_bytes = math.prod(kv.host_k.shape[1:]) * kv.host_k.element_size()
+    host_pages = len(torch.unique(table[table >= 0]))
+    chunk_pages = stream_chunk_pages(host_pages, page_bytes, chunk_bytes=chunk_bytes, min_chunks=min_chunks)
+    passes = tuple(stream_passes(table, past_len, kv.page_size, chunk_pages))
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    tables = torch.stack([p.table for p in passes]).to(device) if passes else None
+    runs = tuple(tuple(sequence_runs((-(p.table[: -(-p.past_len // kv.page_size)].to(torch.int64) + 1)).tolist(),
+                                     p.past_len, kv.page_size)) if p.ring else () for p in passes)
+    return PrefillStreamPlan(past_len, chunk_pages, page_bytes, passes, tables, runs)
+
+
 # device -> (side stream, filled events, freed events): one copy stream per device, reused by every call
 _SIDE: dict[int, tuple[torch.cuda.Stream, list[torch.cuda.Event], list[torch.cuda.Event]]] = {}
 
@@ -399,16 +447,12 @@ def _side(device: torch.device):
     return _SIDE[index]
 
 
-def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts: dict, chunk_bytes: int | None,
-                min_chunks: int, pass_kernel: str, **launch) -> None:
+def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, tiled_opts: dict, pass_kernel: str,
+                **launch) -> None:
     """Ring passes (copy on the side stream, attend on the current one), the HBM-page pass, the new tokens'
     pass; each gives O and its LSE, merged by merge_passes. No host sync per chunk."""
     q_len, num_heads, _ = q.shape
-    table = kv.block_table[:1, : -(-past_len // kv.page_size)].cpu()
-    page_bytes = math.prod(kv.host_k.shape[1:]) * kv.host_k.element_size()
-    host_pages = len(torch.unique(table[table >= 0]))
-    chunk_pages = stream_chunk_pages(host_pages, page_bytes, chunk_bytes=chunk_bytes, min_chunks=min_chunks)
-    passes = stream_passes(table, past_len, kv.page_size, chunk_pages)
+    passes, tables, chunk_pages, page_bytes = plan.passes, plan.tables, plan.chunk_pages, plan.page_bytes
     flash = pass_kernel == "flash"
     parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (O [q_len, Hq, D], LSE [q_len, Hq]), views allowed
 
@@ -420,8 +464,6 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts:
                 include_new=include_new, out_f32=o, lse_out=lse, **launch)
         parts.append((o, lse))
 
-    if passes:
-        tables = torch.stack([p.table for p in passes]).to(q.device)
     main = torch.cuda.current_stream(q.device)
     if any(p.ring for p in passes):
         ring_shape = (STREAM_SLOTS, chunk_pages, *kv.host_k.shape[1:])
@@ -444,8 +486,7 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, past_len: int, *, tiled_opts:
         filled[slot].record(side)
         main.wait_event(filled[slot])
         if flash:
-            positions = (-(ps.table[: -(-ps.past_len // kv.page_size)].to(torch.int64) + 1)).tolist()  # one call, not one per page
-            for start, n in sequence_runs(positions, ps.past_len, kv.page_size):
+            for start, n in plan.runs[c]:
                 parts.append(_flash_past(q_fold, q_len, rings, start, n, launch["scale"]))
         else:
             tiled_pass((*rings, *rings), tables[c], ps.past_len, False)
