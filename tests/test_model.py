@@ -372,7 +372,7 @@ def test_graphed_forward_matches_eager(name):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert seen == [n] * spec.num_layers
         assert len(replays) == (2 * spec.num_layers if n <= 8 else 0)
-    graphed.graphs_enabled = False  # switched off: eager again, same logits
+    graphed.disable_graphs()  # switched off: eager again, same logits
     torch.testing.assert_close(graphed.forward(tokens, positions, attend, rows), want, rtol=1e-5, atol=1e-5)
 
 

@@ -88,6 +88,10 @@ class ModelRunner:
                         device=self.device, capture=capture, pool=pool)
         self.graphs_enabled = True
 
+    def disable_graphs(self) -> None:
+        """Run every step eagerly from now on; captured sets are kept for a later enable_graphs."""
+        self.graphs_enabled = False
+
     def _graph_set(self, n: int, slot: int = 0) -> GraphSet | None:
         if not self.graphs_enabled:
             return None

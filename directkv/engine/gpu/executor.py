@@ -121,7 +121,7 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
         runner.enable_graphs(slots=2 if policy.name == "cpu_attn" else 1)  # cpu_attn pipelines two halves
         extra["graph_capture_s"] = time.perf_counter() - t0
     else:
-        runner.graphs_enabled = False
+        runner.disable_graphs()  # the runner is shared by a sweep's points: an earlier point may have enabled them
     threads = int(os.environ.get("DIRECTKV_CPU_THREADS", os.cpu_count() or 1))
     stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads)
     # warm-up outside the measurement: kernel builds and first launches, library handles

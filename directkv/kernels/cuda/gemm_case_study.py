@@ -40,6 +40,7 @@ import torch
 from directkv.errors import check, unknown_name
 from directkv.kernels.cuda import build
 from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES
+from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import gemm_traffic
 
@@ -187,17 +188,6 @@ def gemm(
 
 # --- stream variant -------------------------------------------------------------------------------
 
-# device -> (side stream, filled events, freed events): one copy stream per device, reused by every call
-_SIDE: dict[int, tuple[torch.cuda.Stream, list[torch.cuda.Event], list[torch.cuda.Event]]] = {}
-
-
-def _side(device: torch.device):
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE:
-        _SIDE[index] = (torch.cuda.Stream(device), [torch.cuda.Event() for _ in range(STREAM_SLOTS)],
-                        [torch.cuda.Event() for _ in range(STREAM_SLOTS)])
-    return _SIDE[index]
-
 
 def _run_stream(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, panel_cols: int) -> None:
     """out[:, n0:n0 + w] = a @ B[:, n0:n0 + w] panel by panel: the copy on the side stream, the product on the
@@ -205,7 +195,7 @@ def _run_stream(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, panel_cols:
     k, n = b.shape
     e = b.element_size()
     main = torch.cuda.current_stream(a.device)
-    side, filled, freed = _side(a.device)
+    side, filled, freed = side_stream(a.device, STREAM_SLOTS)
     # Allocated on the current stream and written by the side stream, without record_stream: every side-stream
     # write of the ring is followed by main.wait_event(filled), so all of them are ordered before any later
     # work of the current stream, which is the only stream the caching allocator hands this block to once it

@@ -41,6 +41,7 @@ import torch
 from directkv.errors import check, unknown_name
 from directkv.kernels.cuda import build
 from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES, merge_passes, stream_schedule
+from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.paged import PagedKV, check_queries, sequence_runs
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import prefill_traffic
@@ -435,18 +436,6 @@ def plan_prefill_stream(kv: PagedKV, *, chunk_bytes: int | None = None, min_chun
     return PrefillStreamPlan(past_len, chunk_pages, page_bytes, passes, tables, runs)
 
 
-# device -> (side stream, filled events, freed events): one copy stream per device, reused by every call
-_SIDE: dict[int, tuple[torch.cuda.Stream, list[torch.cuda.Event], list[torch.cuda.Event]]] = {}
-
-
-def _side(device: torch.device):
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE:
-        _SIDE[index] = (torch.cuda.Stream(device), [torch.cuda.Event() for _ in range(STREAM_SLOTS)],
-                        [torch.cuda.Event() for _ in range(STREAM_SLOTS)])
-    return _SIDE[index]
-
-
 def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, tiled_opts: dict, pass_kernel: str,
                 **launch) -> None:
     """Ring passes (copy on the side stream, attend on the current one), the HBM-page pass, the new tokens'
@@ -469,7 +458,7 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
         ring_shape = (STREAM_SLOTS, chunk_pages, *kv.host_k.shape[1:])
         ring_k = torch.empty(ring_shape, dtype=q.dtype, device=q.device)
         ring_v = torch.empty(ring_shape, dtype=q.dtype, device=q.device)
-        side, filled, freed = _side(q.device)
+        side, filled, freed = side_stream(q.device, STREAM_SLOTS)
         side.wait_stream(main)  # the ring's previous users and the pools' writers come first
         copy_runs = build.load("decode_attention").copy_runs_async
         host = (kv.host_k.data_ptr(), kv.host_v.data_ptr())
