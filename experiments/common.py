@@ -12,8 +12,8 @@ from tqdm import tqdm
 from directkv.costmodel import CostModel, mode_for
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig
-from directkv.engine.systems import SystemPolicy
-from directkv.errors import ConfigError, check
+from directkv.engine.systems import CPU_ATTN_KERNELS, SystemPolicy
+from directkv.errors import ConfigError, check, unknown_name
 from directkv.specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -29,6 +29,7 @@ class Setup:
     device: str  # "cpu" (simulate) or "cuda" (measure)
     sim_mode: str  # label of simulated rows on this hardware: simulated | projected
     cuda_graphs: bool = False  # measured serving: the runner's dense layer parts replayed as CUDA graphs
+    cpu_attn_kernel: str = "flash"  # measured cpu_attn: torch's CPU flash kernel per decode, or one native call
 
 
 def resolve_device(requested: str) -> str:
@@ -66,8 +67,12 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     graphs = cfg.get("executor", {}).get("cuda_graphs", False)
     check(isinstance(graphs, bool), f"executor.cuda_graphs must be true or false; got {graphs!r}")
     device = resolve_device(cfg.device)
+    cpu_kernel = str(cfg.get("executor", {}).get("cpu_attn_kernel", "flash"))
+    if cpu_kernel not in CPU_ATTN_KERNELS:
+        raise unknown_name("executor.cpu_attn_kernel", cpu_kernel, CPU_ATTN_KERNELS)
     # graphs are a property of the measured executor; the simulation has no kernel launches to save
-    return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda")
+    return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda",
+                 cpu_kernel)
 
 
 def policies(cfg: DictConfig) -> list[SystemPolicy]:

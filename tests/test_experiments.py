@@ -88,6 +88,7 @@ def _cli(*args, cwd):
     (["+exp=rate_sweep", "workload=alpaca", "datasets=[sharegpt]"], "datasets=['sharegpt'] does not include alpaca"),
     (["+exp=rate_sweep", "warmup_requests=-1"], "warmup_requests must be >= 0, got -1"),
     (["+exp=context_sweep", "executor.cuda_graphs=maybe"], "executor.cuda_graphs must be true or false; got 'maybe'"),
+    (["+exp=context_sweep", "executor.cpu_attn_kernel=ispc"], "unknown executor.cpu_attn_kernel 'ispc'; valid: flash, native"),
     (["+exp=rate_sweep", "workload=alpaca", "workload.path=/nope.json", "datasets=[alpaca]", "rates=[5]"],
      "Alpaca file not found: '/nope.json'"),
 ])

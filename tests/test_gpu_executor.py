@@ -31,7 +31,7 @@ def runner():
     return ModelRunner(SPEC, init_weights(SPEC, device="cpu", dtype=torch.float32, seed=1))
 
 
-def _serve(policy, runner, requests):
+def _serve(policy, runner, requests, *, cpu_attn_kernel="flash"):
     kv_tokens = sum(r.prompt_len + r.output_len for r in requests) + 64
     tier_bytes = kv_tokens * policy.kv_bytes_per_token(SPEC)
     kv = KVCacheManager(SPEC, page_size=16, hbm_budget_bytes=tier_bytes if policy.kv_tier == "hbm" else 0,
@@ -41,7 +41,7 @@ def _serve(policy, runner, requests):
     if kv.arena is not None:  # poison: a read of a slot nobody wrote turns into NaN and fails the test
         for t in (kv.arena.k, kv.arena.v, kv.hbm_k, kv.hbm_v):
             t.fill_(float("nan"))
-    stepper = GPUStepper(policy, runner, kv, torch.device("cpu"), seed=7)
+    stepper = GPUStepper(policy, runner, kv, torch.device("cpu"), seed=7, cpu_attn_kernel=cpu_attn_kernel)
     if policy.name == "flexgen":
         for t in stepper.path.shadow:
             t.fill_(float("nan"))
@@ -81,12 +81,13 @@ def _requests():
     return with_arrivals(wl, rate=1e4, seed=2).requests
 
 
-@pytest.mark.parametrize("name,variant", [("directkv", "tiled"), ("directkv", "naive"), ("swap", ""),
-                                          ("cpu_attn", "")])
-def test_every_path_generates_what_hbm_generates(runner, name, variant):
+@pytest.mark.parametrize("name,variant,cpu_kernel", [("directkv", "tiled", "flash"), ("directkv", "naive", "flash"),
+                                                     ("swap", "", "flash"), ("cpu_attn", "", "flash"),
+                                                     ("cpu_attn", "", "native")])
+def test_every_path_generates_what_hbm_generates(runner, name, variant, cpu_kernel):
     reqs = _requests()
     ref_res, ref = _serve(SystemPolicy("hbm"), runner, reqs)
-    res, st = _serve(SystemPolicy(name, variant), runner, reqs)
+    res, st = _serve(SystemPolicy(name, variant), runner, reqs, cpu_attn_kernel=cpu_kernel)
     assert res.metrics["completed"] == ref_res.metrics["completed"] == len(reqs)
     assert st.outputs == ref.outputs
     assert len(st.outs) == len(ref.outs)
@@ -186,17 +187,19 @@ def test_cpu_decode_attention_matches_float64(dtype, group):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("system", ["directkv", "hbm", "swap", "cpu_attn", "flexgen"])
+@pytest.mark.parametrize("system", ["directkv", "hbm", "swap", "cpu_attn", "cpu_attn:native", "flexgen"])
 def test_every_system_serves_on_the_gpu_with_and_without_cuda_graphs(system):
     """The real executor on the GPU at toy size (bf16, the CUDA kernels): every request completes with the
     dense layer parts eager and as CUDA graphs, and the rows say which."""
     mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
+    system, _, cpu_kernel = system.partition(":")
     policy = SystemPolicy(system, "tiled" if system == "directkv" else "")
     try:
         for graphs in (False, True):
             res, extra = run_gpu(_requests(), policy, SPEC, mem=mem, sched_cfg=SCHED, device="cuda",
-                                 cuda_graphs=graphs)
+                                 cuda_graphs=graphs, cpu_attn_kernel=cpu_kernel or "flash")
             assert res.metrics["completed"] == 5 and extra["cuda_graphs"] is graphs
+            assert extra.get("cpu_attn_kernel") == ((cpu_kernel or "flash") if system == "cpu_attn" else None)
             assert ("graph_capture_s" in extra) is graphs
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)  # run_gpu capped it at the point's budget

@@ -30,6 +30,12 @@ DIRECTKV_VARIANTS = ("naive", "tiled", "fused")
 FLEXGEN_BITS, FLEXGEN_GROUP = 4, 64
 
 
+# How cpu_attn's decode attention runs on the CPU (measured serving): "flash" calls torch's CPU flash-attention
+# kernel once per run of pages of every decode (a dozen torch calls per decode per layer); "native" attends
+# every decode of the layer in one OpenMP call (directkv.kernels.cpu_decode_attention).
+CPU_ATTN_KERNELS = ("flash", "native")
+
+
 @dataclass(frozen=True)
 class SystemPolicy:
     name: str

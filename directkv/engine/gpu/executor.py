@@ -86,8 +86,11 @@ class NvmlSampler:
 
 def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, mem: MemoryConfig,
             sched_cfg: SchedulerConfig, device: str = "cuda", warmup: int = 0, seed: int = 0,
-            cuda_graphs: bool = False) -> tuple[ServeResult, dict]:
+            cuda_graphs: bool = False, cpu_attn_kernel: str = "flash") -> tuple[ServeResult, dict]:
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
+
+    cpu_attn_kernel: cpu_attn only: "flash" (torch's CPU flash kernel per run of pages of each decode) or
+    "native" (one OpenMP call per layer for all decodes; directkv.kernels.cpu_decode_attention).
 
     cuda_graphs: replay the runner's dense layer parts as CUDA graphs on steps of <= 256 tokens
     (directkv/model/graphs.py; captured once per process, before the warm-up); attention stays eager."""
@@ -123,7 +126,9 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     else:
         runner.disable_graphs()  # the runner is shared by a sweep's points: an earlier point may have enabled them
     threads = int(os.environ.get("DIRECTKV_CPU_THREADS", os.cpu_count() or 1))
-    stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads)
+    if policy.name == "cpu_attn":
+        extra["cpu_attn_kernel"] = cpu_attn_kernel
+    stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads, cpu_attn_kernel=cpu_attn_kernel)
     # warm-up outside the measurement: kernel builds and first launches, library handles
     serve([Request(-1, 64, 3), Request(-2, 40, 3)], stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg)
     if cuda:

@@ -20,7 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from directkv.engine.gpu.plan import StepPlan
+from directkv.engine.systems import CPU_ATTN_KERNELS
+from directkv.errors import unknown_name
 from directkv.kernels import get_op
+from directkv.kernels.cpu_decode_attention import cpu_decode_attention as native_cpu_decode_attention
 from directkv.kernels.paged import PagedKV, sequence_runs
 from directkv.kernels.traffic import Traffic
 from directkv.memory import KVCacheManager
@@ -219,10 +222,13 @@ class StagedPath(ZeroCopyPath):
 class CpuAttnPath(StagedPath):
     """Neo-like: decode attention on the CPU over the pinned pages; prompt chunks attend on the GPU (staged)."""
 
-    def __init__(self, kv: KVCacheManager, *, threads: int | None = None, tile_kv: int = 64):
+    def __init__(self, kv: KVCacheManager, *, threads: int | None = None, tile_kv: int = 64, kernel: str = "flash"):
         super().__init__(kv, tile_kv=tile_kv)
+        if kernel not in CPU_ATTN_KERNELS:
+            raise unknown_name("cpu_attn kernel", kernel, CPU_ATTN_KERNELS)
         if threads:
             torch.set_num_threads(threads)
+        self.kernel = kernel
         self._pool = None  # CPU worker of attend_async, made on first use
 
     def begin(self, plan: StepPlan) -> None:
@@ -234,8 +240,14 @@ class CpuAttnPath(StagedPath):
         ps = self.kv.page_size
         # each decode's runs of consecutive pages, once per step rather than once per layer (2,048 pages per
         # sequence at 32K context made this Python a few ms per layer, on the thread the GPU launches wait for)
-        self.runs = [sequence_runs(self.kv.pages(r)[: -(-n // ps)], n, ps)
-                     for r, n in zip(plan.decode_ids, plan.decode_lens_host, strict=True)]
+        pages = [self.kv.pages(r)[: -(-n // ps)] for r, n in zip(plan.decode_ids, plan.decode_lens_host, strict=True)]
+        if self.kernel == "native":  # one padded CPU block table per step; rows slice it for the pipelined halves
+            self.cpu_table = torch.zeros((len(pages), max((len(p) for p in pages), default=1)), dtype=torch.int32)
+            for i, p in enumerate(pages):
+                self.cpu_table[i, : len(p)] = torch.tensor(p, dtype=torch.int32)
+            self.cpu_lens = torch.tensor(plan.decode_lens_host, dtype=torch.int32)
+        else:
+            self.runs = [sequence_runs(p, n, ps) for p, n in zip(pages, plan.decode_lens_host, strict=True)]
         if plan.chunks:
             self.remap = self._slot_remap(plan.slots[plan.num_decodes:])
             self.stager.issue(0)
@@ -301,8 +313,10 @@ class CpuAttnPath(StagedPath):
         """Decode attention on the CPU: q `[r, Hq, D]` (CPU, the pools' dtype) for the step's decodes (all of
         them, or the slice `rows`) -> out, same shape, float32. See cpu_decode_attention."""
         k_host, v_host = self.kv.arena.k[layer], self.kv.arena.v[layer]
-        out = torch.empty(q.shape, dtype=torch.float32)
         rows = rows or slice(0, len(self.plan.decode_ids))
+        if self.kernel == "native":
+            return native_cpu_decode_attention(q, k_host, v_host, self.cpu_table[rows], self.cpu_lens[rows])
+        out = torch.empty(q.shape, dtype=torch.float32)
         for i, runs in enumerate(self.runs[rows]):
             out[i] = cpu_decode_attention(q[i], k_host, v_host, runs)
         return out

@@ -20,7 +20,8 @@ from directkv.memory import KVCacheManager
 from directkv.model.runner import ModelRunner
 
 
-def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None = None):
+def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None = None,
+              cpu_attn_kernel: str = "flash"):
     if policy.name in ("directkv", "hbm"):
         if policy.variant == "fused":
             raise ConfigError("directkv variant 'fused' has no GPU kernel yet; valid on the GPU: naive, tiled")
@@ -28,15 +29,15 @@ def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *,
     if policy.name == "swap":
         return StagedPath(kv)
     if policy.name == "cpu_attn":
-        return CpuAttnPath(kv, threads=cpu_threads)
+        return CpuAttnPath(kv, threads=cpu_threads, kernel=cpu_attn_kernel)
     return FlexgenPath(kv, device)
 
 
 class GPUStepper:
     def __init__(self, policy: SystemPolicy, runner: ModelRunner, kv: KVCacheManager, device: torch.device, *,
-                 seed: int = 0, cpu_threads: int | None = None):
+                 seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = "flash"):
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
-        self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads)
+        self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel)
         self.gen = torch.Generator().manual_seed(seed)
         self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
         self.outputs: dict[int, list[int]] = {}  # request -> generated ids (tests compare systems on them)

@@ -1,0 +1,199 @@
+// Decode attention on the CPU over a paged KV cache in (pinned) host memory: the Neo-like baseline's kernel.
+// One call per layer attends every decode of the step: work items are (sequence, KV head, piece of the
+// sequence's pages) spread over OpenMP threads; each item keeps its G query heads' online-softmax state in
+// fp32 and reads each K/V row once for all of them (GQA without repeating K/V), converting bf16/fp16 to
+// fp32 on the fly (fp32 caches, used by the CPU tests of the serving path, are read as they are). Pieces of one (sequence, KV head) are merged by their (max, sum) afterwards. Pages are
+// read in place: no gather, no conversion copy of the cache. Host code only (no CUDA, no torch headers).
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace directkv {
+
+struct CpuDecodeParams {
+  const void* q;                // [batch, num_heads, head_dim], `dtype`
+  const void* k_pool;           // [num_pages, page_size, num_kv_heads, head_dim], `dtype`
+  const void* v_pool;           // same
+  const int32_t* block_table;   // [batch, table_width] page ids, logical order
+  const int32_t* seq_lens;      // [batch], each >= 1
+  const int32_t* item_start;    // [batch + 1] first work item of each sequence (pieces x num_kv_heads each)
+  float* out;                   // [batch, num_heads, head_dim]
+  float* part;                  // [num_items, group, head_dim + 2] scratch: acc[head_dim], max, sum per query head
+  int batch, num_heads, num_kv_heads, head_dim, page_size, table_width;
+  int piece_pages;              // pages per work item
+  int num_threads;
+  float scale;
+  int dtype;                    // CPU_FP16, CPU_BF16 or CPU_FP32
+};
+
+enum CpuDtype { CPU_FP16 = 0, CPU_BF16 = 1, CPU_FP32 = 2 };
+
+inline float half_bits_to_float(uint16_t h) {
+  // IEEE binary16 -> binary32 without relying on F16C (subnormals, inf and NaN kept)
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  if (exp == 0x1fu) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: shift the leading one into place
+    int e = -1;
+    do {
+      ++e;
+      man <<= 1;
+    } while ((man & 0x400u) == 0);
+    bits = sign | (uint32_t(112 - e) << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Element loaders: T is the storage type, load converts n elements to fp32.
+struct LoadBf16 {
+  using T = uint16_t;
+  static void load(const T* src, float* dst, int n) {
+    for (int i = 0; i < n; ++i) {  // the top half of a float: vectorises
+      const uint32_t bits = uint32_t(src[i]) << 16;
+      std::memcpy(dst + i, &bits, 4);
+    }
+  }
+};
+struct LoadFp16 {
+  using T = uint16_t;
+  static void load(const T* src, float* dst, int n) {
+    for (int i = 0; i < n; ++i) dst[i] = half_bits_to_float(src[i]);
+  }
+};
+struct LoadFp32 {
+  using T = float;
+  static void load(const T* src, float* dst, int n) { std::memcpy(dst, src, size_t(n) * 4); }
+};
+
+// One work item: query heads [h * G, (h + 1) * G) of sequence b over pages [p0, p1) of its block table.
+// Writes acc (unnormalised), max and sum per query head into `part`.
+template <class L>
+inline void cpu_decode_item(const CpuDecodeParams& p, int b, int h, int p0, int p1, float* part, float* qf, float* kf,
+                            float* vf, float* s) {
+  const auto* q = static_cast<const typename L::T*>(p.q);
+  const auto* k_pool = static_cast<const typename L::T*>(p.k_pool);
+  const auto* v_pool = static_cast<const typename L::T*>(p.v_pool);
+  const int D = p.head_dim, G = p.num_heads / p.num_kv_heads, ps = p.page_size;
+  const int len = p.seq_lens[b];
+  const size_t row = size_t(p.num_kv_heads) * D;  // elements between consecutive tokens of a page
+  L::load(q + (size_t(b) * p.num_heads + size_t(h) * G) * D, qf, G * D);
+  for (int i = 0; i < G * D; ++i) qf[i] *= p.scale;
+  for (int g = 0; g < G; ++g) {
+    float* st = part + size_t(g) * (D + 2);
+    std::fill(st, st + D, 0.f);
+    st[D] = -std::numeric_limits<float>::infinity();
+    st[D + 1] = 0.f;
+  }
+  for (int j = p0; j < p1; ++j) {
+    const int n = std::min(ps, len - j * ps);
+    if (n <= 0) break;
+    const size_t base = (size_t(p.block_table[size_t(b) * p.table_width + j]) * ps * p.num_kv_heads + h) * D;
+    // scores of the page's n tokens for all G heads: each K row converted once
+    for (int t = 0; t < n; ++t) {
+      L::load(k_pool + base + t * row, kf, D);
+      for (int g = 0; g < G; ++g) {
+        const float* qg = qf + size_t(g) * D;
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)  // lets the compiler reorder the sum into vector lanes
+        for (int d = 0; d < D; ++d) dot += qg[d] * kf[d];
+        s[g * ps + t] = dot;
+      }
+    }
+    // one rescale per page and head, not per token
+    for (int g = 0; g < G; ++g) {
+      float* st = part + size_t(g) * (D + 2);
+      float m = st[D];
+      for (int t = 0; t < n; ++t) m = std::max(m, s[g * ps + t]);
+      const float c = std::exp(st[D] - m);  // exp(-inf) = 0 on the first page
+      if (c != 1.f) {
+        for (int d = 0; d < D; ++d) st[d] *= c;
+      }
+      float l = st[D + 1] * c;
+      for (int t = 0; t < n; ++t) {
+        s[g * ps + t] = std::exp(s[g * ps + t] - m);
+        l += s[g * ps + t];
+      }
+      st[D] = m;
+      st[D + 1] = l;
+    }
+    for (int t = 0; t < n; ++t) {  // each V row converted once, added to all G heads
+      L::load(v_pool + base + t * row, vf, D);
+      for (int g = 0; g < G; ++g) {
+        float* st = part + size_t(g) * (D + 2);
+        const float w = s[g * ps + t];
+        for (int d = 0; d < D; ++d) st[d] += w * vf[d];
+      }
+    }
+  }
+}
+
+template <class L>
+inline void cpu_decode_attention_t(const CpuDecodeParams& p) {
+  const int D = p.head_dim, G = p.num_heads / p.num_kv_heads, H = p.num_kv_heads;
+  const int items = p.item_start[p.batch];
+  const size_t item_floats = size_t(G) * (D + 2);
+#pragma omp parallel num_threads(p.num_threads)
+  {
+    // per-thread buffers: queries, one K and one V row in fp32, a page of scores per query head
+    std::vector<float> qf(size_t(G) * D), kf(D), vf(D), s(size_t(G) * p.page_size);
+#pragma omp for schedule(dynamic, 1)
+    for (int it = 0; it < items; ++it) {
+      const int b = int(std::upper_bound(p.item_start, p.item_start + p.batch + 1, it) - p.item_start) - 1;
+      const int local = it - p.item_start[b];
+      const int h = local % H, piece = local / H;
+      const int pages = (p.seq_lens[b] + p.page_size - 1) / p.page_size;
+      const int p0 = piece * p.piece_pages, p1 = std::min(pages, p0 + p.piece_pages);
+      cpu_decode_item<L>(p, b, h, p0, p1, p.part + size_t(it) * item_floats, qf.data(), kf.data(), vf.data(), s.data());
+    }
+    // merge the pieces of each (sequence, KV head) by their (max, sum)
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < p.batch * H; ++bh) {
+      const int b = bh / H, h = bh % H;
+      const int pieces = (p.item_start[b + 1] - p.item_start[b]) / H;
+      for (int g = 0; g < G; ++g) {
+        float m = -std::numeric_limits<float>::infinity();
+        for (int k = 0; k < pieces; ++k) {
+          const float* st = p.part + size_t(p.item_start[b] + k * H + h) * item_floats + size_t(g) * (D + 2);
+          m = std::max(m, st[D]);
+        }
+        float* o = p.out + (size_t(b) * p.num_heads + size_t(h) * G + g) * D;
+        std::fill(o, o + D, 0.f);
+        float l = 0.f;
+        for (int k = 0; k < pieces; ++k) {
+          const float* st = p.part + size_t(p.item_start[b] + k * H + h) * item_floats + size_t(g) * (D + 2);
+          const float c = std::exp(st[D] - m);
+          l += st[D + 1] * c;
+          for (int d = 0; d < D; ++d) o[d] += c * st[d];
+        }
+        const float inv = 1.f / l;
+        for (int d = 0; d < D; ++d) o[d] *= inv;
+      }
+    }
+  }
+}
+
+inline void cpu_decode_attention(const CpuDecodeParams& p) {
+  if (p.dtype == CPU_BF16) {
+    cpu_decode_attention_t<LoadBf16>(p);
+  } else if (p.dtype == CPU_FP16) {
+    cpu_decode_attention_t<LoadFp16>(p);
+  } else {
+    cpu_decode_attention_t<LoadFp32>(p);
+  }
+}
+
+}  // namespace directkv
