@@ -38,7 +38,7 @@ SYSTEMS: dict[str, tuple[str, str, str]] = {  # system -> (label, colour, marker
     "cpu_attn": ("Neo-like (CPU attn)", "#CC79A7", "D"),
     "flexgen": ("FlexGen-like (4-bit)", "#8C564B", "v"),
 }
-DIRECTKV_SHADES = {"tiled": "#0072B2", "fused": "#56B4E9", "naive": "#1B3A5C"}
+DIRECTKV_SHADES = {"tiled": "#0072B2", "fused": "#56B4E9", "naive": "#1B3A5C", "stream": "#332288"}
 
 VARIANTS: dict[str, tuple[str, str]] = {  # kernel variant -> (label, colour)
     "naive": ("naive zero-copy", "#D55E00"),

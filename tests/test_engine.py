@@ -83,6 +83,18 @@ def test_naive_directkv_reads_more_than_tiled():
     assert naive.metrics["mean_tpot_ms"] > tiled.metrics["mean_tpot_ms"]
 
 
+def test_directkv_stream_moves_tiled_bytes_by_copy_engine_into_a_small_ring():
+    """stream's bytes are tiled's, timed at the copy engine's rate (faster than SM loads on PCIe), and its
+    GPU memory holds the 64 MiB ring on top of tiled's."""
+    reqs = synthetic_workload(4, 4096, 8).requests
+    tiled = simulate(reqs, SystemPolicy("directkv", "tiled"), LLAMA, CM, mem=MEM)
+    stream = simulate(reqs, SystemPolicy("directkv", "stream"), LLAMA, CM, mem=MEM)
+    assert stream.traffic.link_read_bytes == tiled.traffic.link_read_bytes
+    assert CM.hw.link_ce_h2d_gbps > CM.hw.link_sm_read_gbps
+    assert stream.metrics["mean_tpot_ms"] < tiled.metrics["mean_tpot_ms"]
+    assert stream.gpu_mem_bytes - tiled.gpu_mem_bytes == 64 << 20
+
+
 def test_simulation_is_deterministic_and_queues_under_load():
     wl = with_arrivals(synthetic_workload(40, 512, 32, dist="uniform", spread=0.5), rate=20.0, seed=3)
     a = simulate(wl.requests, SystemPolicy("swap"), LLAMA, CM, mem=MEM)

@@ -117,6 +117,12 @@ def test_run_gpu_entry_on_cpu():
     assert res.metrics["completed"] == 5 and res.host_pinned_bytes > 0 and "pin_s" in extra
 
 
+def test_directkv_stream_refused_without_the_cuda_kernels(runner):
+    with pytest.raises(ConfigError, match="directkv variant 'stream' needs the CUDA kernels \\(a GPU\\); valid without "
+                                          "one: naive, tiled"):
+        _serve(SystemPolicy("directkv", "stream"), runner, _requests())
+
+
 def test_run_gpu_refuses_cuda_graphs_without_a_gpu():
     mem = MemoryConfig(hbm_budget_bytes=2e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
     with pytest.raises(ConfigError, match="CUDA graphs need the model on a CUDA device; it is on cpu"):
@@ -187,13 +193,15 @@ def test_cpu_decode_attention_matches_float64(dtype, group):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("system", ["directkv", "hbm", "swap", "cpu_attn", "cpu_attn:native", "flexgen"])
+@pytest.mark.parametrize("system", ["directkv", "directkv:stream", "hbm", "swap", "cpu_attn", "cpu_attn:native",
+                                    "flexgen"])
 def test_every_system_serves_on_the_gpu_with_and_without_cuda_graphs(system):
     """The real executor on the GPU at toy size (bf16, the CUDA kernels): every request completes with the
     dense layer parts eager and as CUDA graphs, and the rows say which."""
     mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
-    system, _, cpu_kernel = system.partition(":")
-    policy = SystemPolicy(system, "tiled" if system == "directkv" else "")
+    system, _, option = system.partition(":")  # directkv's variant or cpu_attn's CPU kernel
+    cpu_kernel = option if system == "cpu_attn" else ""
+    policy = SystemPolicy(system, (option or "tiled") if system == "directkv" else "")
     try:
         for graphs in (False, True):
             res, extra = run_gpu(_requests(), policy, SPEC, mem=mem, sched_cfg=SCHED, device="cuda",

@@ -59,7 +59,7 @@ def attention_traffic(step: Step, model: ModelSpec, variant: str, policy) -> Tra
         lens = step.decode_kv_lens
         if variant == "fused":
             lens = [n - 1 for n in lens]  # the new token's K/V come from registers, not the link
-        dec_variant = "naive" if variant == "naive" else "tiled"
+        dec_variant = "naive" if variant == "naive" else "tiled"  # stream states tiled's closed form
         total = total + tm.decode_traffic(lens, variant=dec_variant, **shape)
         total.link_write_bytes += len(step.decodes) * kvl
     for c in step.prefills:

@@ -5,7 +5,8 @@ system for the time of a step on a cost model and for its GPU memory; the GPU ex
 the same policies for real.
 
 * ``hbm``      SGLang-like: all KV in HBM, attention from HBM.
-* ``directkv`` KV in pinned host memory, attention kernels read it zero-copy (variant naive | tiled | fused).
+* ``directkv`` KV in pinned host memory, attention kernels read it zero-copy (variant naive | tiled | fused),
+  or (variant stream, beyond the paper) through <= 64 MiB HBM rings filled by the copy engine.
 * ``swap``     Pie-like: KV in host memory; each layer's KV is copied by the copy engine into an HBM staging
                buffer (double-buffered) while the previous layer computes.
 * ``cpu_attn`` Neo-like: decode attention runs on the CPU over host KV, overlapped with the GPU's linear
@@ -26,7 +27,9 @@ from directkv.kernels.traffic import Traffic
 from directkv.specs import ModelSpec
 
 SYSTEMS = ("directkv", "hbm", "swap", "cpu_attn", "flexgen")
-DIRECTKV_VARIANTS = ("naive", "tiled", "fused")
+DIRECTKV_VARIANTS = ("naive", "tiled", "fused", "stream")
+# stream (beyond the paper): the copy engine stages the host pages through small HBM rings instead of SM loads
+STREAM_RING_BYTES = 64 << 20
 FLEXGEN_BITS, FLEXGEN_GROUP = 4, 64
 
 
@@ -90,7 +93,9 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel)
         layer_t, layer_traffic, staging = t_lin + cm.time(attn), lin + attn, 0
     elif name == "directkv":
         attn = st.attention_traffic(step, model, policy.variant, policy)
-        layer_t, layer_traffic, staging = t_lin + cm.time(attn, link="sm"), lin + attn, 0
+        stream = policy.variant == "stream"  # the copy engine moves the bytes, into a ring of bounded size
+        layer_t = t_lin + cm.time(attn, link="ce" if stream else "sm")
+        layer_traffic, staging = lin + attn, STREAM_RING_BYTES if stream else 0
     elif name in ("swap", "flexgen"):
         ratio = policy.kv_bytes_per_token(model) / model.kv_bytes_per_token()  # < 1 for FlexGen's 4-bit KV
         stored, new_stored = int(past * ratio), int(new_kv * ratio)

@@ -5,6 +5,8 @@ link bytes it caused. Kernels come from `directkv.kernels` (CUDA backend on a GP
 so the same code runs in the CPU tests at toy sizes.
 
 * ``ZeroCopyPath`` — directkv (KV in pinned host pages, read in place by the kernels) and hbm (pages in HBM).
+  directkv's variant ``stream`` is the exception beyond the paper: its kernels' copy engine stages the
+  pages through rings of <= 64 MiB on a side stream (decode and prefill ``stream`` variants).
 * ``StagedPath`` — swap: before each layer, the copy engine moves that layer's pages of the step's
   requests into an HBM staging pool on a side stream, one layer ahead (double-buffered), then HBM attention.
 * ``CpuAttnPath`` — cpu_attn: decode attention on the CPU over the pinned pages; prefill like swap. Decode-only
@@ -46,6 +48,27 @@ class ZeroCopyPath:
 
     def begin(self, plan: StepPlan) -> None:
         self.plan = plan
+        if self.variant == "stream":
+            self._plan_streams(plan)
+
+    def _plan_streams(self, p: StepPlan) -> None:
+        """stream: the step's copy schedules, made once (one host read of each block table) and reused by every
+        layer, whose pools differ but whose block tables do not."""
+        from directkv.kernels.cuda.decode_attention import plan_stream
+        from directkv.kernels.cuda.prefill_attention import plan_prefill_stream
+
+        k0, v0 = self.kv.pools(0, self.tier)
+        self.decode_plan = None
+        if p.num_decodes:
+            self.decode_plan = plan_stream(self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens))
+            ring = self.decode_plan.ring_k
+            self.staging_bytes = max(self.staging_bytes, 2 * ring.numel() * ring.element_size())
+        self.chunk_plans = [
+            plan_prefill_stream(self._paged(self.tier, k0, v0, t, torch.tensor([c.past_len], dtype=torch.int32)),
+                                device=t.device)
+            for c, t in zip(p.chunks, p.chunk_tables, strict=True)]
+        for cp in self.chunk_plans:  # 2 slots x (K, V) of chunk_pages pages, allocated per call
+            self.staging_bytes = max(self.staging_bytes, 4 * cp.chunk_pages * cp.page_bytes)
 
     @staticmethod
     def _paged(tier: str, k_pool, v_pool, table, lens) -> PagedKV:
@@ -75,17 +98,19 @@ class ZeroCopyPath:
                   ) -> torch.Tensor:
         """Attention of the plan's rows over pools of `tier`; q/k/v rows are those of `p`."""
         out = torch.empty_like(q)
-        variant = "naive" if self.variant == "naive" else "tiled"
+        variant = self.variant if self.variant in ("naive", "stream") else "tiled"
+        stream = variant == "stream" and tier == self.tier  # the staged systems call this on their HBM staging
+        variant = "tiled" if variant == "stream" and not stream else variant
         if p.num_decodes:
             o, t = self.decode(q[: p.num_decodes], self._paged(tier, k_pool, v_pool, decode_table, p.decode_lens),
-                               variant=variant)
+                               variant=variant, **({"plan": self.decode_plan} if stream else {}))
             out[: p.num_decodes] = o
             self.traffic = self.traffic + t
-        for c, table in zip(p.chunks, chunk_tables, strict=True):
+        for i, (c, table) in enumerate(zip(p.chunks, chunk_tables, strict=True)):
             rows = slice(c.start, c.start + c.length)
             lens = torch.tensor([c.past_len], dtype=torch.int32)  # host-side: the kernel takes past_len as an int, no sync
             o, t = self.prefill(q[rows], k[rows], v[rows], self._paged(tier, k_pool, v_pool, table, lens),
-                                variant=variant, causal=True)
+                                variant=variant, causal=True, **({"stream_plan": self.chunk_plans[i]} if stream else {}))
             out[rows] = o
             self.traffic = self.traffic + t
         return out

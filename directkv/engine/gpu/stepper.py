@@ -11,7 +11,7 @@ from dataclasses import replace
 import torch
 
 from directkv.engine.gpu.flexgen_path import FlexgenPath
-from directkv.engine.gpu.paths import CpuAttnPath, StagedPath, ZeroCopyPath
+from directkv.engine.gpu.paths import CpuAttnPath, StagedPath, ZeroCopyPath, kernel_backend
 from directkv.engine.gpu.plan import plan_step
 from directkv.engine.state import Step
 from directkv.engine.systems import StepCost, SystemPolicy
@@ -24,7 +24,9 @@ def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *,
               cpu_attn_kernel: str = "flash"):
     if policy.name in ("directkv", "hbm"):
         if policy.variant == "fused":
-            raise ConfigError("directkv variant 'fused' has no GPU kernel yet; valid on the GPU: naive, tiled")
+            raise ConfigError("directkv variant 'fused' has no GPU kernel yet; valid on the GPU: naive, tiled, stream")
+        if policy.variant == "stream" and kernel_backend() != "cuda":
+            raise ConfigError("directkv variant 'stream' needs the CUDA kernels (a GPU); valid without one: naive, tiled")
         return ZeroCopyPath(kv, policy.kv_tier, policy.variant or "tiled")
     if policy.name == "swap":
         return StagedPath(kv)
