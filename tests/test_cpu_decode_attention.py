@@ -115,9 +115,9 @@ def test_fp16_subnormals_and_extremes_convert_exactly():
 
 
 def test_plan_piece_pages():
-    assert plan_piece_pages([1, 2], 8, 16) == MIN_PIECE_PAGES  # short sequences: whole sequences
-    assert plan_piece_pages([2048] * 4, 8, 16) == 1024  # 4 x 32K tokens, 8 KV heads: 64 items, 4 per thread
-    assert plan_piece_pages([2048], 8, 1) == 4096
+    assert plan_piece_pages([1, 2], 16) == MIN_PIECE_PAGES  # short sequences: whole sequences
+    assert plan_piece_pages([2048] * 4, 16) == 128  # 4 x 32K tokens: 64 items, 4 per thread
+    assert plan_piece_pages([2048], 1) == 512
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-// Launcher of the CPU decode attention: integer checks, the work-item plan (pieces of each sequence's pages
-// per KV head), the merge scratch. Tensor checks (dtypes, shapes, page ids) are the Python wrapper's.
+// Launcher of the CPU decode attention: integer checks, the work-item plan (pieces of each sequence's pages),
+// the merge scratch. Tensor checks (dtypes, shapes, page ids) are the Python wrapper's.
 #include "directkv/cpu_decode_attention.h"
 
 #include <cstdint>
@@ -31,10 +31,9 @@ void cpu_decode_attention_run(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, u
             "seq_lens[" + std::to_string(b) + "] = " + std::to_string(lens[b]) + " must be in 1.." +
                 std::to_string(int64_t(table_width) * page_size));
     const int pages = (lens[b] + page_size - 1) / page_size;
-    start[b + 1] = start[b] + (pages + piece_pages - 1) / piece_pages * num_kv_heads;
+    start[b + 1] = start[b] + (pages + piece_pages - 1) / piece_pages;
   }
-  const int group = num_heads / num_kv_heads;
-  std::vector<float> part(size_t(start[batch]) * group * (head_dim + 2));
+  std::vector<float> part(size_t(start[batch]) * num_heads * (head_dim + 2));
   require(dtype == CPU_FP16 || dtype == CPU_BF16 || dtype == CPU_FP32, "dtype code " + std::to_string(dtype) +
                                                                           " is not 0 (fp16), 1 (bf16) or 2 (fp32)");
   CpuDecodeParams p{reinterpret_cast<const void*>(q), reinterpret_cast<const void*>(k_pool),

@@ -1,11 +1,12 @@
 """Decode attention on the CPU over a paged KV cache in host memory (the Neo-like `cpu_attn` system's kernel).
 
 One native call per layer attends every decode of the step (csrc/include/directkv/cpu_decode_attention.h):
-OpenMP threads take (sequence, KV head, piece of pages) items, read K/V rows in place from the pools
+OpenMP threads take (sequence, piece of pages) items, read each page's K/V in place from the pools
 (pinned or not; bf16 or fp16 converted to fp32 on the fly, or fp32), and the pieces of a sequence are merged by
 their softmax statistics. It replaces a torch loop whose per-sequence calls (a dozen small ops per decode
 per layer) bound the rate sweeps on the H200: 604 ms per token with ~50 decodes per step (2026-11-29).
-The module is built like the CUDA ops (directkv.kernels.cuda.build: a host-only op, C++ compiler and
+On a 2-core x86 VM (2026-11-29, 2 threads, bf16, Llama-3.1-8B heads) one layer took 0.55 ms for 64 decodes of
+20 tokens (torch loop 2.56 ms) and 29 ms for 4 x 16K tokens (47 ms). The module is built like the CUDA ops (directkv.kernels.cuda.build: a host-only op, C++ compiler and
 OpenMP, no nvcc) on first use.
 """
 
@@ -18,14 +19,14 @@ import torch
 from directkv.errors import check
 
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}  # the kernel's CpuDtype
-MIN_PIECE_PAGES = 16  # below this a work item's bookkeeping costs more than its reads
+MIN_PIECE_PAGES = 4  # below this a work item's setup and merge cost more than its reads
 
 
-def plan_piece_pages(seq_pages: list[int], num_kv_heads: int, threads: int) -> int:
-    """Pages per work item: long sequences are cut so that there are about 4 items per thread (load balance
-    with few, long sequences), but never into pieces under MIN_PIECE_PAGES pages."""
-    total = sum(seq_pages) * num_kv_heads
-    return max(MIN_PIECE_PAGES, math.ceil(total / (4 * max(1, threads))))
+def plan_piece_pages(seq_pages: list[int], threads: int) -> int:
+    """Pages per work item (a piece of one sequence, all its heads): long sequences are cut so that there are
+    about 4 items per thread (load balance with few, long sequences), but never into pieces under
+    MIN_PIECE_PAGES pages."""
+    return max(MIN_PIECE_PAGES, math.ceil(sum(seq_pages) / (4 * max(1, threads))))
 
 
 def cpu_decode_attention(
@@ -85,7 +86,7 @@ def cpu_decode_attention(
     threads = int(threads or torch.get_num_threads())
     check(threads >= 1, f"threads must be >= 1; got {threads}")
     if piece_pages is None:
-        piece_pages = plan_piece_pages(pages, num_kv_heads, threads)
+        piece_pages = plan_piece_pages(pages, threads)
     check(isinstance(piece_pages, int) and piece_pages >= 1, f"piece_pages must be an int >= 1; got {piece_pages!r}")
     if out is None:
         out = torch.empty(batch, num_heads, head_dim, dtype=torch.float32)
