@@ -12,7 +12,7 @@ tiled : CPU-memory-aware: a chunk of `kv_chunk` K/V tokens of one KV head is loa
         default.
 stream : as decode_attention's stream: the copy engine moves the host pages a chunk at a time into a small
          HBM ring (2 slots x (K, V) x <= 16 MiB) on a side stream while the GPU attends the queries to the
-         previous chunk; every pass (each ring chunk, the HBM-resident past pages, then the new tokens alone)
+         previous chunk; every pass (the new tokens alone, first, then each ring chunk and the HBM-resident pages)
          gives fp32 O and its LSE, and the passes are merged with a softmax over the LSEs. Past K/V cross the
          link once, by DMA instead of SM loads. See stream_chunk_pages / stream_passes. The ring and
          new-token passes run torch's FlashAttention-2 forward by default (pass_kernel="flash": an HBM
@@ -466,6 +466,13 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
         copy_runs = build.load("decode_attention").copy_runs_async
         host = (kv.host_k.data_ptr(), kv.host_v.data_ptr())
         q_fold = _fold_gqa(q, kv.num_kv_heads) if flash else None
+    # The new tokens' pass needs no ring, so it goes first (after side.wait_stream above, which must not wait
+    # for it): it computes while the copy engine fills the first chunk, whose copy nothing overlapped before.
+    # merge_passes does not care about the order.
+    if flash:
+        parts.append(_flash_new(q, k_new, v_new, launch["scale"], launch["causal"]))
+    else:
+        tiled_pass((kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), None, 0, True)
     for c, ps in enumerate(passes):
         if not ps.ring:
             tiled_pass((kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), tables[c], ps.past_len, False)
@@ -483,12 +490,8 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
         else:
             tiled_pass((*rings, *rings), tables[c], ps.past_len, False)
         freed[slot].record(main)
-    if flash:
-        parts.append(_flash_new(q, k_new, v_new, launch["scale"], launch["causal"]))
-    else:
-        tiled_pass((kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), None, 0, True)
-    # Every row sees at least its first new token in the last pass, so no row's LSEs are all -inf. The flash
-    # passes' permuted views only hold as [q_len, Hkv, G, D]: every pass is merged in that form.
+    # Every row sees at least its first new token in the new tokens' pass, so no row's LSEs are all -inf. The
+    # flash passes' permuted views only hold as [q_len, Hkv, G, D]: every pass is merged in that form.
     hkv, g = kv.num_kv_heads, num_heads // kv.num_kv_heads
     merge_passes([(o if o.dim() == 4 else o.unflatten(1, (hkv, g)), lse if lse.dim() == 3 else lse.unflatten(1, (hkv, g)))
                   for o, lse in parts], out)
