@@ -189,8 +189,13 @@ def test_simulated_stream_pipeline_by_hand():
 
 def test_gemm_rejects_panel_cols_outside_stream_before_touching_cuda():
     a = torch.randn(64, 64).half()
-    with pytest.raises(ConfigError, match="panel_cols is an option of gemm variant 'stream'; got 64 for 'tiled'"):
+    with pytest.raises(ConfigError, match="panel_cols / copy_streams are options of gemm variant 'stream'; got 64 / 1 "
+                                          "for 'tiled'"):
         gemm(a, a, variant="tiled", panel_cols=64)
+    with pytest.raises(ConfigError, match="got None / 2 for 'naive'"):
+        gemm(a, a, variant="naive", copy_streams=2)
+    with pytest.raises(ConfigError, match="copy_streams 3 is not supported; valid: 1, 2"):
+        gemm(a, a, variant="stream", copy_streams=3)
     with pytest.raises(ConfigError, match="CUDA tensor"):
         gemm(a, a, variant="stream", panel_cols=64)
 
@@ -217,11 +222,12 @@ STREAM_SHAPES = [  # (m, n, k)
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32], ids=["c16", "c32"])
 @pytest.mark.parametrize("panel_cols", [None, 96], ids=["planned", "p96"])
 @pytest.mark.parametrize("shape", STREAM_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_gemm_stream_matches_float64(shape, panel_cols, out_dtype, b_kind):
+@pytest.mark.parametrize("copy_streams", [1, 2], ids=["1ce", "2ce"])
+def test_gemm_stream_matches_float64(shape, panel_cols, out_dtype, b_kind, copy_streams):
     m, n, k = shape
     a = torch.randn(m, k, device="cuda").half()
     b = stream_b(b_kind, k, n)
-    traffic = check_product(a, b, "stream", out_dtype, panel_cols=panel_cols)
+    traffic = check_product(a, b, "stream", out_dtype, panel_cols=panel_cols, copy_streams=copy_streams)
     cols = plan_panel_cols(k, n, panel_cols=panel_cols)
     model = gemm_traffic(m, n, k, dtype_bytes=2, variant="stream", b_tier="hbm" if b_kind == "hbm" else "host",
                          panel_cols=cols)
@@ -232,7 +238,8 @@ def test_gemm_stream_matches_float64(shape, panel_cols, out_dtype, b_kind):
 
 @pytest.mark.gpu
 @needs_cuda
-def test_gemm_stream_back_to_back_calls_share_the_ring():
+@pytest.mark.parametrize("copy_streams", [1, 2], ids=["1ce", "2ce"])
+def test_gemm_stream_back_to_back_calls_share_the_ring(copy_streams):
     """Three calls with no sync between them: each call's ring is most likely the previous one's memory (the
     same size, freed on the same stream), so its copies must wait for the previous call's products; and B
     rewritten on the current stream between two calls must be copied after the rewrite."""
@@ -243,11 +250,11 @@ def test_gemm_stream_back_to_back_calls_share_the_ring():
     b1, b2 = host_b(k, n), host_b(k, n)
     ref1 = a.double() @ b1.double()
     outs = [torch.full((m, n), math.nan, dtype=torch.float16, device="cuda") for _ in range(3)]
-    gemm(a, b1, variant="stream", out=outs[0], panel_cols=256)
-    gemm(a, b2, variant="stream", out=outs[1], panel_cols=256)
+    gemm(a, b1, variant="stream", out=outs[0], panel_cols=256, copy_streams=copy_streams)
+    gemm(a, b2, variant="stream", out=outs[1], panel_cols=256, copy_streams=copy_streams)
     new = torch.randn(k, n, device="cuda").half()
     b1.copy_(new)  # on the current stream, no sync: the next call's first copy waits for it
-    gemm(a, b1, variant="stream", out=outs[2], panel_cols=256)
+    gemm(a, b1, variant="stream", out=outs[2], panel_cols=256, copy_streams=copy_streams)
     torch.cuda.synchronize()
     for out, ref in zip(outs, (ref1, a.double() @ b2.double(), a.double() @ new.double()), strict=True):
         assert not out.isnan().any(), "unwritten or NaN output elements"

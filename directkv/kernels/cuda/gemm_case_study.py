@@ -19,7 +19,9 @@ stream    : beyond the paper, no kernel of ours: the copy engine moves B a colum
             panel's copy and the last panel's product. As decode / prefill's stream: events, no host sync per
             panel. See plan_panel_cols. Measured on the H200 (2026-11-29, 10240^3): 5.73 ms against tiled's
             17.2 and cuBLAS-in-HBM's 2.78, B at 36.6 GB/s effective (the copy engine moves 55): the target
-            of 1.15 x the 3.79 ms link floor is missed by 1.31x (results/h200/README.md).
+            of 1.15 x the 3.79 ms link floor is missed by 1.31x (results/h200/README.md), the 2-D copies
+            running at ~39 GB/s; copy_streams=2 splits each panel's copy over two side streams so two copy
+            engines share it (bench row stream:2ce; not yet measured).
 
 The k-split plan is host-side arithmetic on the SM count: enough CTAs to fill the GPU in few waves.
 
@@ -55,6 +57,7 @@ OUT_CODES = {torch.float16: 0, torch.float32: 2}
 HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/directkv/dispatch.h)
 WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most
 STREAM_SLOTS = 2  # ring slots: the copy engine fills one while cuBLAS reads the other
+COPY_STREAMS = (1, 2)  # stream: side streams a panel's copy may be split over
 STREAM_MIN_PANELS = 8  # the default plan's panels at least, so copy and math overlap
 PANEL_ALIGN = 64  # default panel widths are multiples of this many columns
 
@@ -120,6 +123,7 @@ def gemm(
     prefetch: bool = True,
     host_load: str = "ca",
     panel_cols: int | None = None,
+    copy_streams: int = 1,
 ) -> tuple[torch.Tensor, Traffic]:
     """C = A B on the tensor cores (fp16 operands, fp32 accumulation).
 
@@ -135,6 +139,9 @@ def gemm(
     prefetch : pipelined: prefetch the next B chunk into L2 while computing the current one.
     host_load : "ca" (through L1, default) or "cg" (L2 only): how B tiles are copied (module docstring).
     panel_cols : stream only: B columns per ring panel; None plans it (plan_panel_cols).
+    copy_streams : stream only: side streams each panel's copy is split over (1 or 2, by halves of its K
+        rows), so two copy engines can work on the strided 2-D copies (one measured ~39 GB/s on the H200's
+        55 GB/s link).
 
     Returns
     -------
@@ -146,8 +153,9 @@ def gemm(
         raise unknown_name("gemm variant", variant, VARIANTS)
     if host_load not in HOST_LOADS:
         raise unknown_name("gemm host_load", host_load, HOST_LOADS)
-    check(variant == "stream" or panel_cols is None, f"panel_cols is an option of gemm variant 'stream'; got "
-          f"{panel_cols!r} for {variant!r}")
+    check(variant == "stream" or (panel_cols is None and copy_streams == 1), f"panel_cols / copy_streams are "
+          f"options of gemm variant 'stream'; got {panel_cols!r} / {copy_streams!r} for {variant!r}")
+    check(copy_streams in COPY_STREAMS, f"copy_streams {copy_streams!r} is not supported; valid: 1, 2")
     check((tile_m, tile_n, tile_k) == (TILE_M, TILE_N, TILE_K), f"tiles ({tile_m}, {tile_n}, {tile_k}) are not "
           f"supported by the CUDA kernels; valid: ({TILE_M}, {TILE_N}, {TILE_K})")
     check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0], f"need a [M, K] and b [K, N]; got "
@@ -166,7 +174,7 @@ def gemm(
     check(out.shape == (m, n) and out.dtype in OUT_CODES and out.device == a.device and out.is_contiguous(),
           f"out must be a contiguous float16 or float32 [{m}, {n}] tensor on {a.device}")
     if variant == "stream":
-        _run_stream(a, b, out, panel_cols)
+        _run_stream(a, b, out, panel_cols, copy_streams)
         traffic = gemm_traffic(m, n, k, dtype_bytes=2, variant="stream", b_tier=b_tier(b), panel_cols=panel_cols)
         traffic.hbm_write_bytes += m * n * (out.element_size() - 2)  # the closed form writes C in a's dtype
         return out, traffic
@@ -191,13 +199,15 @@ def gemm(
 # --- stream variant -------------------------------------------------------------------------------
 
 
-def _run_stream(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, panel_cols: int) -> None:
-    """out[:, n0:n0 + w] = a @ B[:, n0:n0 + w] panel by panel: the copy on the side stream, the product on the
-    current one, ordered by the slots' filled / freed events; no host sync."""
+def _run_stream(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, panel_cols: int, copy_streams: int = 1) -> None:
+    """out[:, n0:n0 + w] = a @ B[:, n0:n0 + w] panel by panel: the copy on the side stream(s), the product on
+    the current one, ordered by the slots' filled / freed events; no host sync."""
     k, n = b.shape
     e = b.element_size()
     main = torch.cuda.current_stream(a.device)
-    side, filled, freed = side_stream(a.device, STREAM_SLOTS)
+    lanes = [side_stream(a.device, STREAM_SLOTS, lane) for lane in range(copy_streams)]
+    freed = lanes[0][2]  # recorded once on the current stream; every lane waits on it
+    rows = [(k * i // copy_streams, k * (i + 1) // copy_streams) for i in range(copy_streams)]  # K rows per lane
     # Allocated on the current stream and written by the side stream, without record_stream: every side-stream
     # write of the ring is followed by main.wait_event(filled), so all of them are ordered before any later
     # work of the current stream, which is the only stream the caching allocator hands this block to once it
@@ -209,14 +219,18 @@ def _run_stream(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, panel_cols:
     # fp32 C: cuBLAS accumulates in fp32 and writes fp32 itself (mm's out_dtype), as the kernels do; no fp16
     # temporary, so no fp16 rounding of C.
     widen = {} if out.dtype == torch.float16 else {"out_dtype": out.dtype}
-    side.wait_stream(main)  # earlier writers of B and of the ring's memory come first
+    for side, _, _ in lanes:
+        side.wait_stream(main)  # earlier writers of B and of the ring's memory come first
     for i, n0 in enumerate(range(0, n, panel_cols)):
         w, slot = min(panel_cols, n - n0), i % STREAM_SLOTS
-        if i >= STREAM_SLOTS:
-            side.wait_event(freed[slot])  # the product of panel i - STREAM_SLOTS is done with the slot
-        copy_panel(ring[slot].data_ptr(), panel_cols * e, b.data_ptr() + n0 * e, n * e, w * e, k, side.cuda_stream)
-        filled[slot].record(side)
-        main.wait_event(filled[slot])
+        for (side, filled, _), (r0, r1) in zip(lanes, rows, strict=True):
+            if i >= STREAM_SLOTS:
+                side.wait_event(freed[slot])  # the product of panel i - STREAM_SLOTS is done with the slot
+            copy_panel(ring[slot, r0].data_ptr(), panel_cols * e, b.data_ptr() + (r0 * n + n0) * e, n * e, w * e,
+                       r1 - r0, side.cuda_stream)
+            filled[slot].record(side)
+        for _, filled, _ in lanes:
+            main.wait_event(filled[slot])
         # A column view of row-major C has strides (N, 1): torch's CUDA addmm takes it as is, as a transposed
         # result with leading dimension N (prepare_matrix_for_cublas borrows any (ld >= cols, 1) matrix, the
         # ring panel (panel_cols, 1) likewise), so cuBLAS writes C's columns in place: no temporary, no copy.

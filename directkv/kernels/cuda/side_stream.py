@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import torch
 
-# (device index, slots) -> (side stream, filled events, freed events)
-_SIDE: dict[tuple[int, int], tuple[torch.cuda.Stream, list[torch.cuda.Event], list[torch.cuda.Event]]] = {}
+# (device index, slots, lane) -> (side stream, filled events, freed events)
+_SIDE: dict[tuple[int, int, int], tuple[torch.cuda.Stream, list[torch.cuda.Event], list[torch.cuda.Event]]] = {}
 
 
-def side_stream(device: torch.device, slots: int) -> tuple[torch.cuda.Stream, list[torch.cuda.Event],
-                                                           list[torch.cuda.Event]]:
-    """(side stream, filled events, freed events) of `device`, made on first use and reused by every call."""
+def side_stream(device: torch.device, slots: int, lane: int = 0) -> tuple[torch.cuda.Stream, list[torch.cuda.Event],
+                                                                          list[torch.cuda.Event]]:
+    """(side stream, filled events, freed events) of `device`, made on first use and reused by every call;
+    `lane` > 0 gives further streams, for copies split across copy engines."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if (index, slots) not in _SIDE:
-        _SIDE[index, slots] = (torch.cuda.Stream(torch.device("cuda", index)),
-                               [torch.cuda.Event() for _ in range(slots)], [torch.cuda.Event() for _ in range(slots)])
-    return _SIDE[index, slots]
+    key = (index, slots, lane)
+    if key not in _SIDE:
+        _SIDE[key] = (torch.cuda.Stream(torch.device("cuda", index)), [torch.cuda.Event() for _ in range(slots)],
+                      [torch.cuda.Event() for _ in range(slots)])
+    return _SIDE[key]
