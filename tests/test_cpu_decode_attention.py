@@ -14,22 +14,13 @@ import torch
 
 from directkv.errors import ConfigError
 from directkv.kernels.cpu_decode_attention import MIN_PIECE_PAGES, cpu_decode_attention, plan_piece_pages
+from directkv.kernels.cuda import build
 
 BF16, FP16 = torch.bfloat16, torch.float16
 
 
-def _have_cxx() -> bool:
-    from directkv.kernels.cuda import build
-
-    try:
-        build.cxx_path()
-    except build.BuildError:
-        return False
-    return True
-
-
 # the kernel is built on first use by the host C++ compiler (with OpenMP); without one these tests cannot run
-pytestmark = pytest.mark.skipif(not _have_cxx(), reason="no C++ compiler to build the CPU kernel")
+pytestmark = pytest.mark.skipif(not build.can_build("cpu_decode_attention"), reason="no C++ compiler for the kernel")
 
 
 def make_cache(lens, *, num_heads, num_kv_heads, head_dim, dtype, page_size=16, spare=3):

@@ -10,18 +10,10 @@ import pytest
 from directkv.kernels.cuda import build
 
 
-def _have_nvcc() -> bool:
-    try:
-        build.nvcc_path()
-    except build.BuildError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("op", build.available_ops())
 def test_op_compiles(op, tmp_path):
-    if not build.is_host_op(op) and not _have_nvcc():
-        pytest.skip("nvcc not found")
+    if not build.can_build(op):
+        pytest.skip(f"no compiler for {op} on this machine")
     cmds = build.compile_commands(op, tmp_path / f"_dkv_{op}.so", compile_only=True)
     # the launcher and the binding are independent translation units: compile them side by side
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for cmd in cmds]

@@ -58,6 +58,15 @@ def is_host_op(op: str) -> bool:
     return (CSRC / "ops" / f"{op}.cpp").exists()
 
 
+def can_build(op: str) -> bool:
+    """Whether this machine has the compiler `op` needs (nvcc for CUDA ops, a C++ compiler for host ops)."""
+    try:
+        _compiler(op)
+    except BuildError:
+        return False
+    return True
+
+
 def _compiler(op: str) -> str:
     return cxx_path() if is_host_op(op) else nvcc_path()
 
