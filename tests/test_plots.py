@@ -480,3 +480,21 @@ def test_measured_and_simulated_rows_are_separate_series_never_averaged():
     assert list(series[0].rows["tpot_ms"]) == [30.0, 61.0] and series[1].style["linestyle"] == "--"
     single = system_series(rows[rows["mode"] == "measured"])
     assert len(single) == 1 and "measured" not in single[0].label
+
+
+def test_measured_rows_with_and_without_cuda_graphs_are_separate_series():
+    """A run measuring graphs on and off (context_sweep/combined-20261129d-graphs) must not average the two."""
+    import pandas as pd
+
+    from plots.figures.common import system_series
+
+    rows = pd.DataFrame({"system": ["hbm"] * 5, "variant": [""] * 5, "context_len": [1024, 1024, 4096, 4096, 1024],
+                         "mode": ["measured"] * 4 + ["simulated"], "cuda_graphs": [False, True, False, True, None],
+                         "tpot_ms": [37.7, 15.5, 36.8, 24.6, 5.8], "status": ["ok"] * 5})
+    series = system_series(rows)
+    assert [s.label for s in series] == ["SGLang-like (HBM), measured (eager)", "SGLang-like (HBM), measured (graphs)",
+                                         "SGLang-like (HBM), simulated"]
+    assert list(series[0].rows["tpot_ms"]) == [37.7, 36.8] and list(series[1].rows["tpot_ms"]) == [15.5, 24.6]
+    assert series[1].style["linestyle"] == ":" and "linestyle" not in series[0].style
+    same = system_series(rows[rows["cuda_graphs"] != False])  # noqa: E712 - one value of graphs: no tag
+    assert [s.label for s in same] == ["SGLang-like (HBM), measured", "SGLang-like (HBM), simulated"]

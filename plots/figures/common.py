@@ -51,27 +51,51 @@ def _caption(rows: pd.DataFrame, keys: Sequence[str]) -> str:
 MODE_ORDER = {"measured": 0, "simulated": 1, "projected": 2}
 
 
+# Measured-executor options that change a system's numbers: when one figure holds rows with several values
+# of one (graphs on and off, say), they become separate series instead of being averaged into one line.
+EXECUTOR_OPTIONS = {"cuda_graphs": {True: "graphs", False: "eager"}, "cpu_attn_kernel": {}}
+
+
+def _executor_tags(rows: pd.DataFrame) -> pd.Series:
+    """Per row, the values of the executor options that vary within `rows` ("" where none does)."""
+    tags = pd.Series("", index=rows.index)
+    for col, names in EXECUTOR_OPTIONS.items():
+        if col not in rows.columns or rows[col].dropna().nunique() < 2:
+            continue
+        part = rows[col].map(lambda v, names=names: "" if pd.isna(v) else str(names.get(v, v)))
+        tags = tags.str.cat(part, sep=", ").str.strip(", ")
+    return tags
+
+
 def system_series(rows: pd.DataFrame) -> list[Series]:
     """One Series per (system, variant), in legend order (DirectKV first).
 
     When the rows mix modes (a GPU run beside its simulation), each mode is its own series: measured
-    solid, simulated/projected dashed with hollow markers, so the two are never averaged together.
+    solid, simulated/projected dashed with hollow markers, so the two are never averaged together. Measured
+    rows that differ in an executor option (EXECUTOR_OPTIONS) are split the same way; all but the first
+    value are dotted.
     """
+    rows = rows.assign(_executor=_executor_tags(rows))
     by_mode = rows["mode"].nunique() > 1
-    cols = ["system", "variant", "mode"] if by_mode else ["system", "variant"]
+    cols = ["system", "variant", "mode", "_executor"] if by_mode else ["system", "variant", "_executor"]
     keys = sorted(rows.groupby(cols).groups,
-                  key=lambda k: (system_rank(k[0]), k[0], k[1], MODE_ORDER.get(k[-1], 9) if by_mode else 0))
+                  key=lambda k: (system_rank(k[0]), k[0], k[1], MODE_ORDER.get(k[2], 9) if by_mode else 0, k[-1]))
+    tags = sorted(t for t in rows["_executor"].unique() if t)
     out = []
     for key in keys:
-        sys_, var = key[0], key[1]
-        mask = (rows["system"] == sys_) & (rows["variant"] == var)
+        sys_, var, tag = key[0], key[1], key[-1]
+        mask = (rows["system"] == sys_) & (rows["variant"] == var) & (rows["_executor"] == tag)
         style, label = dict(system_style(sys_, var)), system_label(sys_, var)
         if by_mode:
             mask &= rows["mode"] == key[2]
             label = f"{label}, {key[2]}"
             if key[2] != "measured":
                 style |= {"linestyle": "--", "markerfacecolor": "none"}
-        out.append(Series(label, rows[mask], style))
+        if tag:
+            label = f"{label} ({tag})"
+            if tag != tags[0]:
+                style |= {"linestyle": ":"}
+        out.append(Series(label, rows[mask].drop(columns="_executor"), style))
     return out
 
 
