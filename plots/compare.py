@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from directkv.errors import ConfigError, check
+from plots.figures.common import executor_tags
 from plots.load import find_run_dirs, load_run
 
 # experiment -> the columns that name a point (besides system / variant)
@@ -38,22 +39,27 @@ def compare_table(df: pd.DataFrame, exp: str, metric: str = "tpot_ms") -> str:
     df = df.assign(label=df["system"] + df["variant"].map(lambda v: f" ({v})" if v else ""))
     lines = ["| " + " | ".join([*keys, "system", f"measured {metric}", f"simulated {metric}", "measured / simulated"])
              + " |", "| " + " | ".join(["---"] * (len(keys) + 4)) + " |"]
+    tags = executor_tags(df)  # measured rows of one point that differ in graphs / CPU kernel: one line each
     for point, group in df.groupby([*keys, "label"], sort=True, dropna=False):
-        cells = {}
-        for mode in ("measured", "simulated"):
-            rows = group[group["mode"] == mode]
-            if rows.empty:
-                cells[mode] = None
-            elif (rows["status"] != "ok").any():
-                cells[mode] = str(rows["status"].iloc[0])
-            else:
-                cells[mode] = float(rows[metric].iloc[0])
-        m, s = cells["measured"], cells["simulated"]
-        ratio = m / s if isinstance(m, float) and isinstance(s, float) and s else float("nan")
-        show = lambda c: "-" if c is None else (c if isinstance(c, str) else _fmt(c))  # noqa: E731
-        lines.append("| " + " | ".join([*(_fmt(v) if isinstance(v, float) else str(v) for v in point),
-                                        show(m), show(s), _fmt(ratio)]) + " |")
+        sim = _cell(group[group["mode"] == "simulated"], metric)
+        measured = group[group["mode"] == "measured"]
+        for tag in sorted(tags[measured.index].unique()) or [""]:
+            m = _cell(measured[tags[measured.index] == tag], metric)
+            ratio = m / sim if isinstance(m, float) and isinstance(sim, float) and sim else float("nan")
+            show = lambda c: "-" if c is None else (c if isinstance(c, str) else _fmt(c))  # noqa: E731
+            names = [_fmt(v) if isinstance(v, float) else str(v) for v in point]
+            names[-1] += f" [{tag}]" if tag else ""
+            lines.append("| " + " | ".join([*names, show(m), show(sim), _fmt(ratio)]) + " |")
     return "\n".join(lines)
+
+
+def _cell(rows: pd.DataFrame, metric: str) -> float | str | None:
+    """The metric of the one row in `rows`, its status when not ok, None when there is none."""
+    if rows.empty:
+        return None
+    if (rows["status"] != "ok").any():
+        return str(rows["status"].iloc[0])
+    return float(rows[metric].iloc[0])
 
 
 def main(argv: list[str] | None = None) -> int:

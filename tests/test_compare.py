@@ -44,3 +44,12 @@ def test_cli_prints_a_run_and_exits_2_on_bad_input(tmp_path, capsys):
     assert "| tiny | 1024 | 2 | directkv (tiled) | 30 | 20 | 1.5 |" in capsys.readouterr().out
     assert main([str(tmp_path), "--metric", "nope"]) == 2
     assert "error: metric 'nope'" in capsys.readouterr().err
+
+
+def test_measured_rows_differing_in_graphs_get_one_line_each():
+    """Graphs on and off measured at one point share the point's simulated value; neither is dropped."""
+    df = pd.DataFrame({"model": ["m"] * 3, "context_len": [1024] * 3, "batch_size": [4] * 3, "system": ["hbm"] * 3,
+                       "variant": [""] * 3, "mode": ["measured", "measured", "simulated"],
+                       "cuda_graphs": [False, True, None], "status": ["ok"] * 3, "tpot_ms": [37.7, 15.5, 5.8]})
+    lines = compare_table(df, "context_sweep").splitlines()[2:]
+    assert lines == ["| m | 1024 | 4 | hbm [eager] | 37.7 | 5.8 | 6.5 |", "| m | 1024 | 4 | hbm [graphs] | 15.5 | 5.8 | 2.67 |"]

@@ -56,7 +56,7 @@ MODE_ORDER = {"measured": 0, "simulated": 1, "projected": 2}
 EXECUTOR_OPTIONS = {"cuda_graphs": {True: "graphs", False: "eager"}, "cpu_attn_kernel": {}}
 
 
-def _executor_tags(rows: pd.DataFrame) -> pd.Series:
+def executor_tags(rows: pd.DataFrame) -> pd.Series:
     """Per row, the values of the executor options that vary within `rows` ("" where none does)."""
     tags = pd.Series("", index=rows.index)
     for col, names in EXECUTOR_OPTIONS.items():
@@ -75,7 +75,7 @@ def system_series(rows: pd.DataFrame) -> list[Series]:
     rows that differ in an executor option (EXECUTOR_OPTIONS) are split the same way; all but the first
     value are dotted.
     """
-    rows = rows.assign(_executor=_executor_tags(rows))
+    rows = rows.assign(_executor=executor_tags(rows))
     by_mode = rows["mode"].nunique() > 1
     cols = ["system", "variant", "mode", "_executor"] if by_mode else ["system", "variant", "_executor"]
     keys = sorted(rows.groupby(cols).groups,
