@@ -143,7 +143,7 @@ class _Stager:
         self.pages = sorted({e for pages in page_lists for e in pages})
         order = {e: i for i, e in enumerate(self.pages)}
         self.runs = _runs(self.pages)
-        self.copy_runs = [(src, dst, k) for dst, src, k in self.runs]  # copy_runs_async's (src, dst, pages) order
+        self.dma_runs = [(src, dst, k) for dst, src, k in self.runs]  # copy_runs_async's (src, dst, pages) order
         n = max(1, len(self.pages))
         if n > self.capacity:  # grow by a quarter at least: a new size every step fragments torch's cache
             self.capacity = max(n, self.capacity * 5 // 4)
@@ -174,7 +174,7 @@ class _Stager:
             # the copies (H200, Alpaca at 30 req/s: swap 53 ms per token against directkv's 19.5).
             copy_runs = build.load("decode_attention").copy_runs_async
             for dst, src in zip(bufs, pools, strict=True):
-                copy_runs([dst.data_ptr()], [src.data_ptr()], self.copy_runs, src[0].numel() * src.element_size(),
+                copy_runs([dst.data_ptr()], [src.data_ptr()], self.dma_runs, src[0].numel() * src.element_size(),
                           self.stream.cuda_stream)
             self.ready[buf] = torch.cuda.Event()
             self.ready[buf].record(self.stream)
