@@ -19,11 +19,18 @@ mkdir -p $RES
 run() { echo "=== $* ($(date +%T))"; if [ -n "${STEP_TIMEOUT:-}" ]; then timeout -s INT -k 20 "$STEP_TIMEOUT" "$@"; else "$@"; fi
         echo "=== rc=$? ($(date +%T))"; }
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env build test)
+# Every experiment step needs the ops built; on a cold machine that is ~45 s, which a step's timeout would
+# otherwise count (two runs were lost to it on 2026-11-29). Built once here, outside any timeout; a warm
+# cache makes this a hash check.
+built=
+ensure_built() { [ -n "$built" ] && return; built=1
+  python3 -c "from directkv.kernels.cuda import build;import time;t=time.time();build.build_all();print('ops built or cached in %.0f s'%(time.time()-t))" 2>&1 | tail -3; }
 for step in "${steps[@]}"; do
+  case $step in probe|kernels|gemm|context|rate|ncu|profile) ensure_built ;; esac
   case $step in
     env) run nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv
          run python3 -c "import torch,sys;print(sys.version.split()[0],torch.__version__,torch.version.cuda,torch.cuda.get_device_name(0))" ;;
-    build) run python3 -c "from directkv.kernels.cuda import build;import time;t=time.time();print(build.build_all());print('build s',time.time()-t)" ;;
+    build) built=1; run python3 -c "from directkv.kernels.cuda import build;import time;t=time.time();print(build.build_all());print('build s',time.time()-t)" ;;
     test) python3 -m pytest -q -m gpu tests 2>&1 | tee $OUT/gpu_tests.log | tail -25
           # the CPU kernel is built with -march=native: check it on this machine's CPU too
           python3 -m pytest -q tests/test_cpu_decode_attention.py 2>&1 | tee $OUT/cpu_kernel_tests.log | tail -3 ;;
