@@ -66,6 +66,7 @@ CASES = [  # (lens, num_heads, num_kv_heads, head_dim, dtype, page_size)
     ([300, 65, 129, 7], 32, 8, 128, BF16, 16),  # Llama-3.1-8B heads
     ([513, 100], 4, 4, 64, FP16, 7),  # page size not a power of two
     ([90, 5], 4, 2, 32, torch.float32, 16),  # fp32, as the CPU tests of the serving path use
+    ([100, 7], 4, 2, 48, BF16, 16),  # bf16 with head_dim not a multiple of 32: the generic score loop
 ]
 
 

@@ -13,7 +13,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 namespace directkv {
 
@@ -80,6 +84,48 @@ struct LoadFp32 {
   static void load(const T* src, float* dst, int n) { std::memcpy(dst, src, size_t(n) * 4); }
 };
 
+// Scores of one page: s[hq * page_size + t] = scale * q_hq . k_t for its n tokens. qf holds the queries in
+// fp32 with the scale folded in, kf is scratch for the page's K in fp32.
+template <class L>
+inline void score_page(const CpuDecodeParams& p, const typename L::T* qraw, const float* qf,
+                       const typename L::T* kpage, int n, float* kf, float* s) {
+  const int D = p.head_dim, Hq = p.num_heads, G = p.num_heads / p.num_kv_heads, ps = p.page_size;
+  const int row = p.num_kv_heads * D;
+#if defined(__AVX512BF16__)
+  // bf16 dot products in hardware (products exact, fp32 sums): no conversion of K, 25% faster per token on
+  // an AVX512-BF16 CPU (Zen 4 VM, 2026-11-29: 84 vs 112 ns per token and head)
+  if constexpr (std::is_same_v<L, LoadBf16>) {
+    if (D % 32 == 0) {
+      for (int hq = 0; hq < Hq; ++hq) {
+        const uint16_t* qh = qraw + size_t(hq) * D;
+        const uint16_t* kh = kpage + size_t(hq / G) * D;
+        for (int t = 0; t < n; ++t) {
+          const uint16_t* kt = kh + size_t(t) * row;
+          __m512 acc = _mm512_setzero_ps();
+          for (int d = 0; d < D; d += 32) {
+            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qh + d), (__m512bh)_mm512_loadu_si512(kt + d));
+          }
+          s[hq * ps + t] = _mm512_reduce_add_ps(acc) * p.scale;
+        }
+      }
+      return;
+    }
+  }
+#endif
+  L::load(kpage, kf, n * row);  // the page's K, all heads, in fp32: [n][num_kv_heads][D]
+  for (int hq = 0; hq < Hq; ++hq) {
+    const float* qh = qf + size_t(hq) * D;
+    const float* kh = kf + size_t(hq / G) * D;
+    for (int t = 0; t < n; ++t) {
+      const float* kt = kh + size_t(t) * row;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)  // lets the compiler reorder the sum into vector lanes
+      for (int d = 0; d < D; ++d) dot += qh[d] * kt[d];
+      s[hq * ps + t] = dot;
+    }
+  }
+}
+
 // One work item: every query head of sequence b over pages [p0, p1) of its block table. A page's tokens are
 // one contiguous block of page_size x num_kv_heads x head_dim elements, read whole (sequential, so the
 // hardware prefetchers stream it; walking one KV head at a time instead strode 2 KB per token and was bound
@@ -94,7 +140,8 @@ inline void cpu_decode_item(const CpuDecodeParams& p, int b, int p0, int p1, flo
   const int D = p.head_dim, Hq = p.num_heads, G = p.num_heads / p.num_kv_heads, ps = p.page_size;
   const int len = p.seq_lens[b];
   const int row = p.num_kv_heads * D;  // elements of one token (all KV heads)
-  L::load(q + size_t(b) * Hq * D, qf, Hq * D);
+  const auto* qraw = q + size_t(b) * Hq * D;
+  L::load(qraw, qf, Hq * D);
   for (int i = 0; i < Hq * D; ++i) qf[i] *= p.scale;
   for (int hq = 0; hq < Hq; ++hq) {
     float* st = part + size_t(hq) * (D + 2);
@@ -106,18 +153,7 @@ inline void cpu_decode_item(const CpuDecodeParams& p, int b, int p0, int p1, flo
     const int n = std::min(ps, len - j * ps);
     if (n <= 0) break;
     const size_t base = size_t(p.block_table[size_t(b) * p.table_width + j]) * ps * row;
-    L::load(k_pool + base, kf, n * row);  // the page's K, all heads, in fp32: [n][num_kv_heads][D]
-    for (int hq = 0; hq < Hq; ++hq) {     // scores s[hq][t]
-      const float* qh = qf + size_t(hq) * D;
-      const float* kh = kf + size_t(hq / G) * D;
-      for (int t = 0; t < n; ++t) {
-        const float* kt = kh + size_t(t) * row;
-        float dot = 0.f;
-#pragma omp simd reduction(+ : dot)  // lets the compiler reorder the sum into vector lanes
-        for (int d = 0; d < D; ++d) dot += qh[d] * kt[d];
-        s[hq * ps + t] = dot;
-      }
-    }
+    score_page<L>(p, qraw, qf, k_pool + base, n, kf, s);
     for (int hq = 0; hq < Hq; ++hq) {  // one rescale per page and head, not per token
       float* st = part + size_t(hq) * (D + 2);
       float m = st[D];
