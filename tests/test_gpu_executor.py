@@ -168,10 +168,11 @@ def test_slot_runs_join_consecutive_pages_in_id_order():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group", [1, 4, 8])
-def test_cpu_decode_attention_matches_float64(dtype, group):
-    """Scattered pages, a partial last page, runs long enough to be cut into pieces (and a remainder),
-    GQA groups: against a float64 softmax over the gathered keys."""
-    from directkv.engine.gpu import paths
+def test_torch_decode_attention_matches_float64(dtype, group):
+    """cpu_attn's flash path: scattered pages, a partial last page, runs long enough to be cut into pieces
+    (and a remainder), GQA groups: against a float64 softmax over the gathered keys."""
+    from directkv.engine.gpu import cpu_attn_path
+    from directkv.kernels.paged import sequence_runs
 
     torch.manual_seed(group)
     hkv, d, ps = 2, 64, 16
@@ -180,7 +181,7 @@ def test_cpu_decode_attention_matches_float64(dtype, group):
     pages = list(range(40, 110)) + [3, 150, 151] + list(range(10, 30))  # runs of 70, 1, 2 and 20 pages
     n = (len(pages) - 1) * ps + 5
     q = torch.randn(hkv * group, d).to(dtype)
-    out = paths.cpu_decode_attention(q, k_pool, v_pool, paths.sequence_runs(pages, n, ps), threads=8)
+    out = cpu_attn_path.torch_decode_attention(q, k_pool, v_pool, sequence_runs(pages, n, ps), threads=8)
     k = k_pool[pages].reshape(-1, hkv, d)[:n].double()
     v = v_pool[pages].reshape(-1, hkv, d)[:n].double()
     qq = q.double().view(hkv, group, d)

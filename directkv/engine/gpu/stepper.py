@@ -10,8 +10,9 @@ from dataclasses import replace
 
 import torch
 
+from directkv.engine.gpu.cpu_attn_path import CpuAttnPath
 from directkv.engine.gpu.flexgen_path import FlexgenPath
-from directkv.engine.gpu.paths import CpuAttnPath, StagedPath, ZeroCopyPath, kernel_backend
+from directkv.engine.gpu.paths import StagedPath, ZeroCopyPath, kernel_backend
 from directkv.engine.gpu.plan import plan_step
 from directkv.engine.state import Step
 from directkv.engine.systems import StepCost, SystemPolicy
