@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 
 from directkv.errors import ConfigError, unknown_name
 from plots.figures.context_sweep import fig11_context_sweep
+from plots.figures.cpu_attention import fig_cpu_attention
 from plots.figures.gemm_case_study import fig2_5_gemm
 from plots.figures.interconnect_sweep import fig14_interconnect
 from plots.figures.kernel_ablation import fig12_reread, fig13_kernel_time
@@ -34,6 +35,7 @@ FIGURES: dict[str, dict[str, FigureFn]] = {
     "kernel_ablation": {"fig12_reread": fig12_reread, "fig13_kernel_time": fig13_kernel_time},
     "gemm_case_study": {"fig2_5_gemm": fig2_5_gemm},
     "interconnect_sweep": {"fig14_interconnect": fig14_interconnect},
+    "cpu_attention": {"cpu_attention": fig_cpu_attention},  # beyond the paper: cpu_attn's CPU kernels
 }
 
 

@@ -47,6 +47,8 @@ VARIANTS: dict[str, tuple[str, str]] = {  # kernel variant -> (label, colour)
     "fused": ("fused proj+attn", "#009E73"),
     "separate": ("separate kernels", "#E69F00"),
     "stream": ("streamed", "#CC79A7"),
+    "flash": ("torch CPU flash, per decode", "#8C564B"),
+    "native": ("native OpenMP, one call", "#0072B2"),
     "sdpa_hbm": ("SDPA, KV in HBM", "#4D4D4D"),
     "sdpa_zero_copy": ("SDPA, zero-copy KV", "#A6A6A6"),
     "swap_sdpa": ("swap to HBM + SDPA", "#8C564B"),

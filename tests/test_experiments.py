@@ -18,7 +18,9 @@ SMALL = {
     "kernel_ablation": ["contexts=[1000]", "decode_batches=[1,3]", "prefill_q_lens=[100]"],
     "gemm_case_study": ["sizes=[300]"],
     "interconnect_sweep": ["contexts=[512,2048]"],
+    "cpu_attention": ["model=tiny", "points=[[3,100],[2,300]]", "warmup=0", "repeats=2"],
 }
+MEASURED_ON_CPU = {"cpu_attention"}  # the CPU is its device: its rows are measured here too
 
 
 def _compose(overrides):
@@ -49,11 +51,22 @@ def test_experiment_runs_on_cpu(exp, tmp_path):
     path = run_experiment(cfg, tmp_path)
     df = pd.read_parquet(path)
     assert len(df) > 0 and set(df["exp"]) == {exp}
-    assert set(df["mode"]) <= {"simulated", "projected"} and set(df["status"]) <= {"ok", "oom"}
+    modes = {"measured"} if exp in MEASURED_ON_CPU else {"simulated", "projected"}
+    assert set(df["mode"]) <= modes and set(df["status"]) <= {"ok", "oom"}
     ok = df[df["status"] == "ok"]
     assert (ok["time_ms"] > 0).all()
     assert (tmp_path / "manifest.json").exists()
     assert list((tmp_path / "figures").glob("*.png")), "figures rendered"
+
+
+def test_cpu_attention_measures_both_kernels_and_checks_them(tmp_path):
+    cfg = _compose(["+exp=cpu_attention", "run_id=t", "progress=false", "render=false", "model=tiny",
+                    "points=[[5,77]]", "threads=2", "warmup=0", "repeats=1"])
+    df = pd.read_parquet(run_experiment(cfg, tmp_path))
+    assert sorted(zip(df["page_order"], df["variant"], strict=True)) == [
+        ("consecutive", "flash"), ("consecutive", "native"), ("shuffled", "flash"), ("shuffled", "native")]
+    assert (df["rel_err"] < 1e-2).all() and (df["gbps"] > 0).all() and set(df["threads"]) == {2}
+    assert df["hardware"].str.startswith("cpu: ").all() and set(df["clock"]) == {"perf_counter"}
 
 
 def test_context_sweep_directkv_survives_where_hbm_runs_out(tmp_path):
@@ -89,6 +102,9 @@ def _cli(*args, cwd):
     (["+exp=rate_sweep", "warmup_requests=-1"], "warmup_requests must be >= 0, got -1"),
     (["+exp=context_sweep", "executor.cuda_graphs=maybe"], "executor.cuda_graphs must be true or false; got 'maybe'"),
     (["+exp=context_sweep", "executor.cpu_attn_kernel=ispc"], "unknown executor.cpu_attn_kernel 'ispc'; valid: flash, native"),
+    (["+exp=cpu_attention", "kernels=[ispc]"], "unknown cpu_attention kernel 'ispc'; valid: flash, native"),
+    (["+exp=cpu_attention", "points=[[0,100]]"], "decodes must be >= 1, got 0"),
+    (["+exp=cpu_attention", "page_orders=[random]"], "unknown cpu_attention page order 'random'; valid: consecutive, shuffled"),
     (["+exp=rate_sweep", "workload=alpaca", "workload.path=/nope.json", "datasets=[alpaca]", "rates=[5]"],
      "Alpaca file not found: '/nope.json'"),
 ])

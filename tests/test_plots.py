@@ -197,6 +197,16 @@ def gemm_rows(with_l2: bool) -> list[dict]:
     ]
 
 
+def cpu_attention_rows() -> list[dict]:
+    """The dev VM's run (2 threads): ms per layer of each kernel per (decodes, tokens) point and page order."""
+    times = {("consecutive", "flash"): (11.9, 9.8, 11.2, 47.6), ("consecutive", "native"): (6.7, 6.7, 8.0, 24.8),
+             ("shuffled", "flash"): (31.9, 30.1, 27.2, 111.0), ("shuffled", "native"): (6.8, 6.9, 6.8, 27.0)}
+    points = ((64, 256), (16, 1024), (4, 4096), (4, 16384))
+    return [row("cpu_attention", system="cpu_attn", variant=v, batch_size=b, context_len=c, page_order=o, threads=2,
+                time_ms=t, gbps=2 * b * c * 8 * 128 * 2 / (t * 1e-3) / 1e9, hardware="cpu: AMD EPYC", mode="measured")
+            for (o, v), ts in times.items() for (b, c), t in zip(points, ts, strict=True)]
+
+
 def interconnect_rows() -> list[dict]:
     rows = []
     for hw, bw, mode in (("h200-pcie5", 51.4, "measured"), ("gh200-c2c", 400.0, "projected")):
@@ -224,6 +234,7 @@ CASES = {
     "kernel_ablation": kernel_rows,
     "gemm_case_study": lambda: gemm_rows(with_l2=True),
     "interconnect_sweep": interconnect_rows,
+    "cpu_attention": cpu_attention_rows,
 }
 
 
