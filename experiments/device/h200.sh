@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device session on a lent GPU machine: environment, build, GPU tests, then the named experiments.
-# Usage: bash experiments/device/h200.sh [STEP ...]   (steps: env build test probe kernels gemm ncu context rate profile)
+# Usage: bash experiments/device/h200.sh [STEP ...]   (steps: env build test probe kernels gemm ncu context rate cpu profile)
 # STEP_TIMEOUT=S stops an experiment step after S seconds (SIGINT; finished points are already on disk) so the
 # device call's own limit never cuts the packing of results.
 # The device image has no Hydra: carry its wheels in .whl/ (pip download hydra-core omegaconf; pip wheel
@@ -26,7 +26,7 @@ built=
 ensure_built() { [ -n "$built" ] && return; built=1
   python3 -c "from directkv.kernels.cuda import build;import time;t=time.time();build.build_all();print('ops built or cached in %.0f s'%(time.time()-t))" 2>&1 | tail -3; }
 for step in "${steps[@]}"; do
-  case $step in probe|kernels|gemm|context|rate|ncu|profile) ensure_built ;; esac
+  case $step in probe|kernels|gemm|context|rate|cpu|ncu|profile) ensure_built ;; esac
   case $step in
     env) run nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv
          run python3 -c "import torch,sys;print(sys.version.split()[0],torch.__version__,torch.version.cuda,torch.cuda.get_device_name(0))" ;;
@@ -39,6 +39,7 @@ for step in "${steps[@]}"; do
     gemm) run python3 -m experiments.run +exp=gemm_case_study device=cuda results_root=$RES progress=false ${GEMM_ARGS:-} ;;
     context) run python3 -m experiments.run +exp=context_sweep device=cuda results_root=$RES progress=false ${CONTEXT_ARGS:-} ;;
     rate) run python3 -m experiments.run +exp=rate_sweep device=cuda results_root=$RES progress=false ${RATE_ARGS:-} ;;
+    cpu) run python3 -m experiments.run +exp=cpu_attention results_root=$RES progress=false ${CPU_ARGS:-} ;;
     ncu) run python3 -m experiments.run +exp=kernel_ablation device=cuda results_root=$RES progress=false counters=ncu ${NCU_ARGS:-}
          run python3 -m experiments.run +exp=gemm_case_study device=cuda results_root=$RES progress=false counters=ncu sizes=[10240] ;;
     profile) for sys in ${PROFILE_SYSTEMS:-swap directkv}; do
