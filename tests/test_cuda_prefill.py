@@ -120,6 +120,12 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm())
 
 
+def assert_matches(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """Every element written (the output was NaN-poisoned) and within the dtype's tolerance of the reference."""
+    assert not out.isnan().any(), "unwritten or NaN output elements"
+    assert rel_err(out, ref) < TOL[out.dtype]
+
+
 def page_bytes_of(kv: PagedKV) -> int:
     return kv.page_size * kv.num_kv_heads * kv.head_dim * kv.host_k.element_size()
 
@@ -144,9 +150,8 @@ def test_prefill_matches_float64_reference(case, variant, kwargs, host_load):
                                      **with_chunk_bytes(kwargs, kv_cpu))
     torch.cuda.synchronize()
     assert got.data_ptr() == out.data_ptr()
-    assert not out.isnan().any(), "unwritten or NaN output elements"
     ref = dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(q.shape[-1]))
-    assert rel_err(out, ref) < TOL[q.dtype]
+    assert_matches(out, ref)
 
     # The closed form must describe the same schedule as the reference backend at the kernel's tiles.
     group = q.shape[1] // k_new.shape[1]
@@ -185,8 +190,7 @@ def test_prefill_non_causal_and_scale(variant, host_load):
     out = torch.full_like(q, math.nan)
     prefill_attention(q, k_new, v_new, kv, variant=variant, causal=False, sm_scale=0.05, out=out, host_load=host_load)
     ref = dense_reference(q, k_new, v_new, kv_cpu, causal=False, scale=0.05)
-    assert not out.isnan().any()
-    assert rel_err(out, ref) < TOL[q.dtype]
+    assert_matches(out, ref)
 
 
 @pytest.mark.gpu
@@ -202,8 +206,7 @@ def test_prefill_pinned_cpu_pools_and_all_hbm_pages(host_load):
         for variant in ("naive", "tiled", "stream"):
             out = torch.full_like(q, math.nan)
             prefill_attention(q, k_new, v_new, pinned, variant=variant, out=out, host_load=host_load)
-            assert not out.isnan().any()
-            assert rel_err(out, ref) < TOL[q.dtype]
+            assert_matches(out, ref)
 
 
 @pytest.mark.gpu
@@ -222,8 +225,7 @@ def test_prefill_sees_host_pages_rewritten_between_launches(host_load):
         out = torch.full_like(q, math.nan)
         prefill_attention(q, k_new, v_new, kv, variant="tiled", out=out, host_load=host_load)
         ref = dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(q.shape[-1]))
-        assert not out.isnan().any()
-        assert rel_err(out, ref) < TOL[q.dtype]
+        assert_matches(out, ref)
 
 
 def test_prefill_rejects_bad_host_load_before_touching_cuda():
@@ -267,8 +269,7 @@ def test_prefill_stream_tiers_and_short_pasts(past, hbm_fraction):
         out = torch.full_like(q, math.nan)
         prefill_attention(q, k_new, v_new, kv, variant="stream", out=out, chunk_bytes=chunk_bytes,
                           pass_kernel=pass_kernel)
-        assert not out.isnan().any()
-        assert rel_err(out, ref) < TOL[q.dtype]
+        assert_matches(out, ref)
 
 
 @pytest.mark.gpu
@@ -284,8 +285,7 @@ def test_prefill_stream_back_to_back_calls_reuse_the_ring():
         prefill_attention(q, k_new, v_new, kv, variant="stream", out=outs[-1], chunk_bytes=4 * page_bytes_of(kv_cpu))
     for (q, k_new, v_new, kv_cpu, _), out in zip((a, b), outs, strict=True):
         ref = dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(q.shape[-1]))
-        assert not out.isnan().any()
-        assert rel_err(out, ref) < TOL[q.dtype]
+        assert_matches(out, ref)
 
 
 @pytest.mark.gpu
@@ -302,8 +302,7 @@ def test_prefill_stream_plan_reused_across_calls(pass_kernel):
         ref = dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(q.shape[-1]))
         out = torch.full_like(q, math.nan)
         prefill_attention(q, k_new, v_new, kv, variant="stream", out=out, stream_plan=plan, pass_kernel=pass_kernel)
-        assert not out.isnan().any()
-        assert rel_err(out, ref) < TOL[q.dtype]
+        assert_matches(out, ref)
     other = make_inputs((77, 999, 8, 2, 128, BF16, 16), hbm_fraction=0.25)
     with pytest.raises(ConfigError, match=r"stream_plan was made for past_len 1001; this cache has 999"):
         prefill_attention(*other[:3], other[4], variant="stream", stream_plan=plan)
