@@ -42,6 +42,8 @@ KERNELS = {
     "stream": {},  # copy engine fills a 2-slot HBM ring while flash passes attend to the previous chunk
     "stream:per_call_plan": {"_plan": "per_call"},  # the schedule rebuilt inside every timed call (host Python)
     "stream:4chunks": {"min_chunks": 4},  # a small cache cut into 4 chunks so copy and math can overlap
+    "stream:8chunks": {"min_chunks": 8},  # smaller chunks: less idle before the first and after the last
+    "stream:16chunks": {"min_chunks": 16},  # 2 MiB chunks at 16K past, STREAM_MIN_CHUNK_BYTES
     "stream:tiled": {"pass_kernel": "tiled"},  # the ring's passes run our tiled kernel instead of flash
 }
 
