@@ -12,7 +12,7 @@ from tqdm import tqdm
 from directkv.costmodel import CostModel, mode_for
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig
-from directkv.engine.systems import CPU_ATTN_KERNELS, SystemPolicy
+from directkv.engine.systems import CPU_ATTN_KERNELS, DEFAULT_CPU_ATTN_KERNEL, SystemPolicy
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
@@ -29,7 +29,7 @@ class Setup:
     device: str  # "cpu" (simulate) or "cuda" (measure)
     sim_mode: str  # label of simulated rows on this hardware: simulated | projected
     cuda_graphs: bool = False  # measured serving: the runner's dense layer parts replayed as CUDA graphs
-    cpu_attn_kernel: str = "flash"  # measured cpu_attn: torch's CPU flash kernel per decode, or one native call
+    cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL  # measured cpu_attn: one native OpenMP call, or torch's flash loop
 
 
 def resolve_device(requested: str) -> str:
@@ -67,7 +67,7 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     graphs = cfg.get("executor", {}).get("cuda_graphs", False)
     check(isinstance(graphs, bool), f"executor.cuda_graphs must be true or false; got {graphs!r}")
     device = resolve_device(cfg.device)
-    cpu_kernel = str(cfg.get("executor", {}).get("cpu_attn_kernel", "flash"))
+    cpu_kernel = str(cfg.get("executor", {}).get("cpu_attn_kernel", DEFAULT_CPU_ATTN_KERNEL))
     if cpu_kernel not in CPU_ATTN_KERNELS:
         raise unknown_name("executor.cpu_attn_kernel", cpu_kernel, CPU_ATTN_KERNELS)
     # graphs are a property of the measured executor; the simulation has no kernel launches to save

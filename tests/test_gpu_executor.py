@@ -100,6 +100,14 @@ def test_every_path_generates_what_hbm_generates(runner, name, variant, cpu_kern
         assert st.pipelined_layers > 0
 
 
+def test_cpu_attn_native_without_a_compiler_names_the_other_kernel(runner, monkeypatch):
+    from directkv.engine.gpu import cpu_attn_path
+
+    monkeypatch.setattr(cpu_attn_path.build, "can_build", lambda op: False)
+    with pytest.raises(ConfigError, match=r"'native' needs a C\+\+ compiler .* executor.cpu_attn_kernel=flash"):
+        _serve(SystemPolicy("cpu_attn"), runner, _requests(), cpu_attn_kernel="native")
+
+
 def test_flexgen_is_close_and_reports_its_error(runner):
     reqs = _requests()
     res, st = _serve(SystemPolicy("flexgen"), runner, reqs)

@@ -15,9 +15,10 @@ import torch
 
 from directkv.engine.gpu.paths import StagedPath, ZeroCopyPath
 from directkv.engine.gpu.plan import StepPlan
-from directkv.engine.systems import CPU_ATTN_KERNELS
-from directkv.errors import unknown_name
+from directkv.engine.systems import CPU_ATTN_KERNELS, DEFAULT_CPU_ATTN_KERNEL
+from directkv.errors import ConfigError, unknown_name
 from directkv.kernels.cpu_decode_attention import cpu_decode_attention as native_cpu_decode_attention
+from directkv.kernels.cuda import build
 from directkv.kernels.paged import sequence_runs
 from directkv.memory import KVCacheManager
 
@@ -25,10 +26,14 @@ from directkv.memory import KVCacheManager
 class CpuAttnPath(StagedPath):
     """Neo-like: decode attention on the CPU over the pinned pages; prompt chunks attend on the GPU (staged)."""
 
-    def __init__(self, kv: KVCacheManager, *, threads: int | None = None, tile_kv: int = 64, kernel: str = "flash"):
+    def __init__(self, kv: KVCacheManager, *, threads: int | None = None, tile_kv: int = 64,
+                 kernel: str = DEFAULT_CPU_ATTN_KERNEL):
         super().__init__(kv, tile_kv=tile_kv)
         if kernel not in CPU_ATTN_KERNELS:
             raise unknown_name("cpu_attn kernel", kernel, CPU_ATTN_KERNELS)
+        if kernel == "native" and not build.can_build("cpu_decode_attention"):  # say so before serving starts
+            raise ConfigError("cpu_attn kernel 'native' needs a C++ compiler (set CXX or install g++); or use "
+                              "executor.cpu_attn_kernel=flash")
         if threads:
             torch.set_num_threads(threads)
         self.kernel = kernel

@@ -15,14 +15,14 @@ from directkv.engine.gpu.flexgen_path import FlexgenPath
 from directkv.engine.gpu.paths import StagedPath, ZeroCopyPath, kernel_backend
 from directkv.engine.gpu.plan import plan_step
 from directkv.engine.state import Step
-from directkv.engine.systems import StepCost, SystemPolicy
+from directkv.engine.systems import DEFAULT_CPU_ATTN_KERNEL, StepCost, SystemPolicy
 from directkv.errors import ConfigError
 from directkv.memory import KVCacheManager
 from directkv.model.runner import ModelRunner
 
 
 def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None = None,
-              cpu_attn_kernel: str = "flash"):
+              cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL):
     if policy.name in ("directkv", "hbm"):
         if policy.variant == "fused":
             raise ConfigError("directkv variant 'fused' has no GPU kernel yet; valid on the GPU: naive, tiled, stream")
@@ -38,7 +38,7 @@ def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *,
 
 class GPUStepper:
     def __init__(self, policy: SystemPolicy, runner: ModelRunner, kv: KVCacheManager, device: torch.device, *,
-                 seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = "flash"):
+                 seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL):
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
         self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel)
         self.gen = torch.Generator().manual_seed(seed)
