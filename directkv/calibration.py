@@ -1,15 +1,18 @@
 """Fit the cost model's efficiency factors to measured kernel rows, and load the fitted factors.
 
-`python -m directkv.calibration RUN_DIR [--write]` reads a measured `kernel_ablation` run and prints the
-factors; `--write` stores them in `directkv/specs/calibration/<hardware>.json`, from where every later
-simulation on that hardware picks them up (the manifest records which factors a run used). Each factor is
-a median over the run's points of measured rate / the spec's ceiling:
+`python -m directkv.calibration RUN_DIR [RUN_DIR ...] [--hardware NAME] [--write]` reads measured
+`kernel_ablation` and `cpu_attention` runs and prints the factors; `--write` adds them to
+`directkv/specs/calibration/<hardware>.json` (factors fitted before and not refitted stay, each with the run it
+came from), from where every later simulation on that hardware picks them up (the manifest records which
+factors a run used). Each factor is a median over the run's points of measured rate / the spec's ceiling:
 
 * link_sm    tiled decode: K/V bytes / time over the SM zero-copy read ceiling
 * link_ce    copy-then-attend decode: bytes / (copy + SDPA time) over the cudaMemcpy ceiling
 * hbm        SDPA decode on HBM-resident K/V: bytes / time over the HBM ceiling (may exceed 1: the
              ceiling is a copy, which also writes)
 * attention  tiled prefill with K/V in HBM: the schedule's FLOPs / time over the bf16 peak
+* cpu_mem    cpu_attn's default CPU kernel (cpu_attention rows): K/V bytes / time over the spec's CPU DRAM
+             bandwidth. Those rows name the CPU, not a hardware spec, so their runs need --hardware.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from pathlib import Path
 import pandas as pd
 
 from directkv.costmodel import CALIBRATION, Efficiency
-from directkv.errors import ConfigError
+from directkv.engine.systems import DEFAULT_CPU_ATTN_KERNEL
+from directkv.errors import ConfigError, unknown_name
 from directkv.kernels import traffic_model as tm
-from directkv.specs import HardwareSpec, get_hardware
+from directkv.specs import HARDWARE, HardwareSpec, get_hardware
 
 DATA = Path(__file__).resolve().parent / "specs" / "calibration"
 
@@ -56,6 +60,9 @@ def fit(rows: pd.DataFrame, hw: HardwareSpec) -> dict[str, float]:
                                    dtype_bytes=2, variant="tiled")
             effs.append(t.flops / (r["time_ms"] * 1e-3) / (hw.bf16_tflops * 1e12))
         out["attention"] = statistics.median(effs)
+    cpu = ok[(ok["op"] == "cpu_decode") & (ok["variant"] == DEFAULT_CPU_ATTN_KERNEL)]
+    if len(cpu):
+        out["cpu_mem"] = statistics.median(rate(cpu)) / hw.cpu_mem_bw_gbps
     return out
 
 
@@ -71,32 +78,65 @@ def load_all() -> None:
         CALIBRATION[p.stem] = Efficiency(**{k: v for k, v in data["factors"].items() if k in known})
 
 
+def run_hardware(rows: pd.DataFrame, run_dir: Path, hardware: str | None) -> str:
+    """The hardware spec a run's factors belong to: --hardware, else the one its rows name."""
+    if hardware is not None:
+        return hardware
+    named = str(rows["hardware"].iloc[0])
+    if named not in HARDWARE:
+        raise ConfigError(f"{run_dir}'s rows name {named!r}, not a hardware spec: pass --hardware (valid: "
+                          f"{', '.join(sorted(HARDWARE))})")
+    return named
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m directkv.calibration", description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", type=Path, help="a measured kernel_ablation run (results.parquet + manifest.json)")
-    ap.add_argument("--write", action="store_true", help="store the factors for the run's hardware")
+    ap.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR",
+                    help="measured kernel_ablation / cpu_attention runs (results.parquet + manifest.json)")
+    ap.add_argument("--hardware", help="the hardware spec the runs measured (default: the one their rows name)")
+    ap.add_argument("--write", action="store_true", help="store the factors for the runs' hardware")
     a = ap.parse_args(argv)
+    fitted: dict[str, float] = {}
+    sources: dict[str, dict] = {}
     try:
         from directkv.results import load_results
 
-        rows, manifest = load_results(a.run_dir)
-        hardware = str(rows["hardware"].iloc[0])
-        factors = fit(rows, get_hardware(hardware))
-        if not factors:
-            raise ConfigError(f"{a.run_dir} has no measured kernel rows to fit")
+        if a.hardware is not None and a.hardware not in HARDWARE:
+            raise unknown_name("hardware", a.hardware, HARDWARE)
+        names = set()
+        for run_dir in a.run_dirs:
+            rows, manifest = load_results(run_dir)
+            names.add(hardware := run_hardware(rows, run_dir, a.hardware))
+            factors = fit(rows, get_hardware(hardware))
+            if not factors:
+                raise ConfigError(f"{run_dir} has no measured kernel rows to fit")
+            fitted |= factors
+            sources |= {k: {"run": str(run_dir), "git_sha": manifest.get("git_sha"), "gpu": manifest.get("gpu")}
+                        for k in factors}
+        if len(names) > 1:
+            raise ConfigError(f"the runs measured different hardware {sorted(names)}; calibrate one at a time")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    merged = asdict(Efficiency()) | factors
-    print(json.dumps({"hardware": hardware, "fitted": factors}, indent=2))
+    print(json.dumps({"hardware": hardware, "fitted": fitted}, indent=2))
     if a.write:
-        DATA.mkdir(parents=True, exist_ok=True)
-        path_for(hardware).write_text(json.dumps({
-            "hardware": hardware, "factors": merged, "fitted": sorted(factors),
-            "source_run": str(a.run_dir), "source_git_sha": manifest.get("git_sha"), "gpu": manifest.get("gpu"),
-            "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")
+        write(hardware, fitted, sources)
         print(f"wrote {path_for(hardware)}")
     return 0
+
+
+def write(hardware: str, fitted: dict[str, float], sources: dict[str, dict]) -> None:
+    """Merge newly fitted factors into the hardware's file; factors not refitted keep their value and source."""
+    path = path_for(hardware)
+    old = json.loads(path.read_text()) if path.exists() else {}
+    old_sources = old.get("sources") or {k: {"run": old.get("source_run"), "git_sha": old.get("source_git_sha"),
+                                             "gpu": old.get("gpu")} for k in old.get("fitted", [])}
+    factors = asdict(Efficiency()) | old.get("factors", {}) | fitted
+    all_sources = old_sources | sources
+    DATA.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "hardware": hardware, "factors": factors, "fitted": sorted(all_sources), "sources": all_sources,
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

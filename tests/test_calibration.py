@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -37,3 +38,37 @@ def test_cli_rejects_a_run_without_kernel_rows(tmp_path, capsys):
     assert "no results.parquet" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([])
+
+
+CPU_RUN = Path(__file__).resolve().parents[1] / "results" / "h200" / "cpu_attention" / "20261129-155009"
+
+
+def test_cpu_mem_is_fitted_from_the_default_cpu_kernel():
+    rows = pd.read_parquet(CPU_RUN / "results.parquet")
+    hw = get_hardware("h200-pcie5")
+    f = fit(rows, hw)
+    assert set(f) == {"cpu_mem"}
+    native = rows[rows["variant"] == "native"]
+    # the H200 host's 16 cores read 27-30 GB/s with the native kernel, of the spec's 80
+    assert 25 / hw.cpu_mem_bw_gbps < f["cpu_mem"] < 31 / hw.cpu_mem_bw_gbps
+    assert fit(rows[rows["variant"] == "flash"], hw) == {}  # only the kernel serving uses by default
+    assert len(native) and fit(native, hw) == f
+
+
+def test_cli_needs_hardware_for_cpu_rows_and_merges_into_the_stored_file(tmp_path, monkeypatch, capsys):
+    import directkv.calibration as cal
+
+    assert main([str(CPU_RUN)]) == 2
+    assert "not a hardware spec: pass --hardware (valid: " in capsys.readouterr().err
+    assert main([str(CPU_RUN), "--hardware", "h100"]) == 2
+    assert "unknown hardware 'h100'; valid: " in capsys.readouterr().err
+    monkeypatch.setattr(cal, "DATA", tmp_path)
+    assert main([str(RUN), "--write"]) == 0
+    first = json.loads((tmp_path / "h200-pcie5.json").read_text())
+    assert main([str(CPU_RUN), "--hardware", "h200-pcie5", "--write"]) == 0
+    merged = json.loads((tmp_path / "h200-pcie5.json").read_text())
+    # the kernel factors fitted first stay, each with its run; cpu_mem joins with its own
+    assert {k: merged["factors"][k] for k in first["fitted"]} == {k: first["factors"][k] for k in first["fitted"]}
+    assert set(merged["fitted"]) == set(first["fitted"]) | {"cpu_mem"}
+    assert merged["sources"]["cpu_mem"]["run"] == str(CPU_RUN) and merged["sources"]["link_sm"]["run"] == str(RUN)
+    assert merged["factors"]["cpu_mem"] != Efficiency().cpu_mem
