@@ -12,7 +12,7 @@ from tqdm import tqdm
 from directkv.costmodel import CostModel, mode_for
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig
-from directkv.engine.systems import CPU_ATTN_KERNELS, DEFAULT_CPU_ATTN_KERNEL, SystemPolicy
+from directkv.engine.systems import CPU_ATTN_KERNELS, DEFAULT_CPU_ATTN_KERNEL, SystemPolicy, check_pipelined
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
@@ -30,6 +30,7 @@ class Setup:
     sim_mode: str  # label of simulated rows on this hardware: simulated | projected
     cuda_graphs: bool = False  # measured serving: the runner's dense layer parts replayed as CUDA graphs
     cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL  # measured cpu_attn: one native OpenMP call, or torch's flash loop
+    directkv_pipelined: bool = False  # measured directkv: decode steps as two halves, attention on a side stream
 
 
 def resolve_device(requested: str) -> str:
@@ -70,9 +71,12 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     cpu_kernel = str(cfg.get("executor", {}).get("cpu_attn_kernel", DEFAULT_CPU_ATTN_KERNEL))
     if cpu_kernel not in CPU_ATTN_KERNELS:
         raise unknown_name("executor.cpu_attn_kernel", cpu_kernel, CPU_ATTN_KERNELS)
-    # graphs are a property of the measured executor; the simulation has no kernel launches to save
+    pipelined = cfg.get("executor", {}).get("directkv_pipelined", False)
+    check_pipelined(SystemPolicy("directkv", str(cfg.system.get("directkv_variant", "tiled"))), pipelined)
+    # graphs and pipelining are properties of the measured executor; the simulation has no kernel launches
+    # or streams
     return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda",
-                 cpu_kernel)
+                 cpu_kernel, pipelined)
 
 
 def policies(cfg: DictConfig) -> list[SystemPolicy]:

@@ -55,7 +55,8 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
             from directkv.engine.gpu.executor import run_gpu
 
             res, extra = run_gpu(requests, policy, s.model, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
-                                 cuda_graphs=s.cuda_graphs, cpu_attn_kernel=s.cpu_attn_kernel)
+                                 cuda_graphs=s.cuda_graphs, cpu_attn_kernel=s.cpu_attn_kernel,
+                                 directkv_pipelined=s.directkv_pipelined)
             return _fill(row, res, s, extra)
         return _fill(row, simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup),
                      s, {})

@@ -31,7 +31,7 @@ def runner():
     return ModelRunner(SPEC, init_weights(SPEC, device="cpu", dtype=torch.float32, seed=1))
 
 
-def _serve(policy, runner, requests, *, cpu_attn_kernel="flash"):
+def _serve(policy, runner, requests, *, cpu_attn_kernel="flash", pipelined=False):
     kv_tokens = sum(r.prompt_len + r.output_len for r in requests) + 64
     tier_bytes = kv_tokens * policy.kv_bytes_per_token(SPEC)
     kv = KVCacheManager(SPEC, page_size=16, hbm_budget_bytes=tier_bytes if policy.kv_tier == "hbm" else 0,
@@ -41,7 +41,8 @@ def _serve(policy, runner, requests, *, cpu_attn_kernel="flash"):
     if kv.arena is not None:  # poison: a read of a slot nobody wrote turns into NaN and fails the test
         for t in (kv.arena.k, kv.arena.v, kv.hbm_k, kv.hbm_v):
             t.fill_(float("nan"))
-    stepper = GPUStepper(policy, runner, kv, torch.device("cpu"), seed=7, cpu_attn_kernel=cpu_attn_kernel)
+    stepper = GPUStepper(policy, runner, kv, torch.device("cpu"), seed=7, cpu_attn_kernel=cpu_attn_kernel,
+                         directkv_pipelined=pipelined)
     if policy.name == "flexgen":
         for t in stepper.path.shadow:
             t.fill_(float("nan"))
@@ -81,13 +82,14 @@ def _requests():
     return with_arrivals(wl, rate=1e4, seed=2).requests
 
 
-@pytest.mark.parametrize("name,variant,cpu_kernel", [("directkv", "tiled", "flash"), ("directkv", "naive", "flash"),
-                                                     ("swap", "", "flash"), ("cpu_attn", "", "flash"),
-                                                     ("cpu_attn", "", "native")])
-def test_every_path_generates_what_hbm_generates(runner, name, variant, cpu_kernel):
+@pytest.mark.parametrize("name,variant,option", [("directkv", "tiled", ""), ("directkv", "naive", ""),
+                                                 ("directkv", "tiled", "pipelined"), ("swap", "", ""),
+                                                 ("cpu_attn", "", "flash"), ("cpu_attn", "", "native")])
+def test_every_path_generates_what_hbm_generates(runner, name, variant, option):
     reqs = _requests()
     ref_res, ref = _serve(SystemPolicy("hbm"), runner, reqs)
-    res, st = _serve(SystemPolicy(name, variant), runner, reqs, cpu_attn_kernel=cpu_kernel)
+    res, st = _serve(SystemPolicy(name, variant), runner, reqs, cpu_attn_kernel=option or "flash",
+                     pipelined=option == "pipelined")
     assert res.metrics["completed"] == ref_res.metrics["completed"] == len(reqs)
     assert st.outputs == ref.outputs
     assert len(st.outs) == len(ref.outs)
@@ -96,8 +98,10 @@ def test_every_path_generates_what_hbm_generates(runner, name, variant, cpu_kern
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert all(len(st.outputs[r.req_id]) == r.output_len for r in reqs)
     assert res.traffic.link_read_bytes > 0 and ref_res.traffic.link_read_bytes == 0
-    if name == "cpu_attn":  # its decode-only steps ran as two pipelined halves, and matched all the same
+    if name == "cpu_attn" or option == "pipelined":  # decode-only steps ran as two halves, and matched all the same
         assert st.pipelined_layers > 0
+    else:
+        assert st.pipelined_layers == 0
 
 
 def test_cpu_attn_native_without_a_compiler_names_the_other_kernel(runner, monkeypatch):
@@ -202,21 +206,62 @@ def test_torch_decode_attention_matches_float64(dtype, group):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("system", ["directkv", "directkv:stream", "hbm", "swap", "cpu_attn", "cpu_attn:native",
-                                    "flexgen"])
+@pytest.mark.parametrize("system", ["directkv", "directkv:stream", "directkv:pipelined", "hbm", "swap", "cpu_attn",
+                                    "cpu_attn:native", "flexgen"])
 def test_every_system_serves_on_the_gpu_with_and_without_cuda_graphs(system):
     """The real executor on the GPU at toy size (bf16, the CUDA kernels): every request completes with the
     dense layer parts eager and as CUDA graphs, and the rows say which."""
     mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
-    system, _, option = system.partition(":")  # directkv's variant or cpu_attn's CPU kernel
+    system, _, option = system.partition(":")  # directkv's variant or pipelining, or cpu_attn's CPU kernel
     cpu_kernel = option if system == "cpu_attn" else ""
-    policy = SystemPolicy(system, (option or "tiled") if system == "directkv" else "")
+    pipelined = option == "pipelined"
+    policy = SystemPolicy(system, ("tiled" if pipelined else option or "tiled") if system == "directkv" else "")
     try:
         for graphs in (False, True):
             res, extra = run_gpu(_requests(), policy, SPEC, mem=mem, sched_cfg=SCHED, device="cuda",
-                                 cuda_graphs=graphs, cpu_attn_kernel=cpu_kernel or "flash")
+                                 cuda_graphs=graphs, cpu_attn_kernel=cpu_kernel or "flash", directkv_pipelined=pipelined)
             assert res.metrics["completed"] == 5 and extra["cuda_graphs"] is graphs
             assert extra.get("cpu_attn_kernel") == ((cpu_kernel or "flash") if system == "cpu_attn" else None)
+            assert extra.get("directkv_pipelined") == (pipelined if system == "directkv" else None)
             assert ("graph_capture_s" in extra) is graphs
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)  # run_gpu capped it at the point's budget
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("graphs", [False, True])
+def test_directkv_pipelined_halves_on_the_side_stream_match_the_main_stream(graphs, monkeypatch):
+    """Each half's attention, run on the side stream while the main stream goes on, equals the same kernel run
+    afterwards on the main stream over a copy of its queries: a side stream that read K/V before the new
+    token's store, or queries overwritten by the next layer, would differ."""
+    from directkv.engine.gpu.paths import ZeroCopyPath
+
+    start, checked, mismatches = ZeroCopyPath.attend_async, [], []
+
+    def attend_async(self, layer, rows, q, k, v):
+        q_copy = q.clone()
+        wait = start(self, layer, rows, q, k, v)
+
+        def checked_wait():
+            out = wait()
+            k_pool, v_pool = self.kv.pools(layer, self.tier)
+            paged = self._paged(self.tier, k_pool, v_pool, self.plan.decode_table[rows], self.plan.decode_lens[rows])
+            again, _ = self.decode(q_copy, paged, variant=self.variant)
+            checked.append(layer)
+            if not torch.equal(out, again):
+                mismatches.append((layer, rows.start, (out.float() - again.float()).abs().max().item()))
+            return out
+
+        return checked_wait
+
+    monkeypatch.setattr(ZeroCopyPath, "attend_async", attend_async)
+    mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
+    try:
+        res, extra = run_gpu(_requests(), SystemPolicy("directkv", "tiled"), SPEC, mem=mem, sched_cfg=SCHED,
+                             device="cuda", cuda_graphs=graphs, directkv_pipelined=True)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert res.metrics["completed"] == 5 and extra["directkv_pipelined"] is True
+    assert checked and not mismatches, mismatches[:5]
+

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from directkv.costmodel import CostModel
 from directkv.engine import step_traffic as st
 from directkv.engine.state import Step
-from directkv.errors import ConfigError, unknown_name
+from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.traffic import Traffic
 from directkv.specs import ModelSpec
 
@@ -129,3 +129,11 @@ def gpu_memory_bytes(model: ModelSpec, *, kv_hbm_peak: int, staging_peak: int,
                      activation_peak: int, runtime_overhead: int) -> int:
     """GPU memory a system holds: weights + KV in HBM + staging buffers + activations + runtime."""
     return model.weight_bytes() + kv_hbm_peak + staging_peak + activation_peak + runtime_overhead
+
+
+def check_pipelined(policy: SystemPolicy, directkv_pipelined: bool) -> None:
+    """executor.directkv_pipelined pipelines directkv's zero-copy kernels; the stream variant has its own side stream."""
+    check(isinstance(directkv_pipelined, bool), f"executor.directkv_pipelined must be true or false; got "
+          f"{directkv_pipelined!r}")
+    check(not (directkv_pipelined and policy.name == "directkv" and policy.variant not in ("naive", "tiled", "")),
+          f"executor.directkv_pipelined runs directkv variants naive and tiled; got variant {policy.variant!r}")

@@ -53,7 +53,8 @@ MODE_ORDER = {"measured": 0, "simulated": 1, "projected": 2}
 
 # Measured-executor options that change a system's numbers: when one figure holds rows with several values
 # of one (graphs on and off, say), they become separate series instead of being averaged into one line.
-EXECUTOR_OPTIONS = {"cuda_graphs": {True: "graphs", False: "eager"}, "cpu_attn_kernel": {}}
+EXECUTOR_OPTIONS = {"cuda_graphs": {True: "graphs", False: "eager"}, "cpu_attn_kernel": {},
+                    "directkv_pipelined": {True: "pipelined", False: "one batch"}}
 
 
 def executor_tags(rows: pd.DataFrame) -> pd.Series:

@@ -16,7 +16,7 @@ from directkv.engine.gpu.stepper import GPUStepper
 from directkv.engine.loop import ServeResult, serve
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig, kv_budgets
-from directkv.engine.systems import DEFAULT_CPU_ATTN_KERNEL, SystemPolicy
+from directkv.engine.systems import DEFAULT_CPU_ATTN_KERNEL, SystemPolicy, check_pipelined
 from directkv.memory import HostArena, KVCacheManager
 from directkv.model.runner import ModelRunner
 from directkv.model.weights import init_weights
@@ -86,14 +86,19 @@ class NvmlSampler:
 
 def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, mem: MemoryConfig,
             sched_cfg: SchedulerConfig, device: str = "cuda", warmup: int = 0, seed: int = 0,
-            cuda_graphs: bool = False, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL) -> tuple[ServeResult, dict]:
+            cuda_graphs: bool = False, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
+            directkv_pipelined: bool = False) -> tuple[ServeResult, dict]:
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
 
     cpu_attn_kernel: cpu_attn only: "flash" (torch's CPU flash kernel per run of pages of each decode) or
     "native" (one OpenMP call per layer for all decodes; directkv.kernels.cpu_decode_attention).
 
+    directkv_pipelined: directkv only: decode-only steps as two halves, one half's zero-copy attention on a
+    side stream overlapping the other half's dense layers (runner.forward_pipelined, paths.attend_async).
+
     cuda_graphs: replay the runner's dense layer parts as CUDA graphs on steps of <= 256 tokens
     (directkv/model/graphs.py; captured once per process, before the warm-up); attention stays eager."""
+    check_pipelined(policy, directkv_pipelined)  # before pinning host memory and capturing graphs
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     if cuda and dev.index is None:  # memory-fraction and stats calls want an explicit index
@@ -121,14 +126,18 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     extra["cuda_graphs"] = bool(cuda_graphs)
     if cuda_graphs:
         t0 = time.perf_counter()
-        runner.enable_graphs(slots=2 if policy.name == "cpu_attn" else 1)  # cpu_attn pipelines two halves
+        halves = policy.name == "cpu_attn" or (directkv_pipelined and policy.name == "directkv")
+        runner.enable_graphs(slots=2 if halves else 1)  # a pipelined step replays one graph set per half
         extra["graph_capture_s"] = time.perf_counter() - t0
     else:
         runner.disable_graphs()  # the runner is shared by a sweep's points: an earlier point may have enabled them
     threads = int(os.environ.get("DIRECTKV_CPU_THREADS", os.cpu_count() or 1))
     if policy.name == "cpu_attn":
         extra["cpu_attn_kernel"] = cpu_attn_kernel
-    stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads, cpu_attn_kernel=cpu_attn_kernel)
+    if policy.name == "directkv":
+        extra["directkv_pipelined"] = bool(directkv_pipelined)
+    stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads, cpu_attn_kernel=cpu_attn_kernel,
+                         directkv_pipelined=directkv_pipelined)
     # warm-up outside the measurement: kernel builds and first launches, library handles
     serve([Request(-1, 64, 3), Request(-2, 40, 3)], stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg)
     if cuda:

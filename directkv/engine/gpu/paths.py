@@ -7,6 +7,8 @@ so the same code runs in the CPU tests at toy sizes.
 * ``ZeroCopyPath`` — directkv (KV in pinned host pages, read in place by the kernels) and hbm (pages in HBM).
   directkv's variant ``stream`` is the exception beyond the paper: its kernels' copy engine stages the
   pages through rings of <= 64 MiB on a side stream (decode and prefill ``stream`` variants).
+  With ``executor.directkv_pipelined`` its decode-only steps run as two halves (``attend_async``): one
+  half's zero-copy attention runs on a side stream while the other half's dense layers run on the main one.
 * ``StagedPath`` — swap: before each layer, the copy engine moves that layer's pages of the step's
   requests into an HBM staging pool on a side stream, one layer ahead (double-buffered), then HBM attention.
 * ``CpuAttnPath`` (cpu_attn_path.py) — cpu_attn: decode attention on the CPU over the pinned pages; prefill like swap. Decode-only
@@ -20,8 +22,10 @@ from __future__ import annotations
 import torch
 
 from directkv.engine.gpu.plan import StepPlan
+from directkv.errors import check
 from directkv.kernels import get_op
 from directkv.kernels.cuda import build
+from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.paged import PagedKV
 from directkv.kernels.traffic import Traffic
 from directkv.memory import KVCacheManager
@@ -44,6 +48,7 @@ class ZeroCopyPath:
 
     def begin(self, plan: StepPlan) -> None:
         self.plan = plan
+        self._parts: dict[tuple[int, int], tuple] = {}  # attend_async: (block table, lens) of each half, per step
         if self.variant == "stream":
             self._plan_streams(plan)
 
@@ -110,6 +115,45 @@ class ZeroCopyPath:
             out[rows] = o
             self.traffic = self.traffic + t
         return out
+
+
+    def attend_async(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Decode-only steps, one part of the batch (runner.forward_pipelined): store the part's new K/V, then
+        queue its decode attention on a side stream; returns wait() -> out, which makes the main stream wait.
+
+        The zero-copy kernel is bound by the host link, the other part's projections and MLP by HBM and
+        launches, so the two can overlap, as swap's copy of the next layer overlaps this layer's compute.
+        """
+        check(self.variant in ("naive", "tiled") and not self.plan.chunks,
+              f"attend_async serves decode-only steps of variants naive / tiled; got variant {self.variant!r} "
+              f"with {len(self.plan.chunks)} prompt chunks")
+        k_pool, v_pool = self.store(layer, k, v, rows)
+        p = self.plan
+        # the same table and lens tensors every layer: the kernels' Traffic memo reads them once per step
+        table, lens = self._parts.setdefault((rows.start, rows.stop), (p.decode_table[rows], p.decode_lens[rows]))
+        paged = self._paged(self.tier, k_pool, v_pool, table, lens)
+        if q.device.type != "cuda":
+            out, t = self.decode(q, paged, variant=self.variant)
+            self.traffic = self.traffic + t
+            return lambda: out
+        main = torch.cuda.current_stream(q.device)
+        side = side_stream(q.device, 0, lane=1)[0]
+        side.wait_stream(main)  # q and this part's new K/V are written on the main stream
+        with torch.cuda.stream(side):
+            out, t = self.decode(q, paged, variant=self.variant)
+        done = torch.cuda.Event()
+        done.record(side)
+        # the caching allocator must not hand q's block to the main stream, nor out's to the side stream,
+        # while the other stream may still use it
+        q.record_stream(side)
+        out.record_stream(main)
+        self.traffic = self.traffic + t
+
+        def wait() -> torch.Tensor:
+            main.wait_event(done)
+            return out
+
+        return wait
 
 
 class _Stager:

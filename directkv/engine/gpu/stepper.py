@@ -15,7 +15,7 @@ from directkv.engine.gpu.flexgen_path import FlexgenPath
 from directkv.engine.gpu.paths import StagedPath, ZeroCopyPath, kernel_backend
 from directkv.engine.gpu.plan import plan_step
 from directkv.engine.state import Step
-from directkv.engine.systems import DEFAULT_CPU_ATTN_KERNEL, StepCost, SystemPolicy
+from directkv.engine.systems import DEFAULT_CPU_ATTN_KERNEL, StepCost, SystemPolicy, check_pipelined
 from directkv.errors import ConfigError
 from directkv.memory import KVCacheManager
 from directkv.model.runner import ModelRunner
@@ -38,8 +38,11 @@ def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *,
 
 class GPUStepper:
     def __init__(self, policy: SystemPolicy, runner: ModelRunner, kv: KVCacheManager, device: torch.device, *,
-                 seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL):
+                 seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
+                 directkv_pipelined: bool = False):
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
+        check_pipelined(policy, directkv_pipelined)
+        self.directkv_pipelined = directkv_pipelined and policy.name == "directkv"
         self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel)
         self.gen = torch.Generator().manual_seed(seed)
         self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
@@ -59,8 +62,10 @@ class GPUStepper:
         return torch.tensor(ids, dtype=torch.int64), torch.tensor(rows, dtype=torch.int64)
 
     def pipelined(self, step: Step) -> bool:
-        """cpu_attn runs decode-only steps of >= 2 sequences as two software-pipelined halves."""
-        return self.policy.name == "cpu_attn" and not step.prefills and len(step.decodes) >= 2
+        """cpu_attn, and directkv with directkv_pipelined, run decode-only steps of >= 2 sequences as two
+        software-pipelined halves."""
+        pipelining = self.policy.name == "cpu_attn" or self.directkv_pipelined
+        return pipelining and not step.prefills and len(step.decodes) >= 2
 
     def run_step(self, step: Step) -> StepCost:
         ids, rows = self._tokens(step)
@@ -74,7 +79,7 @@ class GPUStepper:
         self.path.begin(plan)
         # a step of mid-prompt chunks only needs no logits; the runner wants one row, which is then dropped
         want = rows if rows.numel() else torch.tensor([ids.numel() - 1])
-        if self.pipelined(step):  # Neo-like: CPU attention of one half overlaps the other half's GPU layers
+        if self.pipelined(step):  # one half's attention (CPU, or zero-copy on a side stream) overlaps the other half's layers
             logits = self.runner.forward_pipelined(ids.to(self.device), plan.positions, self.path.attend_async,
                                                    want.to(self.device), split=len(step.decodes) // 2)
         else:
