@@ -30,7 +30,8 @@ WATCHED = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchroni
 
 def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled", context: int = 16384,
             batch: int = 4, output: int = 4, max_batched_tokens: int = 2048, rows: int = 25,
-            hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2) -> None:
+            hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2, graphs: bool = False,
+            pipelined: bool = False) -> None:
     spec = get_model(model)
     policy = SystemPolicy(system, variant if system == "directkv" else "")
     mem = MemoryConfig(hbm_budget_gb * 1e9, 0.9 * 128e9)
@@ -57,7 +58,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     GPUStepper.run_step = run_step
     try:
         res, extra = run_gpu(requests, policy, spec, mem=mem, sched_cfg=sched,
-                             device="cuda" if torch.cuda.is_available() else "cpu")
+                             device="cuda" if torch.cuda.is_available() else "cpu", cuda_graphs=graphs,
+                             directkv_pipelined=pipelined)
     finally:
         GPUStepper.run_step = inner
     print(f"== {system} {model} context {context} batch {batch} output {output}: {res.steps} steps, "
@@ -87,9 +89,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--skip", type=int, default=8, help="steps (warm-up included) to run before profiling")
     ap.add_argument("--count", type=int, default=2, help="steps to profile")
+    ap.add_argument("--graphs", action="store_true", help="the dense layer parts as CUDA graphs (executor.cuda_graphs)")
+    ap.add_argument("--pipelined", action="store_true", help="directkv's two-half steps (executor.directkv_pipelined)")
     a = ap.parse_args()
     profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
-            max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count)
+            max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
+            pipelined=a.pipelined)
 
 
 if __name__ == "__main__":
