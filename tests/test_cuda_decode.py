@@ -129,6 +129,21 @@ def test_repeated_calls_reuse_counters_and_stream_ring():
 
 @pytest.mark.gpu
 @needs_gpu
+def test_stream_ring_is_sized_by_the_pages_the_batch_reads():
+    """A short sequence in a large arena gets a min_chunk_bytes ring, not one sized by the whole arena."""
+    big = make_kv([40, 20000], page_size=16, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16, hbm_fraction=0.0)
+    short = PagedKV(big.host_k, big.host_v, big.hbm_k, big.hbm_v, big.block_table[:1].contiguous(),
+                    big.seq_lens[:1].contiguous())
+    page_bytes = 16 * 8 * 128 * 2
+    assert big.host_k.shape[0] * page_bytes > (4 << 20)  # the arena alone would have sized a >= 4 MiB slot
+    plan = plan_stream(short, min_chunk_bytes=2 << 20)
+    assert plan.ring_k.shape[1] == (2 << 20) // page_bytes
+    run_and_check(short, 32, "stream", plan=plan)
+    assert plan_stream(big).ring_k.shape[1] == (16 << 20) // page_bytes  # 20000 tokens read: capped at 16 MiB
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_empty_sequence_gives_zeros():
     kv = make_kv([40, 40], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16)
     kv = PagedKV(kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v, kv.block_table,

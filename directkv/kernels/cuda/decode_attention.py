@@ -252,11 +252,8 @@ def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size
     exactly (attention needs no key order otherwise). Returns (tables [P, batch, width], lens [P, batch],
     copies per chunk, hbm_pass) with P = chunks (+1 for the HBM-page pass).
     """
-    table, lens = block_table.to(torch.int64), seq_lens.to(torch.int64)
-    cols = torch.arange(table.shape[1])
-    tokens = (lens[:, None] - cols[None, :] * page_size).clamp(0, page_size)
-    host = (tokens > 0) & (table >= 0)
-    pages = torch.unique(table[host])  # sorted
+    table = block_table.to(torch.int64)
+    tokens, host, pages = _host_pages(block_table, seq_lens, page_size)
     chunk_of = torch.full((int(pages.max()) + 1 if len(pages) else 1,), -1, dtype=torch.int64)
     pos_of = torch.zeros_like(chunk_of)
     chunk_of[pages] = torch.arange(len(pages)) // chunk_pages
@@ -286,10 +283,21 @@ def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size
     return torch.stack(out_tables).to(torch.int32), torch.stack(out_lens).to(torch.int32), copies, bool(hbm.any())
 
 
+def _host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int):
+    """(tokens in each column's page [batch, width], mask of the columns on host pages, the sorted host page ids
+    the batch reads) of CPU tensors."""
+    table, lens = block_table.to(torch.int64), seq_lens.to(torch.int64)
+    cols = torch.arange(table.shape[1])
+    tokens = (lens[:, None] - cols[None, :] * page_size).clamp(0, page_size)
+    host = (tokens > 0) & (table >= 0)
+    return tokens, host, torch.unique(table[host])
+
+
 def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2, min_chunks: int = 1,
                 min_chunk_bytes: int = 2 << 20) -> StreamPlan:
     """Plan the stream variant for `kv` (reads its block table once); the HBM ring is
-    2 * num_slots * chunk_bytes (K and V), at most 64 MiB.
+    2 * num_slots * chunk_bytes (K and V), at most 64 MiB, and no more than the host pages the batch reads
+    (or min_chunk_bytes per slot) need.
 
     min_chunks > 1 cuts small caches into that many chunks (of >= min_chunk_bytes) so copy and math overlap;
     it is off by default because each chunk costs ~0.1 ms of Python launches: on the H200 a 16 MiB cache
@@ -297,12 +305,13 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     """
     page_bytes = kv.page_size * kv.num_kv_heads * kv.head_dim * kv.host_k.element_size()
     chunk_pages = chunk_bytes // page_bytes
-    host_pages = int(kv.host_k.shape[0])
+    table, seq_lens = kv.block_table.cpu(), kv.seq_lens.cpu()
+    host_pages = max(len(_host_pages(table, seq_lens, kv.page_size)[2]), 1)  # read by this batch, not the arena
     chunk_pages = min(chunk_pages, max(math.ceil(host_pages / min_chunks), min_chunk_bytes // page_bytes, 1))
     check(chunk_pages >= 1 and num_slots >= 2 and 2 * num_slots * chunk_pages * page_bytes <= MAX_RING_BYTES,
           f"stream ring of {num_slots} slots x 2 x {chunk_bytes} B must hold >= 1 page ({page_bytes} B) per slot, "
           f">= 2 slots and <= {MAX_RING_BYTES} B")
-    tables, lens, copies, hbm_pass = stream_schedule(kv.block_table.cpu(), kv.seq_lens.cpu(), kv.page_size, chunk_pages)
+    tables, lens, copies, hbm_pass = stream_schedule(table, seq_lens, kv.page_size, chunk_pages)
     device = kv.block_table.device
     ring_shape = (num_slots, chunk_pages, *kv.host_k.shape[1:])
     return StreamPlan(
