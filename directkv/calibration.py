@@ -1,7 +1,7 @@
 """Fit the cost model's efficiency factors to measured kernel rows, and load the fitted factors.
 
 `python -m directkv.calibration RUN_DIR [RUN_DIR ...] [--hardware NAME] [--write]` reads measured
-`kernel_ablation` and `cpu_attention` runs and prints the factors; `--write` adds them to
+`kernel_ablation`, `cpu_attention` and `rate_sweep` runs and prints the factors; `--write` adds them to
 `directkv/specs/calibration/<hardware>.json` (factors fitted before and not refitted stay, each with the run it
 came from), from where every later simulation on that hardware picks them up (the manifest records which
 factors a run used). Each factor is a median over the run's points of measured rate / the spec's ceiling:
@@ -13,6 +13,9 @@ factors a run used). Each factor is a median over the run's points of measured r
 * attention  tiled prefill with K/V in HBM: the schedule's FLOPs / time over the bf16 peak
 * cpu_mem    cpu_attn's default CPU kernel (cpu_attention rows): K/V bytes / time over the spec's CPU DRAM
              bandwidth. Those rows name the CPU, not a hardware spec, so their runs need --hardware.
+* host_us_per_layer  not a ratio: hbm's per-token latency at the rate sweep's lowest rate (a step holds one
+             or two requests, whose GPU work is a few ms) over the model's layers, with the executor's default
+             CUDA graphs: the time the host takes to issue a layer, below which no step goes.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from directkv.costmodel import CALIBRATION, Efficiency
 from directkv.engine.systems import DEFAULT_CPU_ATTN_KERNEL
 from directkv.errors import ConfigError, unknown_name
 from directkv.kernels import traffic_model as tm
-from directkv.specs import HARDWARE, HardwareSpec, get_hardware
+from directkv.specs import HARDWARE, HardwareSpec, get_hardware, get_model
 
 DATA = Path(__file__).resolve().parent / "specs" / "calibration"
 
@@ -39,6 +42,8 @@ DATA = Path(__file__).resolve().parent / "specs" / "calibration"
 def fit(rows: pd.DataFrame, hw: HardwareSpec) -> dict[str, float]:
     """Efficiency factors from measured kernel_ablation rows (only the factors the rows can inform)."""
     ok = rows[(rows["mode"] == "measured") & (rows["status"] == "ok")]
+    if "op" not in ok:  # serving rows have no op
+        ok = ok.assign(op=None)
     dec = ok[(ok["op"] == "decode") & (ok["kv_bytes"] >= 1e8)]  # past launch-overhead sizes
     out: dict[str, float] = {}
 
@@ -60,10 +65,25 @@ def fit(rows: pd.DataFrame, hw: HardwareSpec) -> dict[str, float]:
                                    dtype_bytes=2, variant="tiled")
             effs.append(t.flops / (r["time_ms"] * 1e-3) / (hw.bf16_tflops * 1e12))
         out["attention"] = statistics.median(effs)
+    out |= _host_floor(ok)
     cpu = ok[(ok["op"] == "cpu_decode") & (ok["variant"] == DEFAULT_CPU_ATTN_KERNEL)]
     if len(cpu):
         out["cpu_mem"] = statistics.median(rate(cpu)) / hw.cpu_mem_bw_gbps
     return out
+
+
+def _host_floor(ok: pd.DataFrame) -> dict[str, float]:
+    """host_us_per_layer from measured rate-sweep rows of hbm (module docstring)."""
+    if "exp" not in ok or "system" not in ok:
+        return {}
+    hbm = ok[(ok["exp"] == "rate_sweep") & (ok["system"] == "hbm")]
+    if "cuda_graphs" in hbm:
+        hbm = hbm[hbm["cuda_graphs"].fillna(False).astype(bool)]
+    if not len(hbm):
+        return {}
+    low = hbm[hbm["rate"] == hbm["rate"].min()]
+    layers = [get_model(str(m)).num_layers for m in low["model"]]
+    return {"host_us_per_layer": statistics.median(t * 1e3 / n for t, n in zip(low["tpot_ms"], layers, strict=True))}
 
 
 def path_for(hardware: str) -> Path:

@@ -129,3 +129,19 @@ def test_metrics_match_hand_computation():
     assert m["mean_tpot_ms"] == pytest.approx((1100.0 - 500.0) / 3)
     assert m["mean_itl_ms"] == pytest.approx(200.0)
     assert m["output_throughput"] == pytest.approx(4 / 1.1)
+
+
+def test_host_floor_bounds_small_steps_only():
+    """With host_us_per_layer fitted, a step takes at least layers x that (small decode steps are launch-bound
+    on the real executor); steps whose GPU work is longer are unchanged."""
+    from dataclasses import replace
+
+    none, floor = replace(CM, eff=replace(CM.eff, host_us_per_layer=0.0)), replace(CM, eff=replace(CM.eff, host_us_per_layer=300.0))
+    small = synthetic_workload(1, 64, 8).requests
+    a = simulate(small, SystemPolicy("hbm"), LLAMA, none, mem=MEM).metrics["mean_tpot_ms"]
+    b = simulate(small, SystemPolicy("hbm"), LLAMA, floor, mem=MEM).metrics["mean_tpot_ms"]
+    assert a < LLAMA.num_layers * 0.3 and b == pytest.approx(LLAMA.num_layers * 0.3)
+    big = synthetic_workload(4, 16384, 4).requests
+    c = simulate(big, SystemPolicy("directkv", "tiled"), LLAMA, none, mem=MEM).metrics["mean_tpot_ms"]
+    d = simulate(big, SystemPolicy("directkv", "tiled"), LLAMA, floor, mem=MEM).metrics["mean_tpot_ms"]
+    assert c == d > LLAMA.num_layers * 0.3

@@ -122,7 +122,8 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel)
         staging = 2 * pre_past
     else:  # pragma: no cover - SystemPolicy validates names
         raise AssertionError(name)
-    return StepCost(L * layer_t + t_head, layer_traffic.scaled(L) + head, staging)
+    # the GPU work, unless the host cannot issue it that fast (small steps: launch-bound)
+    return StepCost(max(L * layer_t + t_head, cm.host_floor(L)), layer_traffic.scaled(L) + head, staging)
 
 
 def gpu_memory_bytes(model: ModelSpec, *, kv_hbm_peak: int, staging_peak: int,
