@@ -13,9 +13,10 @@ factors a run used). Each factor is a median over the run's points of measured r
 * attention  tiled prefill with K/V in HBM: the schedule's FLOPs / time over the bf16 peak
 * cpu_mem    cpu_attn's default CPU kernel (cpu_attention rows): K/V bytes / time over the spec's CPU DRAM
              bandwidth. Those rows name the CPU, not a hardware spec, so their runs need --hardware.
-* host_us_per_layer  not a ratio: hbm's per-token latency at the rate sweep's lowest rate (a step holds one
-             or two requests, whose GPU work is a few ms) over the model's layers, with the executor's default
-             CUDA graphs: the time the host takes to issue a layer, below which no step goes.
+* dense_us_per_layer  not a ratio: hbm's per-token latency at the rate sweep's lowest rate over the model's
+             layers, with the executor's default CUDA graphs. A step there holds one or two requests, whose
+             attention in HBM is short, so the time is the layers' dense parts: the floor of one layer's
+             dense part in a small step.
 """
 
 from __future__ import annotations
@@ -65,15 +66,15 @@ def fit(rows: pd.DataFrame, hw: HardwareSpec) -> dict[str, float]:
                                    dtype_bytes=2, variant="tiled")
             effs.append(t.flops / (r["time_ms"] * 1e-3) / (hw.bf16_tflops * 1e12))
         out["attention"] = statistics.median(effs)
-    out |= _host_floor(ok)
+    out |= _dense_floor(ok)
     cpu = ok[(ok["op"] == "cpu_decode") & (ok["variant"] == DEFAULT_CPU_ATTN_KERNEL)]
     if len(cpu):
         out["cpu_mem"] = statistics.median(rate(cpu)) / hw.cpu_mem_bw_gbps
     return out
 
 
-def _host_floor(ok: pd.DataFrame) -> dict[str, float]:
-    """host_us_per_layer from measured rate-sweep rows of hbm (module docstring)."""
+def _dense_floor(ok: pd.DataFrame) -> dict[str, float]:
+    """dense_us_per_layer from measured rate-sweep rows of hbm (module docstring)."""
     if "exp" not in ok or "system" not in ok:
         return {}
     hbm = ok[(ok["exp"] == "rate_sweep") & (ok["system"] == "hbm")]
@@ -83,7 +84,7 @@ def _host_floor(ok: pd.DataFrame) -> dict[str, float]:
         return {}
     low = hbm[hbm["rate"] == hbm["rate"].min()]
     layers = [get_model(str(m)).num_layers for m in low["model"]]
-    return {"host_us_per_layer": statistics.median(t * 1e3 / n for t, n in zip(low["tpot_ms"], layers, strict=True))}
+    return {"dense_us_per_layer": statistics.median(t * 1e3 / n for t, n in zip(low["tpot_ms"], layers, strict=True))}
 
 
 def path_for(hardware: str) -> Path:

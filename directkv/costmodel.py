@@ -22,10 +22,10 @@ class Efficiency:
     attention: float = 0.45  # attention FLOPs vs bf16 peak (FlashAttention-2-class kernels on Hopper)
     cpu_mem: float = 0.8  # CPU attention vs CPU DRAM bandwidth
     dequant_hbm: float = 0.5  # unfused dequantisation kernels (FlexGen-like) vs the HBM ceiling
-    # Host time per layer of a step: the executor's Python and launches (graph replays, attention launch),
-    # which the GPU cannot run ahead of. A step takes at least layers x this. Not an efficiency: microseconds,
-    # 0 (not modelled) unless fitted to a measured serving run.
-    host_us_per_layer: float = 0.0
+    # Least time of one layer's dense part (norms, projections, RoPE, MLP: a chain of ~10 kernels) in a small
+    # step, where the roofline's weight read is ~0.1 ms but kernel latency and small-GEMM efficiency rule. Not
+    # an efficiency: microseconds, 0 (not modelled) unless fitted to a measured serving run.
+    dense_us_per_layer: float = 0.0
 
 
 # Per-hardware fitted factors, loaded on first use from directkv/specs/calibration/*.json (written by
@@ -73,9 +73,10 @@ class CostModel:
         bw = self.hw.link_ce_h2d_gbps if direction == "h2d" else self.hw.link_ce_d2h_gbps
         return (nbytes / (bw * 1e9 * self.eff.link_ce) + self.hw.launch_us * 1e-6) if nbytes else 0.0
 
-    def host_floor(self, num_layers: int) -> float:
-        """Seconds the host needs to issue one step of `num_layers` layers (Efficiency.host_us_per_layer)."""
-        return num_layers * self.eff.host_us_per_layer * 1e-6
+    def dense_time(self, t: Traffic) -> float:
+        """One layer's dense part (projections, MLP) with traffic `t`: its roofline time, but never below the
+        fitted floor (Efficiency.dense_us_per_layer)."""
+        return max(self.time(t, flops_kind="matmul"), self.eff.dense_us_per_layer * 1e-6)
 
     def cpu_attention_time(self, kv_bytes: float) -> float:
         """Decode attention on the host CPU: memory-bound on CPU DRAM bandwidth (Neo-like)."""

@@ -77,12 +77,12 @@ def test_cli_needs_hardware_for_cpu_rows_and_merges_into_the_stored_file(tmp_pat
 RATE_RUN = Path(__file__).resolve().parents[1] / "results" / "h200" / "rate_sweep" / "20261129-155722"
 
 
-def test_host_floor_is_fitted_from_hbm_at_the_lowest_rate_with_graphs():
+def test_dense_floor_is_fitted_from_hbm_at_the_lowest_rate_with_graphs():
     rows = pd.read_parquet(RATE_RUN / "results.parquet")
     hw = get_hardware("h200-pcie5")
     f = fit(rows, hw)
-    assert set(f) == {"host_us_per_layer"}
+    assert set(f) == {"dense_us_per_layer"}
     # hbm at 1 req/s: 9.5-10 ms per token over Llama-3.1-8B's 32 layers
-    assert 9.4e3 / 32 < f["host_us_per_layer"] < 10.1e3 / 32
+    assert 9.4e3 / 32 < f["dense_us_per_layer"] < 10.1e3 / 32
     assert fit(rows.assign(cuda_graphs=False), hw) == {}  # eager steps have another floor
     assert fit(rows.assign(system="swap"), hw) == {}

@@ -81,7 +81,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel)
     """Time of one engine step for `policy`, by layer: linear work + the system's attention path."""
     L = model.num_layers
     lin = st.linear_layer_traffic(model, step.num_tokens)
-    t_lin = cm.time(lin, flops_kind="matmul")
+    t_lin = cm.dense_time(lin)
     head = st.lm_head_traffic(model, step.num_logits)
     t_head = cm.time(head, flops_kind="matmul")
     kvl = model.kv_bytes_per_token_per_layer()
@@ -122,8 +122,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel)
         staging = 2 * pre_past
     else:  # pragma: no cover - SystemPolicy validates names
         raise AssertionError(name)
-    # the GPU work, unless the host cannot issue it that fast (small steps: launch-bound)
-    return StepCost(max(L * layer_t + t_head, cm.host_floor(L)), layer_traffic.scaled(L) + head, staging)
+    return StepCost(L * layer_t + t_head, layer_traffic.scaled(L) + head, staging)
 
 
 def gpu_memory_bytes(model: ModelSpec, *, kv_hbm_peak: int, staging_peak: int,
