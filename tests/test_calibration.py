@@ -43,10 +43,15 @@ def test_cli_rejects_a_run_without_kernel_rows(tmp_path, capsys):
 CPU_RUN = Path(__file__).resolve().parents[1] / "results" / "h200" / "cpu_attention" / "20261129-155009"
 
 
-def test_cpu_mem_is_fitted_from_the_default_cpu_kernel():
-    rows = pd.read_parquet(CPU_RUN / "results.parquet")
+def _fitted(run: Path):
+    """(rows, the H200 spec, the factors fitted to the rows) of a stored run."""
+    rows = pd.read_parquet(run / "results.parquet")
     hw = get_hardware("h200-pcie5")
-    f = fit(rows, hw)
+    return rows, hw, fit(rows, hw)
+
+
+def test_cpu_mem_is_fitted_from_the_default_cpu_kernel():
+    rows, hw, f = _fitted(CPU_RUN)
     assert set(f) == {"cpu_mem"}
     native = rows[rows["variant"] == "native"]
     # the H200 host's 16 cores read 27-30 GB/s with the native kernel, of the spec's 80
@@ -78,9 +83,7 @@ RATE_RUN = Path(__file__).resolve().parents[1] / "results" / "h200" / "rate_swee
 
 
 def test_dense_floor_is_fitted_from_hbm_at_the_lowest_rate_with_graphs():
-    rows = pd.read_parquet(RATE_RUN / "results.parquet")
-    hw = get_hardware("h200-pcie5")
-    f = fit(rows, hw)
+    rows, hw, f = _fitted(RATE_RUN)
     assert set(f) == {"dense_us_per_layer"}
     # hbm at 1 req/s: 9.5-10 ms per token over Llama-3.1-8B's 32 layers
     assert 9.4e3 / 32 < f["dense_us_per_layer"] < 10.1e3 / 32
