@@ -3,7 +3,9 @@
 On a GPU every serving point is written twice, `mode=measured` and `mode=simulated` (the cost model on the
 same requests). This prints, per point and system, both values and their ratio as a Markdown table, so the
 gap between the model and the machine is read off rather than worked out. Points where either side is not
-`status=ok` show the status instead of a number.
+`status=ok` show the status instead of a number. `--resimulate` replaces the stored simulated rows with ones
+made now by today's cost model (experiments/resimulate.py: the run's config on the CPU, the same requests), to
+see a calibration's effect on the gap.
 """
 
 from __future__ import annotations
@@ -66,14 +68,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results_dir", help="a serving run directory, or a directory above several")
     ap.add_argument("--metric", default="tpot_ms", help=f"column to compare (e.g. {', '.join(METRICS)})")
+    ap.add_argument("--resimulate", action="store_true",
+                    help="simulate each run again with today's cost model instead of its stored simulated rows")
     args = ap.parse_args(argv)
     try:
-        for run in find_run_dirs(Path(args.results_dir)):
+        runs = find_run_dirs(Path(args.results_dir))
+        for run in runs:
             df, manifest = load_run(run)
             exp = str(df["exp"].iloc[0])
             if exp not in POINT_KEYS:
                 continue
-            print(f"## {run}\n\n{compare_table(df, exp, args.metric)}\n")
+            note = ""
+            if args.resimulate and manifest.get("derived_from") and len(runs) > 1:
+                print(f"## {run}: derived from {', '.join(manifest['derived_from'])}; resimulated with those\n")
+                continue
+            if args.resimulate:
+                from experiments.resimulate import resimulate
+
+                again = resimulate(run)
+                df = pd.concat([df[df["mode"] == "measured"], again[again["mode"] == "simulated"]], ignore_index=True)
+                note = " (simulated again with today's cost model)"
+            print(f"## {run}{note}\n\n{compare_table(df, exp, args.metric)}\n")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

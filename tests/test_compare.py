@@ -1,6 +1,9 @@
 """plots.compare: measured beside simulated serving rows, with their ratio."""
 
 import json
+import os
+import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -53,3 +56,45 @@ def test_measured_rows_differing_in_graphs_get_one_line_each():
                        "cuda_graphs": [False, True, None], "status": ["ok"] * 3, "tpot_ms": [37.7, 15.5, 5.8]})
     lines = compare_table(df, "context_sweep").splitlines()[2:]
     assert lines == ["| m | 1024 | 4 | hbm [eager] | 37.7 | 5.8 | 6.5 |", "| m | 1024 | 4 | hbm [graphs] | 15.5 | 5.8 | 2.67 |"]
+
+
+H200 = Path(__file__).resolve().parents[1] / "results" / "h200" / "rate_sweep"
+
+
+def test_resimulate_runs_the_stored_config_on_the_cpu_with_the_same_requests(monkeypatch):
+    from experiments.resimulate import resimulate
+
+    monkeypatch.delenv("DIRECTKV_TOKENIZER", raising=False)
+    stored = pd.read_parquet(H200 / "20261129-155722" / "results.parquet")
+    again = resimulate(H200 / "20261129-155722")
+    assert set(again["mode"]) == {"simulated"} and len(again) == (stored["mode"] == "simulated").sum()
+    assert list(again["num_requests"]) == list(stored[stored["mode"] == "simulated"]["num_requests"])
+    # the run's requests were counted with the approximate tokenizer: set for the run, then put back
+    assert "DIRECTKV_TOKENIZER" not in os.environ
+
+
+def test_resimulate_refuses_changed_requests_and_derived_runs(tmp_path):
+    from experiments.resimulate import resimulate
+    from workloads.schedule import load_schedule, save_schedule
+
+    run = tmp_path / "run"
+    shutil.copytree(H200 / "20261129-155722", run)
+    path = run / "schedules" / "alpaca-rate1.parquet"
+    wl = load_schedule(path)
+    first = wl.requests[0]
+    wl.requests[0] = type(first)(first.req_id, first.prompt_len + 1, first.output_len, first.arrival_s)
+    save_schedule(wl, path)
+    with pytest.raises(ConfigError, match="alpaca-rate1.parquet come out differently now"):
+        resimulate(run)
+    with pytest.raises(ConfigError, match="is derived from 20261129-160047, .*: resimulate those runs"):
+        resimulate(H200 / "combined-20261129e-alpaca")
+
+
+def test_cli_resimulate_skips_derived_runs_in_a_listing(tmp_path, capsys):
+    for name in ("20261129-155722", "combined-20261129e-sharegpt"):
+        shutil.copytree(H200 / name, tmp_path / name)
+    assert main([str(tmp_path), "--resimulate"]) == 0
+    out = capsys.readouterr().out
+    assert "20261129-155722 (simulated again with today's cost model)" in out
+    assert "combined-20261129e-sharegpt: derived from 20261129-160238" in out
+    assert main([str(tmp_path / "combined-20261129e-sharegpt"), "--resimulate"]) == 2

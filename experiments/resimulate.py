@@ -1,0 +1,71 @@
+"""Simulate a stored serving run again with today's cost model: its config, on the CPU, same requests.
+
+A measured run's simulated rows were made with the cost-model factors of their day (the manifest lists
+them). After a calibration changes the factors, `resimulate(run_dir)` runs the run's experiment again with
+`device=cpu` and returns the new simulated rows, so `python -m plots.compare RUN --resimulate` shows how far
+the model now is from the machine. The requests must be the run's: a rate sweep's regenerated schedules are
+checked against the ones stored beside its results, and the token counter of the run is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from directkv.errors import ConfigError
+from workloads.schedule import load_schedule
+from workloads.tokenizer import ENV_VAR
+
+SERVING = ("context_sweep", "rate_sweep")
+
+
+def resimulate(run_dir: Path) -> pd.DataFrame:
+    """The simulated rows of `run_dir`'s experiment, made now on the CPU with the run's config."""
+    from experiments.run import run_experiment
+
+    run_dir = Path(run_dir)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    if manifest.get("derived_from"):
+        raise ConfigError(f"{run_dir} is derived from {', '.join(manifest['derived_from'])}: resimulate those runs")
+    cfg = OmegaConf.create(manifest["config"])
+    if cfg.exp_name not in SERVING:
+        raise ConfigError(f"{run_dir} is a {cfg.exp_name} run; resimulate takes {', '.join(SERVING)}")
+    with tempfile.TemporaryDirectory() as tmp, _token_counter(manifest):
+        cfg.device, cfg.render, cfg.progress = "cpu", False, False
+        cfg.results_root, cfg.run_id = tmp, "resimulated"
+        path = run_experiment(cfg, Path(tmp) / "resimulated")
+        _check_same_requests(run_dir / "schedules", Path(tmp) / "resimulated" / "schedules")
+        return pd.read_parquet(path)
+
+
+@contextmanager
+def _token_counter(manifest: dict):
+    """ENV_VAR (DIRECTKV_TOKENIZER) set to the counter the run's workloads were made with: its requests' lengths."""
+    names = {w.get("tokenizer", "") for w in (manifest.get("workloads") or {}).values()}
+    modes = {"approx" if n.startswith("approx") else "llama3" if n.startswith("llama-3") else None for n in names}
+    mode = modes.pop() if len(modes) == 1 else None
+    old = os.environ.get(ENV_VAR)
+    if mode:
+        os.environ[ENV_VAR] = mode
+    try:
+        yield
+    finally:
+        if mode and old is None:
+            os.environ.pop(ENV_VAR, None)
+        elif mode:
+            os.environ[ENV_VAR] = old
+
+
+def _check_same_requests(stored: Path, made: Path) -> None:
+    """Every schedule the run stored must come out the same now (same data, seed and token counter)."""
+    for path in sorted(stored.glob("*.parquet")) if stored.is_dir() else []:
+        again = made / path.name
+        if not again.exists() or load_schedule(again).requests != load_schedule(path).requests:
+            raise ConfigError(f"the requests of {path.name} come out differently now (data files or token counter "
+                              f"changed); a resimulation would not compare the same requests")
