@@ -36,7 +36,7 @@ def resimulate(run_dir: Path) -> pd.DataFrame:
     cfg = OmegaConf.create(manifest["config"])
     if cfg.exp_name not in SERVING:
         raise ConfigError(f"{run_dir} is a {cfg.exp_name} run; resimulate takes {', '.join(SERVING)}")
-    with tempfile.TemporaryDirectory() as tmp, _token_counter(manifest):
+    with tempfile.TemporaryDirectory() as tmp, _token_counter(manifest, run_dir / "schedules"):
         cfg.device, cfg.render, cfg.progress = "cpu", False, False
         cfg.results_root, cfg.run_id = tmp, "resimulated"
         path = run_experiment(cfg, Path(tmp) / "resimulated")
@@ -45,9 +45,12 @@ def resimulate(run_dir: Path) -> pd.DataFrame:
 
 
 @contextmanager
-def _token_counter(manifest: dict):
-    """ENV_VAR (DIRECTKV_TOKENIZER) set to the counter the run's workloads were made with: its requests' lengths."""
+def _token_counter(manifest: dict, schedules: Path):
+    """ENV_VAR (DIRECTKV_TOKENIZER) set to the counter the run's workloads were made with: its requests' lengths.
+    The manifest names it; an interrupted run's manifest may not, and then its stored schedules do."""
     names = {w.get("tokenizer", "") for w in (manifest.get("workloads") or {}).values()}
+    if not names and schedules.is_dir():
+        names = {load_schedule(p).tokenizer for p in schedules.glob("*.parquet")}
     modes = {"approx" if n.startswith("approx") else "llama3" if n.startswith("llama-3") else None for n in names}
     mode = modes.pop() if len(modes) == 1 else None
     old = os.environ.get(ENV_VAR)
