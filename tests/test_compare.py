@@ -98,3 +98,13 @@ def test_cli_resimulate_skips_derived_runs_in_a_listing(tmp_path, capsys):
     assert "20261129-155722 (simulated again with today's cost model)" in out
     assert "combined-20261129e-sharegpt: derived from 20261129-160238" in out
     assert main([str(tmp_path / "combined-20261129e-sharegpt"), "--resimulate"]) == 2
+
+
+def test_resimulate_reads_the_token_counter_from_the_schedules_of_an_interrupted_run(monkeypatch):
+    from experiments.resimulate import resimulate
+
+    monkeypatch.setenv("DIRECTKV_TOKENIZER", "auto")  # the real tokenizer where installed: other lengths
+    manifest = json.loads((H200 / "20261129-155834" / "manifest.json").read_text())
+    assert manifest["interrupted"] and "workloads" not in manifest
+    again = resimulate(H200 / "20261129-155834")  # raises if the requests came out differently
+    assert set(again["dataset"]) == {"alpaca", "sharegpt"} and os.environ["DIRECTKV_TOKENIZER"] == "auto"
