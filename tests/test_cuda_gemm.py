@@ -198,6 +198,16 @@ def test_gemm_rejects_panel_cols_outside_stream_before_touching_cuda():
         gemm(a, a, variant="stream", copy_streams=3)
     with pytest.raises(ConfigError, match="CUDA tensor"):
         gemm(a, a, variant="stream", panel_cols=64)
+    with pytest.raises(ConfigError, match="unknown gemm copy 'dma'; valid: ce, sm"):
+        gemm(a, a, variant="stream", copy="dma")
+    with pytest.raises(ConfigError, match="copy is an option of gemm variant 'stream'; got 'sm' for 'tiled'"):
+        gemm(a, a, variant="tiled", copy="sm")
+    with pytest.raises(ConfigError, match="copy_ctas is an option of copy 'sm'; got 8 with 'ce'"):
+        gemm(a, a, variant="stream", copy_ctas=8)
+    with pytest.raises(ConfigError, match="copy 'sm' runs on one side stream; got copy_streams 2"):
+        gemm(a, a, variant="stream", copy="sm", copy_streams=2)
+    with pytest.raises(ConfigError, match="copy_ctas must be an int >= 1; got 0"):
+        gemm(a, a, variant="stream", copy="sm", copy_ctas=0)
 
 
 def stream_b(kind: str, k: int, n: int) -> torch.Tensor:
@@ -222,12 +232,14 @@ STREAM_SHAPES = [  # (m, n, k)
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32], ids=["c16", "c32"])
 @pytest.mark.parametrize("panel_cols", [None, 96], ids=["planned", "p96"])
 @pytest.mark.parametrize("shape", STREAM_SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("copy_streams", [1, 2], ids=["1ce", "2ce"])
-def test_gemm_stream_matches_float64(shape, panel_cols, out_dtype, b_kind, copy_streams):
+@pytest.mark.parametrize("copy_streams,copy", [(1, "ce"), (2, "ce"), (1, "sm")], ids=["1ce", "2ce", "sm"])
+def test_gemm_stream_matches_float64(shape, panel_cols, out_dtype, b_kind, copy_streams, copy):
+    """Every copy path: copy engine on one or two streams, or the SM copy kernel (16-byte loads where rows
+    are aligned, 2-byte ones for odd N)."""
     m, n, k = shape
     a = torch.randn(m, k, device="cuda").half()
     b = stream_b(b_kind, k, n)
-    traffic = check_product(a, b, "stream", out_dtype, panel_cols=panel_cols, copy_streams=copy_streams)
+    traffic = check_product(a, b, "stream", out_dtype, panel_cols=panel_cols, copy_streams=copy_streams, copy=copy)
     cols = plan_panel_cols(k, n, panel_cols=panel_cols)
     model = gemm_traffic(m, n, k, dtype_bytes=2, variant="stream", b_tier="hbm" if b_kind == "hbm" else "host",
                          panel_cols=cols)
@@ -238,8 +250,8 @@ def test_gemm_stream_matches_float64(shape, panel_cols, out_dtype, b_kind, copy_
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("copy_streams", [1, 2], ids=["1ce", "2ce"])
-def test_gemm_stream_back_to_back_calls_share_the_ring(copy_streams):
+@pytest.mark.parametrize("copy_streams,copy", [(1, "ce"), (2, "ce"), (1, "sm")], ids=["1ce", "2ce", "sm"])
+def test_gemm_stream_back_to_back_calls_share_the_ring(copy_streams, copy):
     """Three calls with no sync between them: each call's ring is most likely the previous one's memory (the
     same size, freed on the same stream), so its copies must wait for the previous call's products; and B
     rewritten on the current stream between two calls must be copied after the rewrite."""
@@ -250,11 +262,11 @@ def test_gemm_stream_back_to_back_calls_share_the_ring(copy_streams):
     b1, b2 = host_b(k, n), host_b(k, n)
     ref1 = a.double() @ b1.double()
     outs = [torch.full((m, n), math.nan, dtype=torch.float16, device="cuda") for _ in range(3)]
-    gemm(a, b1, variant="stream", out=outs[0], panel_cols=256, copy_streams=copy_streams)
-    gemm(a, b2, variant="stream", out=outs[1], panel_cols=256, copy_streams=copy_streams)
+    gemm(a, b1, variant="stream", out=outs[0], panel_cols=256, copy_streams=copy_streams, copy=copy)
+    gemm(a, b2, variant="stream", out=outs[1], panel_cols=256, copy_streams=copy_streams, copy=copy)
     new = torch.randn(k, n, device="cuda").half()
     b1.copy_(new)  # on the current stream, no sync: the next call's first copy waits for it
-    gemm(a, b1, variant="stream", out=outs[2], panel_cols=256, copy_streams=copy_streams)
+    gemm(a, b1, variant="stream", out=outs[2], panel_cols=256, copy_streams=copy_streams, copy=copy)
     torch.cuda.synchronize()
     for out, ref in zip(outs, (ref1, a.double() @ b2.double(), a.double() @ new.double()), strict=True):
         assert not out.isnan().any(), "unwritten or NaN output elements"

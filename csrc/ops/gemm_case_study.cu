@@ -143,6 +143,40 @@ void gemm_copy_panel_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, size_
              "gemm_case_study: cudaMemcpy2DAsync");
 }
 
+// The same panel copy by SM loads (gemm::copy_panel_kernel) with `ctas` CTAs on `stream`: 16-byte loads when
+// every address, pitch and width is a multiple of 16 bytes, else 2-byte ones (fp16 elements). src may be a
+// pinned host pointer: its device address is taken from CUDA, so the kernel reads it zero-copy.
+void gemm_copy_panel_sm_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, size_t src_pitch, size_t width_bytes,
+                              size_t height, int ctas, uintptr_t stream) {
+  require(dst && src, "gemm_case_study: copy_panel_sm_async: null dst or src");
+  require(width_bytes <= dst_pitch && width_bytes <= src_pitch,
+          "gemm_case_study: copy_panel_sm_async: width " + std::to_string(width_bytes) + " B exceeds a pitch (dst " +
+              std::to_string(dst_pitch) + " B, src " + std::to_string(src_pitch) + " B)");
+  require(ctas >= 1, "gemm_case_study: copy_panel_sm_async: ctas " + std::to_string(ctas) + " must be >= 1");
+  if (width_bytes == 0 || height == 0) return;
+  cudaPointerAttributes attr{};
+  check_cuda(cudaPointerGetAttributes(&attr, reinterpret_cast<const void*>(src)), "cudaPointerGetAttributes");
+  require(attr.type == cudaMemoryTypeHost || attr.type == cudaMemoryTypeDevice,
+          "gemm_case_study: copy_panel_sm_async: src is neither pinned host nor device memory");
+  gemm::PanelCopyParams p{};
+  p.src = static_cast<const char*>(attr.type == cudaMemoryTypeHost ? attr.devicePointer : reinterpret_cast<void*>(src));
+  p.dst = reinterpret_cast<char*>(dst);
+  p.src_pitch = static_cast<long long>(src_pitch);
+  p.dst_pitch = static_cast<long long>(dst_pitch);
+  p.height = static_cast<long long>(height);
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  const uintptr_t all = reinterpret_cast<uintptr_t>(p.src) | dst | src_pitch | dst_pitch | width_bytes;
+  if (all % 16 == 0) {
+    p.width = static_cast<long long>(width_bytes / 16);
+    gemm::copy_panel_kernel<uint4><<<ctas, gemm::kCopyThreads, 0, s>>>(p);
+  } else {
+    require(all % 2 == 0, "gemm_case_study: copy_panel_sm_async: addresses, pitches and width must be even (fp16)");
+    p.width = static_cast<long long>(width_bytes / 2);
+    gemm::copy_panel_kernel<unsigned short><<<ctas, gemm::kCopyThreads, 0, s>>>(p);
+  }
+  check_cuda(cudaGetLastError(), "gemm_case_study: copy_panel_kernel launch");
+}
+
 std::pair<int, int> gemm_device_limits() {
   return {device_attribute(cudaDevAttrMultiProcessorCount), device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)};
 }

@@ -361,4 +361,45 @@ __global__ void gemm_reduce_kernel(const GemmParams p) {
   static_cast<OutT*>(p.c)[idx] = from_float(sum, OutT());
 }
 
+// The stream variant's panel copy by SM loads (copy "sm", beyond the paper): `height` rows of `width` T's, row
+// r read from src + r * src_pitch bytes (pinned host through its device address: zero-copy) and written to
+// dst + r * dst_pitch bytes (the HBM ring), by a few CTAs on the copy's side stream. Every thread keeps
+// kCopyUnroll loads in flight: PCIe reads take ~1-2 us, so a few CTAs can cover the link's bandwidth-delay
+// product and leave the other SMs to the concurrent cuBLAS product. Loads use the streaming hint (read once).
+struct PanelCopyParams {
+  const char* src;
+  char* dst;
+  long long src_pitch, dst_pitch;  // bytes
+  long long width;                 // T's per row
+  long long height;                // rows
+};
+
+constexpr int kCopyUnroll = 4, kCopyThreads = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(kCopyThreads) copy_panel_kernel(const PanelCopyParams p) {
+  const long long total = p.width * p.height;
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long base = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; base < total;
+       base += stride * kCopyUnroll) {
+    T v[kCopyUnroll];
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {  // all loads first: kCopyUnroll requests in flight per thread
+      const long long i = base + u * stride;
+      if (i < total) {
+        const long long r = i / p.width;
+        v[u] = __ldcs(reinterpret_cast<const T*>(p.src + r * p.src_pitch) + (i - r * p.width));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const long long i = base + u * stride;
+      if (i < total) {
+        const long long r = i / p.width;
+        reinterpret_cast<T*>(p.dst + r * p.dst_pitch)[i - r * p.width] = v[u];
+      }
+    }
+  }
+}
+
 }  // namespace directkv::gemm

@@ -37,8 +37,11 @@ KERNELS = {
     "tiled:b_hbm": {"_b": "hbm"},
     "raster": {},  # naive's kernel, CTAs down the m tiles first: does L2 serve B's repeats from host memory?
     "raster:b_hbm": {"_b": "hbm"},  # its on-chip time
-    "stream": {},
-    "stream:2ce": {"copy_streams": 2},  # each panel's 2-D copy split over two side streams (copy engines)  # copy-engine panels into a 2-slot HBM ring, cuBLAS per panel (plan_panel_cols)
+    "stream": {},  # copy-engine panels into a 2-slot HBM ring, cuBLAS per panel (plan_panel_cols)
+    "stream:2ce": {"copy_streams": 2},  # each panel's 2-D copy split over two side streams (copy engines)
+    "stream:sm": {"copy": "sm"},  # each panel copied by a 32-CTA kernel reading B zero-copy (SM loads)
+    "stream:sm16": {"copy": "sm", "copy_ctas": 16},  # fewer copy CTAs: more SMs left to cuBLAS
+    "stream:sm132": {"copy": "sm", "copy_ctas": 132},  # one per SM: most loads in flight, most contention
 }
 ANCHORS = ("cublas_hbm", "cublas_zero_copy")
 SLOW = ("naive", "cublas_zero_copy")  # B re-read across the link per row tile: fewer repeats

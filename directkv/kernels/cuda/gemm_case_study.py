@@ -20,8 +20,12 @@ stream    : beyond the paper, no kernel of ours: the copy engine moves B a colum
             panel. See plan_panel_cols. Measured on the H200 (2026-11-29, 10240^3): 5.73 ms against tiled's
             17.2 and cuBLAS-in-HBM's 2.78, B at 36.6 GB/s effective (the copy engine moves 55): the target
             of 1.15 x the 3.79 ms link floor is missed by 1.31x (results/h200/README.md), the 2-D copies
-            running at ~39 GB/s; copy_streams=2 splits each panel's copy over two side streams so two copy
-            engines share it (bench row stream:2ce; not yet measured).
+            running at ~39 GB/s. copy_streams=2 splits each panel's copy over two side streams so two copy
+            engines share it (bench row stream:2ce): 5.65 ms against 5.69 in one run, so one engine is not
+            the limit. copy="sm" copies each panel with a kernel of a few CTAs reading B zero-copy on the side
+            stream instead of the copy engine (copy_panel_kernel; bench rows stream:sm*; written after the last
+            H200 run, not yet measured): SM reads of 2.8 KB rows may keep near the 51.4 GB/s SM ceiling where
+            the 2-D DMA fell to ~39, if the copy CTAs and cuBLAS share the SMs well.
 
 The k-split plan is host-side arithmetic on the SM count: enough CTAs to fill the GPU in few waves.
 
@@ -58,6 +62,8 @@ HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/d
 WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most
 STREAM_SLOTS = 2  # ring slots: the copy engine fills one while cuBLAS reads the other
 COPY_STREAMS = (1, 2)  # stream: side streams a panel's copy may be split over
+COPIES = ("ce", "sm")  # stream: who copies a panel, the copy engine or copy_panel_kernel's SM loads
+COPY_CTAS = 32  # copy "sm": CTAs of the copy kernel by default
 STREAM_MIN_PANELS = 8  # the default plan's panels at least, so copy and math overlap
 PANEL_ALIGN = 64  # default panel widths are multiples of this many columns
 
@@ -124,6 +130,8 @@ def gemm(
     host_load: str = "ca",
     panel_cols: int | None = None,
     copy_streams: int = 1,
+    copy: str = "ce",
+    copy_ctas: int | None = None,
 ) -> tuple[torch.Tensor, Traffic]:
     """C = A B on the tensor cores (fp16 operands, fp32 accumulation).
 
@@ -142,6 +150,8 @@ def gemm(
     copy_streams : stream only: side streams each panel's copy is split over (1 or 2, by halves of its K
         rows), so two copy engines can work on the strided 2-D copies (one measured ~39 GB/s on the H200's
         55 GB/s link).
+    copy : stream only: "ce" (copy engine, cudaMemcpy2DAsync) or "sm" (copy_panel_kernel, zero-copy SM loads).
+    copy_ctas : copy "sm" only: CTAs of the copy kernel (default COPY_CTAS).
 
     Returns
     -------
@@ -156,6 +166,14 @@ def gemm(
     check(variant == "stream" or (panel_cols is None and copy_streams == 1), f"panel_cols / copy_streams are "
           f"options of gemm variant 'stream'; got {panel_cols!r} / {copy_streams!r} for {variant!r}")
     check(copy_streams in COPY_STREAMS, f"copy_streams {copy_streams!r} is not supported; valid: 1, 2")
+    if copy not in COPIES:
+        raise unknown_name("gemm copy", copy, COPIES)
+    check(variant == "stream" or copy == "ce", f"copy is an option of gemm variant 'stream'; got {copy!r} for "
+          f"{variant!r}")
+    check(copy == "sm" or copy_ctas is None, f"copy_ctas is an option of copy 'sm'; got {copy_ctas!r} with {copy!r}")
+    check(copy == "ce" or copy_streams == 1, f"copy 'sm' runs on one side stream; got copy_streams {copy_streams}")
+    copy_ctas = COPY_CTAS if copy_ctas is None else copy_ctas
+    check(isinstance(copy_ctas, int) and copy_ctas >= 1, f"copy_ctas must be an int >= 1; got {copy_ctas!r}")
     check((tile_m, tile_n, tile_k) == (TILE_M, TILE_N, TILE_K), f"tiles ({tile_m}, {tile_n}, {tile_k}) are not "
           f"supported by the CUDA kernels; valid: ({TILE_M}, {TILE_N}, {TILE_K})")
     check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0], f"need a [M, K] and b [K, N]; got "
@@ -174,7 +192,7 @@ def gemm(
     check(out.shape == (m, n) and out.dtype in OUT_CODES and out.device == a.device and out.is_contiguous(),
           f"out must be a contiguous float16 or float32 [{m}, {n}] tensor on {a.device}")
     if variant == "stream":
-        _run_stream(a, b, out, panel_cols, copy_streams)
+        _run_stream(a, b, out, panel_cols, copy_streams, copy, copy_ctas)
         traffic = gemm_traffic(m, n, k, dtype_bytes=2, variant="stream", b_tier=b_tier(b), panel_cols=panel_cols)
         traffic.hbm_write_bytes += m * n * (out.element_size() - 2)  # the closed form writes C in a's dtype
         return out, traffic
@@ -199,7 +217,8 @@ def gemm(
 # --- stream variant -------------------------------------------------------------------------------
 
 
-def _run_stream(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, panel_cols: int, copy_streams: int = 1) -> None:
+def _run_stream(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, panel_cols: int, copy_streams: int = 1,
+                copy: str = "ce", copy_ctas: int = COPY_CTAS) -> None:
     """out[:, n0:n0 + w] = a @ B[:, n0:n0 + w] panel by panel: the copy on the side stream(s), the product on
     the current one, ordered by the slots' filled / freed events; no host sync."""
     k, n = b.shape
@@ -215,7 +234,12 @@ def _run_stream(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, panel_cols:
     ring = torch.empty(STREAM_SLOTS, k, panel_cols, dtype=torch.float16, device=a.device)
     # One 2-D copy per panel, issued from C++: torch's copy_ of a strided (column-panel) view of pinned
     # memory may stage it through a contiguous host-side copy first.
-    copy_panel = build.load("gemm_case_study").copy_panel_async
+    mod = build.load("gemm_case_study")
+    if copy == "sm":
+        def copy_panel(dst, dst_pitch, src, src_pitch, width, height, stream):  # copy_panel_async's arguments
+            mod.copy_panel_sm_async(dst, dst_pitch, src, src_pitch, width, height, copy_ctas, stream)
+    else:
+        copy_panel = mod.copy_panel_async
     # fp32 C: cuBLAS accumulates in fp32 and writes fp32 itself (mm's out_dtype), as the kernels do; no fp16
     # temporary, so no fp16 rounding of C.
     widen = {} if out.dtype == torch.float16 else {"out_dtype": out.dtype}
