@@ -61,6 +61,19 @@ def test_measured_rows_differing_in_graphs_get_one_line_each():
 H200 = Path(__file__).resolve().parents[1] / "results" / "h200" / "rate_sweep"
 
 
+def _samples_found() -> bool:
+    from workloads.datafiles import sample_candidates
+
+    return all(any(p.is_file() for p in sample_candidates(d, f)) for d, f in
+               (("alpaca", "alpaca_5000.json"), ("sharegpt", "sharegpt_sample_2000.json")))
+
+
+# the kept rate sweeps were made from the ShareGPT / Alpaca samples; resimulating them needs the same files
+needs_samples = pytest.mark.skipif(not _samples_found(), reason="ShareGPT/Alpaca samples (../shared/data or "
+                                   "$DIRECTKV_DATA_DIR) not found")
+
+
+@needs_samples
 def test_resimulate_runs_the_stored_config_on_the_cpu_with_the_same_requests(monkeypatch):
     from experiments.resimulate import resimulate
 
@@ -73,6 +86,7 @@ def test_resimulate_runs_the_stored_config_on_the_cpu_with_the_same_requests(mon
     assert "DIRECTKV_TOKENIZER" not in os.environ
 
 
+@needs_samples
 def test_resimulate_refuses_changed_requests_and_derived_runs(tmp_path):
     from experiments.resimulate import resimulate
     from workloads.schedule import load_schedule, save_schedule
@@ -90,6 +104,7 @@ def test_resimulate_refuses_changed_requests_and_derived_runs(tmp_path):
         resimulate(H200 / "combined-20261129e-alpaca")
 
 
+@needs_samples
 def test_cli_resimulate_skips_derived_runs_in_a_listing(tmp_path, capsys):
     for name in ("20261129-155722", "combined-20261129e-sharegpt"):
         shutil.copytree(H200 / name, tmp_path / name)
@@ -100,6 +115,7 @@ def test_cli_resimulate_skips_derived_runs_in_a_listing(tmp_path, capsys):
     assert main([str(tmp_path / "combined-20261129e-sharegpt"), "--resimulate"]) == 2
 
 
+@needs_samples
 def test_resimulate_reads_the_token_counter_from_the_schedules_of_an_interrupted_run(monkeypatch):
     from experiments.resimulate import resimulate
 
