@@ -65,13 +65,14 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     check(page >= 1 and page & (page - 1) == 0, f"memory.page_size must be a power of two, got {page}")
     mem = MemoryConfig(hbm, host, overhead * 1e9, page)
     sched = SchedulerConfig(int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_batched_tokens))
-    graphs = cfg.get("executor", {}).get("cuda_graphs", False)
+    executor = cfg.get("executor", {})
+    graphs = executor.get("cuda_graphs", False)
     check(isinstance(graphs, bool), f"executor.cuda_graphs must be true or false; got {graphs!r}")
     device = resolve_device(cfg.device)
-    cpu_kernel = str(cfg.get("executor", {}).get("cpu_attn_kernel", DEFAULT_CPU_ATTN_KERNEL))
+    cpu_kernel = str(executor.get("cpu_attn_kernel", DEFAULT_CPU_ATTN_KERNEL))
     if cpu_kernel not in CPU_ATTN_KERNELS:
         raise unknown_name("executor.cpu_attn_kernel", cpu_kernel, CPU_ATTN_KERNELS)
-    pipelined = cfg.get("executor", {}).get("directkv_pipelined", False)
+    pipelined = executor.get("directkv_pipelined", False)
     check_pipelined(SystemPolicy("directkv", str(cfg.system.get("directkv_variant", "tiled"))), pipelined)
     # graphs and pipelining are properties of the measured executor; the simulation has no kernel launches
     # or streams

@@ -131,6 +131,12 @@ def gpu_memory_bytes(model: ModelSpec, *, kv_hbm_peak: int, staging_peak: int,
     return model.weight_bytes() + kv_hbm_peak + staging_peak + activation_peak + runtime_overhead
 
 
+def runs_halves(policy: SystemPolicy, directkv_pipelined: bool) -> bool:
+    """Whether the measured executor runs this system's decode-only steps as two pipelined halves: cpu_attn
+    always (Neo's pipeline), directkv with executor.directkv_pipelined."""
+    return policy.name == "cpu_attn" or (directkv_pipelined and policy.name == "directkv")
+
+
 def check_pipelined(policy: SystemPolicy, directkv_pipelined: bool) -> None:
     """executor.directkv_pipelined pipelines directkv's zero-copy kernels; the stream variant has its own side stream."""
     check(isinstance(directkv_pipelined, bool), f"executor.directkv_pipelined must be true or false; got "

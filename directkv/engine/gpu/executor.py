@@ -16,7 +16,7 @@ from directkv.engine.gpu.stepper import GPUStepper
 from directkv.engine.loop import ServeResult, serve
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig, kv_budgets
-from directkv.engine.systems import DEFAULT_CPU_ATTN_KERNEL, SystemPolicy, check_pipelined
+from directkv.engine.systems import DEFAULT_CPU_ATTN_KERNEL, SystemPolicy, check_pipelined, runs_halves
 from directkv.memory import HostArena, KVCacheManager
 from directkv.model.runner import ModelRunner
 from directkv.model.weights import init_weights
@@ -126,8 +126,7 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     extra["cuda_graphs"] = bool(cuda_graphs)
     if cuda_graphs:
         t0 = time.perf_counter()
-        halves = policy.name == "cpu_attn" or (directkv_pipelined and policy.name == "directkv")
-        runner.enable_graphs(slots=2 if halves else 1)  # a pipelined step replays one graph set per half
+        runner.enable_graphs(slots=2 if runs_halves(policy, directkv_pipelined) else 1)  # a pipelined step replays one graph set per half
         extra["graph_capture_s"] = time.perf_counter() - t0
     else:
         runner.disable_graphs()  # the runner is shared by a sweep's points: an earlier point may have enabled them

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from directkv.engine.gpu.plan import StepPlan
-from directkv.errors import check
+from directkv.errors import ConfigError
 from directkv.kernels import get_op
 from directkv.kernels.cuda import build
 from directkv.kernels.cuda.side_stream import side_stream
@@ -99,9 +99,8 @@ class ZeroCopyPath:
                   ) -> torch.Tensor:
         """Attention of the plan's rows over pools of `tier`; q/k/v rows are those of `p`."""
         out = torch.empty_like(q)
-        variant = self.variant if self.variant in ("naive", "stream") else "tiled"
-        stream = variant == "stream" and tier == self.tier  # the staged systems call this on their HBM staging
-        variant = "tiled" if variant == "stream" and not stream else variant
+        stream = self.variant == "stream" and tier == self.tier  # the staged systems call this on their HBM staging
+        variant = "stream" if stream else "naive" if self.variant == "naive" else "tiled"
         if p.num_decodes:
             o, t = self.decode(q[: p.num_decodes], self._paged(tier, k_pool, v_pool, decode_table, p.decode_lens),
                                variant=variant, **({"plan": self.decode_plan} if stream else {}))
@@ -116,7 +115,6 @@ class ZeroCopyPath:
             self.traffic = self.traffic + t
         return out
 
-
     def attend_async(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Decode-only steps, one part of the batch (runner.forward_pipelined): store the part's new K/V, then
         queue its decode attention on a side stream; returns wait() -> out, which makes the main stream wait.
@@ -124,9 +122,9 @@ class ZeroCopyPath:
         The zero-copy kernel is bound by the host link, the other part's projections and MLP by HBM and
         launches, so the two can overlap, as swap's copy of the next layer overlaps this layer's compute.
         """
-        check(self.variant in ("naive", "tiled") and not self.plan.chunks,
-              f"attend_async serves decode-only steps of variants naive / tiled; got variant {self.variant!r} "
-              f"with {len(self.plan.chunks)} prompt chunks")
+        if self.variant not in ("naive", "tiled") or self.plan.chunks:  # message built only on failure: hot path
+            raise ConfigError(f"attend_async serves decode-only steps of variants naive / tiled; got variant "
+                              f"{self.variant!r} with {len(self.plan.chunks)} prompt chunks")
         k_pool, v_pool = self.store(layer, k, v, rows)
         p = self.plan
         # the same table and lens tensors every layer: the kernels' Traffic memo reads them once per step
@@ -137,7 +135,7 @@ class ZeroCopyPath:
             self.traffic = self.traffic + t
             return lambda: out
         main = torch.cuda.current_stream(q.device)
-        side = side_stream(q.device, 0, lane=1)[0]
+        side = side_stream(q.device, 0)[0]
         side.wait_stream(main)  # q and this part's new K/V are written on the main stream
         with torch.cuda.stream(side):
             out, t = self.decode(q, paged, variant=self.variant)

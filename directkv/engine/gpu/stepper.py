@@ -15,7 +15,13 @@ from directkv.engine.gpu.flexgen_path import FlexgenPath
 from directkv.engine.gpu.paths import StagedPath, ZeroCopyPath, kernel_backend
 from directkv.engine.gpu.plan import plan_step
 from directkv.engine.state import Step
-from directkv.engine.systems import DEFAULT_CPU_ATTN_KERNEL, StepCost, SystemPolicy, check_pipelined
+from directkv.engine.systems import (
+    DEFAULT_CPU_ATTN_KERNEL,
+    StepCost,
+    SystemPolicy,
+    check_pipelined,
+    runs_halves,
+)
 from directkv.errors import ConfigError
 from directkv.memory import KVCacheManager
 from directkv.model.runner import ModelRunner
@@ -42,7 +48,7 @@ class GPUStepper:
                  directkv_pipelined: bool = False):
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
         check_pipelined(policy, directkv_pipelined)
-        self.directkv_pipelined = directkv_pipelined and policy.name == "directkv"
+        self.halves = runs_halves(policy, directkv_pipelined)
         self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel)
         self.gen = torch.Generator().manual_seed(seed)
         self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
@@ -64,8 +70,7 @@ class GPUStepper:
     def pipelined(self, step: Step) -> bool:
         """cpu_attn, and directkv with directkv_pipelined, run decode-only steps of >= 2 sequences as two
         software-pipelined halves."""
-        pipelining = self.policy.name == "cpu_attn" or self.directkv_pipelined
-        return pipelining and not step.prefills and len(step.decodes) >= 2
+        return self.halves and not step.prefills and len(step.decodes) >= 2
 
     def run_step(self, step: Step) -> StepCost:
         ids, rows = self._tokens(step)

@@ -28,8 +28,8 @@ memory: see plan_tiled. stream plans each of its passes the same way.
 host_load picks the cp.async form that copies the past K/V pages (all variants; for stream, the ring's
 pages): "ca" goes through L1 (the default), "cg" caches in L2 only. Measured on the H200 (2026-11-29, one
 run, 16K past tokens on host): ca vs cg 2.11 vs 3.16 ms at q_len 512, 4.00 vs 5.05 ms at 2048, 15.2 vs
-16.4 ms at 8192; ncu PCIe reads at 2048: 73 MB (1.09x the K/V bytes) vs 117 MB (1.75x). The kernel never writes the pages, so L1's lack of coherence within a launch cannot serve
-stale bytes; the new K/V and the partial state stay on "cg".
+16.4 ms at 8192; ncu PCIe reads at 2048: 73 MB (1.09x the K/V bytes) vs 117 MB (1.75x). The kernel never
+writes the pages, so L1's lack of coherence within a launch cannot serve stale bytes; the new K/V and the partial state stay on "cg".
 """
 
 from __future__ import annotations

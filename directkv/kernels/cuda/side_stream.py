@@ -1,5 +1,6 @@
 """Side streams per device: the copy stream of the `stream` variants that make their ring per call (prefill
-attention, GEMM), and the stream of directkv's pipelined decode attention (engine/gpu/paths.py, no events).
+attention, GEMM), and the stream of directkv's pipelined decode attention (engine/gpu/paths.py; slots 0: no
+events).
 
 One side stream per device, with `slots` pairs of events: `filled[i]` is recorded on the side stream after
 ring slot i is copied, `freed[i]` on the caller's stream after the math is done with it. Calls come from one
