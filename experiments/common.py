@@ -31,6 +31,7 @@ class Setup:
     cuda_graphs: bool = False  # measured serving: the runner's dense layer parts replayed as CUDA graphs
     cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL  # measured cpu_attn: one native OpenMP call, or torch's flash loop
     directkv_pipelined: bool = False  # measured directkv: decode steps as two halves, attention on a side stream
+    directkv_side_ctas: int | None = None  # ... with about this many CTAs per side-stream kernel (None: all SMs)
 
 
 def resolve_device(requested: str) -> str:
@@ -74,10 +75,14 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
         raise unknown_name("executor.cpu_attn_kernel", cpu_kernel, CPU_ATTN_KERNELS)
     pipelined = executor.get("directkv_pipelined", False)
     check_pipelined(SystemPolicy("directkv", str(cfg.system.get("directkv_variant", "tiled"))), pipelined)
+    side_ctas = executor.get("directkv_side_ctas", None)
+    if side_ctas is not None:
+        side_ctas = as_int(side_ctas, "executor.directkv_side_ctas")
+        check(side_ctas >= 1, f"executor.directkv_side_ctas must be >= 1 or null (the kernel's own plan); got {side_ctas}")
     # graphs and pipelining are properties of the measured executor; the simulation has no kernel launches
     # or streams
     return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda",
-                 cpu_kernel, pipelined)
+                 cpu_kernel, pipelined, side_ctas)
 
 
 def policies(cfg: DictConfig) -> list[SystemPolicy]:

@@ -230,8 +230,8 @@ def test_every_system_serves_on_the_gpu_with_and_without_cuda_graphs(system):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("graphs", [False, True])
-def test_directkv_pipelined_halves_on_the_side_stream_match_the_main_stream(graphs, monkeypatch):
+@pytest.mark.parametrize("graphs,side_ctas", [(False, None), (True, None), (True, 8)])
+def test_directkv_pipelined_halves_on_the_side_stream_match_the_main_stream(graphs, side_ctas, monkeypatch):
     """Each half's attention, run on the side stream while the main stream goes on, equals the same kernel run
     afterwards on the main stream over a copy of its queries: a side stream that read K/V before the new
     token's store, or queries overwritten by the next layer, would differ."""
@@ -247,7 +247,8 @@ def test_directkv_pipelined_halves_on_the_side_stream_match_the_main_stream(grap
             out = wait()
             k_pool, v_pool = self.kv.pools(layer, self.tier)
             paged = self._paged(self.tier, k_pool, v_pool, self.plan.decode_table[rows], self.plan.decode_lens[rows])
-            again, _ = self.decode(q_copy, paged, variant=self.variant)
+            again, _ = self.decode(q_copy, paged, variant=self.variant,
+                                   num_splits=self.side_splits(q_copy, k_pool.shape[2]))
             checked.append(layer)
             if not torch.equal(out, again):
                 mismatches.append((layer, rows.start, (out.float() - again.float()).abs().max().item()))
@@ -259,9 +260,11 @@ def test_directkv_pipelined_halves_on_the_side_stream_match_the_main_stream(grap
     mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
     try:
         res, extra = run_gpu(_requests(), SystemPolicy("directkv", "tiled"), SPEC, mem=mem, sched_cfg=SCHED,
-                             device="cuda", cuda_graphs=graphs, directkv_pipelined=True)
+                             device="cuda", cuda_graphs=graphs, directkv_pipelined=True,
+                             directkv_side_ctas=side_ctas)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert res.metrics["completed"] == 5 and extra["directkv_pipelined"] is True
+    assert extra["directkv_side_ctas"] == side_ctas
     assert checked and not mismatches, mismatches[:5]
 

@@ -87,7 +87,7 @@ class NvmlSampler:
 def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, mem: MemoryConfig,
             sched_cfg: SchedulerConfig, device: str = "cuda", warmup: int = 0, seed: int = 0,
             cuda_graphs: bool = False, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
-            directkv_pipelined: bool = False) -> tuple[ServeResult, dict]:
+            directkv_pipelined: bool = False, directkv_side_ctas: int | None = None) -> tuple[ServeResult, dict]:
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
 
     cpu_attn_kernel: cpu_attn only: "flash" (torch's CPU flash kernel per run of pages of each decode) or
@@ -95,6 +95,8 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
 
     directkv_pipelined: directkv only: decode-only steps as two halves, one half's zero-copy attention on a
     side stream overlapping the other half's dense layers (runner.forward_pipelined, paths.attend_async).
+    directkv_side_ctas: with directkv_pipelined, about this many CTAs per side-stream kernel (None: the
+    kernel fills the GPU).
 
     cuda_graphs: replay the runner's dense layer parts as CUDA graphs on steps of <= 256 tokens
     (directkv/model/graphs.py; captured once per process, before the warm-up); attention stays eager."""
@@ -135,8 +137,10 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
         extra["cpu_attn_kernel"] = cpu_attn_kernel
     if policy.name == "directkv":
         extra["directkv_pipelined"] = bool(directkv_pipelined)
+        if directkv_pipelined:
+            extra["directkv_side_ctas"] = directkv_side_ctas
     stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads, cpu_attn_kernel=cpu_attn_kernel,
-                         directkv_pipelined=directkv_pipelined)
+                         directkv_pipelined=directkv_pipelined, directkv_side_ctas=directkv_side_ctas)
     # warm-up outside the measurement: kernel builds and first launches, library handles
     serve([Request(-1, 64, 3), Request(-2, 40, 3)], stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg)
     if cuda:

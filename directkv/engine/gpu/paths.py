@@ -38,8 +38,11 @@ def kernel_backend() -> str:
 class ZeroCopyPath:
     """Attention kernels read the pages where they are: zero-copy from host, or HBM."""
 
-    def __init__(self, kv: KVCacheManager, tier: str, variant: str, *, tile_kv: int = 64):
-        self.kv, self.tier, self.variant, self.tile_kv = kv, tier, variant, tile_kv
+    def __init__(self, kv: KVCacheManager, tier: str, variant: str, *, tile_kv: int = 64,
+                 side_ctas: int | None = None):
+        """side_ctas: attend_async's kernels are split to about this many CTAs (None: the kernel's own plan,
+        which fills every SM and leaves none to the other half's dense layers)."""
+        self.kv, self.tier, self.variant, self.tile_kv, self.side_ctas = kv, tier, variant, tile_kv, side_ctas
         backend = kernel_backend()
         self.decode = get_op("decode_attention", backend)
         self.prefill = get_op("prefill_attention", backend)
@@ -134,11 +137,12 @@ class ZeroCopyPath:
             out, t = self.decode(q, paged, variant=self.variant)
             self.traffic = self.traffic + t
             return lambda: out
+        splits = self.side_splits(q, k_pool.shape[2])
         main = torch.cuda.current_stream(q.device)
         side = side_stream(q.device, 0)[0]
         side.wait_stream(main)  # q and this part's new K/V are written on the main stream
         with torch.cuda.stream(side):
-            out, t = self.decode(q, paged, variant=self.variant)
+            out, t = self.decode(q, paged, variant=self.variant, num_splits=splits)
         done = torch.cuda.Event()
         done.record(side)
         # the caching allocator must not hand q's block to the main stream, nor out's to the side stream,
@@ -152,6 +156,15 @@ class ZeroCopyPath:
             return out
 
         return wait
+
+    def side_splits(self, q: torch.Tensor, num_kv_heads: int) -> int | None:
+        """attend_async's split count: CTAs = rows x head groups x splits ~ side_ctas."""
+        if self.side_ctas is None:
+            return None
+        from directkv.kernels.cuda.decode_attention import heads_per_cta
+
+        groups = q.shape[0] * q.shape[1] // heads_per_cta(self.variant, q.shape[1] // num_kv_heads)
+        return max(1, self.side_ctas // groups)
 
 
 class _Stager:

@@ -31,7 +31,7 @@ WATCHED = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchroni
 def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled", context: int = 16384,
             batch: int = 4, output: int = 4, max_batched_tokens: int = 2048, rows: int = 25,
             hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2, graphs: bool = False,
-            pipelined: bool = False) -> None:
+            pipelined: bool = False, side_ctas: int | None = None) -> None:
     spec = get_model(model)
     policy = SystemPolicy(system, variant if system == "directkv" else "")
     mem = MemoryConfig(hbm_budget_gb * 1e9, 0.9 * 128e9)
@@ -59,7 +59,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     try:
         res, extra = run_gpu(requests, policy, spec, mem=mem, sched_cfg=sched,
                              device="cuda" if torch.cuda.is_available() else "cpu", cuda_graphs=graphs,
-                             directkv_pipelined=pipelined)
+                             directkv_pipelined=pipelined, directkv_side_ctas=side_ctas)
     finally:
         GPUStepper.run_step = inner
     print(f"== {system} {model} context {context} batch {batch} output {output}: {res.steps} steps, "
@@ -91,10 +91,11 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=2, help="steps to profile")
     ap.add_argument("--graphs", action="store_true", help="the dense layer parts as CUDA graphs (executor.cuda_graphs)")
     ap.add_argument("--pipelined", action="store_true", help="directkv's two-half steps (executor.directkv_pipelined)")
+    ap.add_argument("--side-ctas", type=int, default=None, help="CTAs per side-stream kernel (executor.directkv_side_ctas)")
     a = ap.parse_args()
     profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
             max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
-            pipelined=a.pipelined)
+            pipelined=a.pipelined, side_ctas=a.side_ctas)
 
 
 if __name__ == "__main__":

@@ -28,13 +28,13 @@ from directkv.model.runner import ModelRunner
 
 
 def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None = None,
-              cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL):
+              cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL, directkv_side_ctas: int | None = None):
     if policy.name in ("directkv", "hbm"):
         if policy.variant == "fused":
             raise ConfigError("directkv variant 'fused' has no GPU kernel yet; valid on the GPU: naive, tiled, stream")
         if policy.variant == "stream" and kernel_backend() != "cuda":
             raise ConfigError("directkv variant 'stream' needs the CUDA kernels (a GPU); valid without one: naive, tiled")
-        return ZeroCopyPath(kv, policy.kv_tier, policy.variant or "tiled")
+        return ZeroCopyPath(kv, policy.kv_tier, policy.variant or "tiled", side_ctas=directkv_side_ctas)
     if policy.name == "swap":
         return StagedPath(kv)
     if policy.name == "cpu_attn":
@@ -45,11 +45,12 @@ def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *,
 class GPUStepper:
     def __init__(self, policy: SystemPolicy, runner: ModelRunner, kv: KVCacheManager, device: torch.device, *,
                  seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
-                 directkv_pipelined: bool = False):
+                 directkv_pipelined: bool = False, directkv_side_ctas: int | None = None):
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
         check_pipelined(policy, directkv_pipelined)
         self.halves = runs_halves(policy, directkv_pipelined)
-        self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel)
+        self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
+                              directkv_side_ctas=directkv_side_ctas)
         self.gen = torch.Generator().manual_seed(seed)
         self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
         self.outputs: dict[int, list[int]] = {}  # request -> generated ids (tests compare systems on them)
