@@ -30,7 +30,7 @@ class Setup:
     sim_mode: str  # label of simulated rows on this hardware: simulated | projected
     cuda_graphs: bool = False  # measured serving: the runner's dense layer parts replayed as CUDA graphs
     cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL  # measured cpu_attn: one native OpenMP call, or torch's flash loop
-    directkv_pipelined: bool = False  # measured directkv: decode steps as two halves, attention on a side stream
+    directkv_pipelined: bool = False  # measured directkv: steps as two parts, one part's attention on a side stream
     directkv_side_ctas: int | None = None  # ... with about this many CTAs per side-stream kernel (None: all SMs)
 
 

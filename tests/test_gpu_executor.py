@@ -54,7 +54,7 @@ def _serve(policy, runner, requests, *, cpu_attn_kernel="flash", pipelined=False
         return out
 
     stepper.path.attend = recording
-    stepper.pipelined_layers = 0
+    stepper.pipelined_layers = stepper.mixed_layers = 0  # layers run as two parts; those of decodes | chunks
     if hasattr(stepper.path, "attend_async"):  # cpu_attn's two-part steps: record each layer's whole batch
         start, first_part = stepper.path.attend_async, {}
 
@@ -68,6 +68,7 @@ def _serve(policy, runner, requests, *, cpu_attn_kernel="flash", pipelined=False
                 else:  # parts finish in layer order, A before B
                     stepper.outs.append(torch.cat([first_part.pop(layer), out]))
                     stepper.pipelined_layers += 1
+                    stepper.mixed_layers += bool(stepper.path.plan.chunks)
                 return out
 
             return recorded
@@ -98,8 +99,10 @@ def test_every_path_generates_what_hbm_generates(runner, name, variant, option):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert all(len(st.outputs[r.req_id]) == r.output_len for r in reqs)
     assert res.traffic.link_read_bytes > 0 and ref_res.traffic.link_read_bytes == 0
-    if name == "cpu_attn" or option == "pipelined":  # decode-only steps ran as two halves, and matched all the same
+    if name == "cpu_attn" or option == "pipelined":  # steps ran as two parts, and matched all the same
         assert st.pipelined_layers > 0
+        # directkv also cuts steps of decodes and prompt chunks (decodes | chunks); cpu_attn only decode-only ones
+        assert (st.mixed_layers > 0) == (name == "directkv")
     else:
         assert st.pipelined_layers == 0
 
@@ -231,25 +234,32 @@ def test_every_system_serves_on_the_gpu_with_and_without_cuda_graphs(system):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("graphs,side_ctas", [(False, None), (True, None), (True, 8)])
-def test_directkv_pipelined_halves_on_the_side_stream_match_the_main_stream(graphs, side_ctas, monkeypatch):
-    """Each half's attention, run on the side stream while the main stream goes on, equals the same kernel run
-    afterwards on the main stream over a copy of its queries: a side stream that read K/V before the new
-    token's store, or queries overwritten by the next layer, would differ."""
+def test_directkv_pipelined_parts_on_the_side_stream_match_the_main_stream(graphs, side_ctas, monkeypatch):
+    """Each part's attention (some decodes, or a step's prompt chunks), run on the side stream while the main
+    stream goes on, equals the same kernels run afterwards on the main stream over copies of its inputs: a
+    side stream that read K/V before the new tokens' store, or inputs overwritten by the next layer, would
+    differ."""
     from directkv.engine.gpu.paths import ZeroCopyPath
 
     start, checked, mismatches = ZeroCopyPath.attend_async, [], []
 
     def attend_async(self, layer, rows, q, k, v):
-        q_copy = q.clone()
+        q_copy, k_copy, v_copy = q.clone(), k.clone(), v.clone()
         wait = start(self, layer, rows, q, k, v)
 
         def checked_wait():
             out = wait()
+            p = self.plan
             k_pool, v_pool = self.kv.pools(layer, self.tier)
-            paged = self._paged(self.tier, k_pool, v_pool, self.plan.decode_table[rows], self.plan.decode_lens[rows])
-            again, _ = self.decode(q_copy, paged, variant=self.variant,
-                                   num_splits=self.side_splits(q_copy, k_pool.shape[2]))
-            checked.append(layer)
+            if rows.start == p.num_decodes:  # the prompt chunks' part of a decodes | chunks step
+                again = torch.empty_like(q_copy)
+                self._chunks(p, self.tier, self.variant, q_copy, k_copy, v_copy, k_pool, v_pool, p.chunk_tables,
+                             again, base=rows.start)
+            else:
+                paged = self._paged(self.tier, k_pool, v_pool, p.decode_table[rows], p.decode_lens[rows])
+                again, _ = self.decode(q_copy, paged, variant=self.variant,
+                                       num_splits=self.side_splits(q_copy, k_pool.shape[2]))
+            checked.append("chunks" if rows.start == p.num_decodes else "decodes")
             if not torch.equal(out, again):
                 mismatches.append((layer, rows.start, (out.float() - again.float()).abs().max().item()))
             return out
@@ -266,5 +276,5 @@ def test_directkv_pipelined_halves_on_the_side_stream_match_the_main_stream(grap
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert res.metrics["completed"] == 5 and extra["directkv_pipelined"] is True
     assert extra["directkv_side_ctas"] == side_ctas
-    assert checked and not mismatches, mismatches[:5]
+    assert set(checked) == {"chunks", "decodes"} and not mismatches, mismatches[:5]
 

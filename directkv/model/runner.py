@@ -159,15 +159,16 @@ class ModelRunner:
 
     def forward_pipelined(self, tokens: torch.Tensor, positions: torch.Tensor, attend_async: AsyncAttendFn,
                           logits_rows: torch.Tensor, split: int) -> torch.Tensor:
-        """forward() for a batch of single-token rows cut into parts A = rows [0, split) and B = the rest,
+        """forward() for a step's rows cut into parts A = rows [0, split) and B = the rest,
         software-pipelined so the attention of one part (e.g. on the CPU) overlaps the other part's
         linear layers on the GPU (Neo's asymmetric pipeline).
 
         attend_async(layer, rows, q, k, v) starts the attention of `rows` (a slice of the batch) and returns
         a callable that waits for it and gives the output `[len(rows), Hq, D]`. Order per layer L: finish
         A(L - 1) and start A(L), then finish B(L - 1) and start B(L): while the attention of one part runs,
-        the other part's projections and MLP are issued. Rows must not attend to each other (decode rows:
-        the parts never see each other's K/V within a step). Same result as forward().
+        the other part's projections and MLP are issued. The parts must not attend to each other (decode
+        rows, or decodes | prompt chunks: no part sees the other's K/V within a step); each part may run as
+        CUDA graphs or eagerly, by its size. Same result as forward().
         """
         tokens, positions, logits_rows = self._inputs(tokens, positions, logits_rows)
         n = tokens.numel()
@@ -182,9 +183,7 @@ class ModelRunner:
             xs = [x[r] for r in parts]
             rots = [None if rot is None else (rot[0][r], rot[1][r]) for r in parts]
             sizes = [split, n - split]
-            sets = [self._graph_set(sizes[p], p) for p in range(2)]
-            if None in sets:
-                sets = [None, None]
+            sets = [self._graph_set(sizes[p], p) for p in range(2)]  # a part too large for any graph runs eager
             for p in range(2):
                 if sets[p] is not None:
                     sets[p].load(xs[p], rots[p])

@@ -93,8 +93,9 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     cpu_attn_kernel: cpu_attn only: "flash" (torch's CPU flash kernel per run of pages of each decode) or
     "native" (one OpenMP call per layer for all decodes; directkv.kernels.cpu_decode_attention).
 
-    directkv_pipelined: directkv only: decode-only steps as two halves, one half's zero-copy attention on a
-    side stream overlapping the other half's dense layers (runner.forward_pipelined, paths.attend_async).
+    directkv_pipelined: directkv only: steps as two parts (halves of a decode-only step; decodes | prompt
+    chunks of a mixed one), one part's zero-copy attention on a side stream overlapping the other part's
+    dense layers (runner.forward_pipelined, paths.attend_async, stepper.split).
     directkv_side_ctas: with directkv_pipelined, about this many CTAs per side-stream kernel (None: the
     kernel fills the GPU).
 

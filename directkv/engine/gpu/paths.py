@@ -7,8 +7,9 @@ so the same code runs in the CPU tests at toy sizes.
 * ``ZeroCopyPath`` — directkv (KV in pinned host pages, read in place by the kernels) and hbm (pages in HBM).
   directkv's variant ``stream`` is the exception beyond the paper: its kernels' copy engine stages the
   pages through rings of <= 64 MiB on a side stream (decode and prefill ``stream`` variants).
-  With ``executor.directkv_pipelined`` its decode-only steps run as two halves (``attend_async``): one
-  half's zero-copy attention runs on a side stream while the other half's dense layers run on the main one.
+  With ``executor.directkv_pipelined`` a step runs as two parts (``attend_async``): halves of a decode-only
+  step, or decodes | prompt chunks of a mixed one; one part's zero-copy attention runs on a side stream
+  while the other part's dense layers run on the main one.
 * ``StagedPath`` — swap: before each layer, the copy engine moves that layer's pages of the step's
   requests into an HBM staging pool on a side stream, one layer ahead (double-buffered), then HBM attention.
 * ``CpuAttnPath`` (cpu_attn_path.py) — cpu_attn: decode attention on the CPU over the pinned pages; prefill like swap. Decode-only
@@ -109,47 +110,68 @@ class ZeroCopyPath:
                                variant=variant, **({"plan": self.decode_plan} if stream else {}))
             out[: p.num_decodes] = o
             self.traffic = self.traffic + t
+        self._chunks(p, tier, variant, q, k, v, k_pool, v_pool, chunk_tables, out, stream=stream)
+        return out
+
+    def _chunks(self, p: StepPlan, tier: str, variant: str, q, k, v, k_pool, v_pool, chunk_tables, out, *,
+                stream: bool = False, base: int = 0) -> None:
+        """Prefill attention of every prompt chunk of `p` into `out`; q/k/v/out rows start at the plan's row
+        `base`."""
         for i, (c, table) in enumerate(zip(p.chunks, chunk_tables, strict=True)):
-            rows = slice(c.start, c.start + c.length)
+            rows = slice(c.start - base, c.start - base + c.length)
             lens = torch.tensor([c.past_len], dtype=torch.int32)  # host-side: the kernel takes past_len as an int, no sync
             o, t = self.prefill(q[rows], k[rows], v[rows], self._paged(tier, k_pool, v_pool, table, lens),
                                 variant=variant, causal=True, **({"stream_plan": self.chunk_plans[i]} if stream else {}))
             out[rows] = o
             self.traffic = self.traffic + t
-        return out
 
     def attend_async(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Decode-only steps, one part of the batch (runner.forward_pipelined): store the part's new K/V, then
-        queue its decode attention on a side stream; returns wait() -> out, which makes the main stream wait.
+        """One part of a pipelined step (runner.forward_pipelined): store the part's new K/V, then queue its
+        attention on a side stream; returns wait() -> out, which makes the main stream wait. A part is some
+        of the decodes, or all prompt chunks (rows from the first chunk's row on).
 
-        The zero-copy kernel is bound by the host link, the other part's projections and MLP by HBM and
-        launches, so the two can overlap, as swap's copy of the next layer overlaps this layer's compute.
+        The zero-copy kernel is bound by the host link, the other part's projections and MLP by HBM (and the
+        chunks' by the tensor cores), so the two can overlap, as swap's copy of the next layer overlaps this
+        layer's compute.
         """
-        if self.variant not in ("naive", "tiled") or self.plan.chunks:  # message built only on failure: hot path
-            raise ConfigError(f"attend_async serves decode-only steps of variants naive / tiled; got variant "
-                              f"{self.variant!r} with {len(self.plan.chunks)} prompt chunks")
-        k_pool, v_pool = self.store(layer, k, v, rows)
         p = self.plan
-        # the same table and lens tensors every layer: the kernels' Traffic memo reads them once per step
-        table, lens = self._parts.setdefault((rows.start, rows.stop), (p.decode_table[rows], p.decode_lens[rows]))
-        paged = self._paged(self.tier, k_pool, v_pool, table, lens)
-        if q.device.type != "cuda":
-            out, t = self.decode(q, paged, variant=self.variant)
+        chunks = rows.start == p.num_decodes and rows.stop > rows.start
+        if self.variant not in ("naive", "tiled") or not (chunks or rows.stop <= p.num_decodes):
+            raise ConfigError(f"attend_async serves variants naive / tiled, a part of the decodes or all chunks; "
+                              f"got variant {self.variant!r}, rows {rows.start}:{rows.stop} of a step of "
+                              f"{p.num_decodes} decodes")  # message built only on failure: hot path
+        k_pool, v_pool = self.store(layer, k, v, rows)
+        if not chunks:
+            # the same table and lens tensors every layer: the kernels' Traffic memo reads them once per step
+            table, lens = self._parts.setdefault((rows.start, rows.stop), (p.decode_table[rows], p.decode_lens[rows]))
+            paged = self._paged(self.tier, k_pool, v_pool, table, lens)
+
+        def attention(splits: int | None = None) -> torch.Tensor:
+            if chunks:
+                out = torch.empty_like(q)
+                self._chunks(p, self.tier, self.variant, q, k, v, k_pool, v_pool, p.chunk_tables, out,
+                             base=rows.start)
+                return out
+            out, t = self.decode(q, paged, variant=self.variant, **({} if splits is None else {"num_splits": splits}))
             self.traffic = self.traffic + t
+            return out
+
+        if q.device.type != "cuda":
+            out = attention()
             return lambda: out
-        splits = self.side_splits(q, k_pool.shape[2])
+        splits = None if chunks else self.side_splits(q, k_pool.shape[2])
         main = torch.cuda.current_stream(q.device)
         side = side_stream(q.device, 0)[0]
         side.wait_stream(main)  # q and this part's new K/V are written on the main stream
         with torch.cuda.stream(side):
-            out, t = self.decode(q, paged, variant=self.variant, num_splits=splits)
+            out = attention(splits)
         done = torch.cuda.Event()
         done.record(side)
-        # the caching allocator must not hand q's block to the main stream, nor out's to the side stream,
-        # while the other stream may still use it
-        q.record_stream(side)
+        # the caching allocator must not hand q's (or the chunks' new K/V's) block to the main stream, nor
+        # out's to the side stream, while the other stream may still use it
+        for t in (q, k, v) if chunks else (q,):
+            t.record_stream(side)
         out.record_stream(main)
-        self.traffic = self.traffic + t
 
         def wait() -> torch.Tensor:
             main.wait_event(done)

@@ -68,10 +68,19 @@ class GPUStepper:
                 rows.append(n - 1)
         return torch.tensor(ids, dtype=torch.int64), torch.tensor(rows, dtype=torch.int64)
 
-    def pipelined(self, step: Step) -> bool:
-        """cpu_attn, and directkv with directkv_pipelined, run decode-only steps of >= 2 sequences as two
-        software-pipelined halves."""
-        return self.halves and not step.prefills and len(step.decodes) >= 2
+    def split(self, step: Step) -> int | None:
+        """Row where a software-pipelined step is cut into its two parts, or None to run it as one batch.
+
+        cpu_attn, and directkv with directkv_pipelined, cut decode-only steps of >= 2 sequences in halves.
+        directkv also cuts steps that mix decodes and prompt chunks into decodes | chunks: the decodes'
+        link-bound attention then overlaps the chunks' dense layers, which dominate such steps.
+        """
+        if not self.halves:
+            return None
+        d = len(step.decodes)
+        if not step.prefills:
+            return d // 2 if d >= 2 else None
+        return d if d and self.policy.name == "directkv" else None
 
     def run_step(self, step: Step) -> StepCost:
         ids, rows = self._tokens(step)
@@ -85,9 +94,10 @@ class GPUStepper:
         self.path.begin(plan)
         # a step of mid-prompt chunks only needs no logits; the runner wants one row, which is then dropped
         want = rows if rows.numel() else torch.tensor([ids.numel() - 1])
-        if self.pipelined(step):  # one half's attention (CPU, or zero-copy on a side stream) overlaps the other half's layers
+        split = self.split(step)
+        if split is not None:  # one part's attention (CPU, or zero-copy on a side stream) overlaps the other part's layers
             logits = self.runner.forward_pipelined(ids.to(self.device), plan.positions, self.path.attend_async,
-                                                   want.to(self.device), split=len(step.decodes) // 2)
+                                                   want.to(self.device), split=split)
         else:
             logits = self.runner.forward(ids.to(self.device), plan.positions, self.path.attend, want.to(self.device))
         nxt = logits.argmax(-1).tolist()[: rows.numel()]  # greedy; ignore_eos: lengths come from the workload
