@@ -12,7 +12,13 @@ from tqdm import tqdm
 from directkv.costmodel import CostModel, mode_for
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig
-from directkv.engine.systems import CPU_ATTN_KERNELS, DEFAULT_CPU_ATTN_KERNEL, SystemPolicy, check_pipelined
+from directkv.engine.systems import (
+    CPU_ATTN_KERNELS,
+    DEFAULT_CPU_ATTN_KERNEL,
+    DEFAULT_DIRECTKV_SIDE_CTAS,
+    SystemPolicy,
+    check_pipelined,
+)
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
@@ -31,7 +37,7 @@ class Setup:
     cuda_graphs: bool = False  # measured serving: the runner's dense layer parts replayed as CUDA graphs
     cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL  # measured cpu_attn: one native OpenMP call, or torch's flash loop
     directkv_pipelined: bool = False  # measured directkv: steps as two parts, one part's attention on a side stream
-    directkv_side_ctas: int | None = None  # ... with about this many CTAs per side-stream kernel (None: all SMs)
+    directkv_side_ctas: int | None = DEFAULT_DIRECTKV_SIDE_CTAS  # ... about this many CTAs per side-stream kernel (None: all SMs)
 
 
 def resolve_device(requested: str) -> str:
@@ -75,7 +81,7 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
         raise unknown_name("executor.cpu_attn_kernel", cpu_kernel, CPU_ATTN_KERNELS)
     pipelined = executor.get("directkv_pipelined", False)
     check_pipelined(SystemPolicy("directkv", str(cfg.system.get("directkv_variant", "tiled"))), pipelined)
-    side_ctas = executor.get("directkv_side_ctas", None)
+    side_ctas = executor.get("directkv_side_ctas", DEFAULT_DIRECTKV_SIDE_CTAS)
     if side_ctas is not None:
         side_ctas = as_int(side_ctas, "executor.directkv_side_ctas")
         check(side_ctas >= 1, f"executor.directkv_side_ctas must be >= 1 or null (the kernel's own plan); got {side_ctas}")

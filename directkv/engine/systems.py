@@ -39,6 +39,9 @@ FLEXGEN_BITS, FLEXGEN_GROUP = 4, 64
 # default: on the H200 host it served Alpaca at 30 req/s at 71 ms per token against flash's 604 (2026-11-29).
 CPU_ATTN_KERNELS = ("native", "flash")
 DEFAULT_CPU_ATTN_KERNEL = "native"
+# CTAs of directkv's side-stream decode kernel when pipelined: fewer leave SMs to the other part's dense
+# layers (H200, 4K x 4: 32 CTAs 53.9 ms per token, 64 53.1, 128 57.0, uncapped 60.4)
+DEFAULT_DIRECTKV_SIDE_CTAS = 64
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,13 @@ from directkv.engine.gpu.stepper import GPUStepper
 from directkv.engine.loop import ServeResult, serve
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig, kv_budgets
-from directkv.engine.systems import DEFAULT_CPU_ATTN_KERNEL, SystemPolicy, check_pipelined, runs_halves
+from directkv.engine.systems import (
+    DEFAULT_CPU_ATTN_KERNEL,
+    DEFAULT_DIRECTKV_SIDE_CTAS,
+    SystemPolicy,
+    check_pipelined,
+    runs_halves,
+)
 from directkv.memory import HostArena, KVCacheManager
 from directkv.model.runner import ModelRunner
 from directkv.model.weights import init_weights
@@ -87,7 +93,8 @@ class NvmlSampler:
 def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, mem: MemoryConfig,
             sched_cfg: SchedulerConfig, device: str = "cuda", warmup: int = 0, seed: int = 0,
             cuda_graphs: bool = False, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
-            directkv_pipelined: bool = False, directkv_side_ctas: int | None = None) -> tuple[ServeResult, dict]:
+            directkv_pipelined: bool = False, directkv_side_ctas: int | None = DEFAULT_DIRECTKV_SIDE_CTAS
+            ) -> tuple[ServeResult, dict]:
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
 
     cpu_attn_kernel: cpu_attn only: "flash" (torch's CPU flash kernel per run of pages of each decode) or

@@ -17,6 +17,7 @@ from directkv.engine.gpu.plan import plan_step
 from directkv.engine.state import Step
 from directkv.engine.systems import (
     DEFAULT_CPU_ATTN_KERNEL,
+    DEFAULT_DIRECTKV_SIDE_CTAS,
     StepCost,
     SystemPolicy,
     check_pipelined,
@@ -28,7 +29,8 @@ from directkv.model.runner import ModelRunner
 
 
 def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None = None,
-              cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL, directkv_side_ctas: int | None = None):
+              cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
+              directkv_side_ctas: int | None = DEFAULT_DIRECTKV_SIDE_CTAS):
     if policy.name in ("directkv", "hbm"):
         if policy.variant == "fused":
             raise ConfigError("directkv variant 'fused' has no GPU kernel yet; valid on the GPU: naive, tiled, stream")
@@ -45,7 +47,7 @@ def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *,
 class GPUStepper:
     def __init__(self, policy: SystemPolicy, runner: ModelRunner, kv: KVCacheManager, device: torch.device, *,
                  seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
-                 directkv_pipelined: bool = False, directkv_side_ctas: int | None = None):
+                 directkv_pipelined: bool = False, directkv_side_ctas: int | None = DEFAULT_DIRECTKV_SIDE_CTAS):
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
         check_pipelined(policy, directkv_pipelined)
         self.halves = runs_halves(policy, directkv_pipelined)
