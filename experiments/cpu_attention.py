@@ -14,13 +14,12 @@ GPU spec of the config.
 from __future__ import annotations
 
 import math
-import platform
-from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
 from directkv.errors import check, unknown_name
+from directkv.hostinfo import cpu_name
 from directkv.kernels.paged import sequence_runs
 from directkv.results import ResultsWriter
 from directkv.timing import time_fn
@@ -30,17 +29,6 @@ KERNELS = ("flash", "native")
 PAGE_ORDERS = ("consecutive", "shuffled")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 PAGE_SIZE = 16
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo), else what platform reports."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def make_point(batch: int, context: int, *, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,

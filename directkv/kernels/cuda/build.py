@@ -25,6 +25,8 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from directkv.hostinfo import cpu_name, cpuinfo_field
+
 REPO = Path(__file__).resolve().parents[3]
 CSRC = REPO / "csrc"
 ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
@@ -75,16 +77,6 @@ def _flags(op: str) -> list[str]:
     return CXX_FLAGS if is_host_op(op) else NVCC_FLAGS + ARCH_FLAGS
 
 
-def _cpu_model() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        import platform
-
-        return platform.processor() or platform.machine()
-    return "".join(next((ln for ln in lines if ln.startswith(key)), "") for key in ("model name", "flags"))
-
-
 def cache_dir() -> Path:
     root = os.environ.get("DIRECTKV_CACHE", str(Path.home() / ".cache" / "directkv" / "cuda"))
     return Path(root)
@@ -119,7 +111,7 @@ def _key(op: str, compiler: str, flags: list[str]) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     h.update(version.encode())
     if is_host_op(op):
-        h.update(_cpu_model().encode())
+        h.update((cpu_name() + (cpuinfo_field("flags") or "")).encode())
     h.update(" ".join(flags).encode())
     h.update(sys.implementation.cache_tag.encode())
     return h.hexdigest()[:16]
