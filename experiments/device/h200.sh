@@ -9,6 +9,8 @@
 # The ShareGPT / Alpaca samples live outside the checkout (../shared/data): copy them into an ignored .data/,
 # carry it, and export DIRECTKV_DATA_DIR=$PWD/.data for the rate step.
 # Results are packed into $OUT/results.tar.gz (the device tool returns at most 2 folder levels), logs into $OUT.
+# The tool also returns at most 8 files: the test step writes two logs and the profile step one per system,
+# so send other output to one log file (a call that left 10 files in $OUT lost its results.tar.gz).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
