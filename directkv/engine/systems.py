@@ -135,8 +135,8 @@ def gpu_memory_bytes(model: ModelSpec, *, kv_hbm_peak: int, staging_peak: int,
 
 
 def runs_halves(policy: SystemPolicy, directkv_pipelined: bool) -> bool:
-    """Whether the measured executor runs this system's decode-only steps as two pipelined halves: cpu_attn
-    always (Neo's pipeline), directkv with executor.directkv_pipelined."""
+    """Whether the measured executor runs this system's steps as two pipelined parts (GPUStepper.split):
+    cpu_attn always (Neo's pipeline), directkv with executor.directkv_pipelined."""
     return policy.name == "cpu_attn" or (directkv_pipelined and policy.name == "directkv")
 
 

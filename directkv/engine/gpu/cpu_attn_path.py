@@ -26,6 +26,8 @@ from directkv.memory import KVCacheManager
 class CpuAttnPath(StagedPath):
     """Neo-like: decode attention on the CPU over the pinned pages; prompt chunks attend on the GPU (staged)."""
 
+    pipelines_chunks = False  # attend_async is CPU decode attention only
+
     def __init__(self, kv: KVCacheManager, *, threads: int | None = None, tile_kv: int = 64,
                  kernel: str = DEFAULT_CPU_ATTN_KERNEL):
         super().__init__(kv, tile_kv=tile_kv)
@@ -76,8 +78,8 @@ class CpuAttnPath(StagedPath):
             v_st.view(flat)[self.remap] = v[p.num_decodes:]
             self.traffic.link_read_bytes += self.stager.bytes_per_layer()
             rows = slice(p.num_decodes, None)
-            out[rows] = self.attention(_only_chunks(p), "hbm", q[rows], k[rows], v[rows], k_st, v_st,
-                                       self.decode_table, self.chunk_tables)
+            self._chunks(p, "hbm", self.variant, q[rows], k[rows], v[rows], k_st, v_st, self.chunk_tables, out[rows],
+                         base=p.num_decodes)
             self.stager.release(layer)
         if p.num_decodes:
             out[: p.num_decodes] = self._cpu_decode(layer, q_cpu).to(q.device, q.dtype)
@@ -181,11 +183,3 @@ def _cpu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[t
     lse = torch.logsumexp(s, dim=-1)
     return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()), lse
 
-
-def _only_chunks(p: StepPlan) -> StepPlan:
-    from dataclasses import replace
-
-    shift = p.num_decodes
-    chunks = [type(c)(c.req_id, c.start - shift, c.length, c.past_len) for c in p.chunks]
-    return replace(p, decode_ids=[], decode_lens_host=[], decode_lens=p.decode_lens[:0], chunks=chunks, slots=p.slots[shift:],
-                   positions=p.positions[shift:])

@@ -74,15 +74,16 @@ class GPUStepper:
         """Row where a software-pipelined step is cut into its two parts, or None to run it as one batch.
 
         cpu_attn, and directkv with directkv_pipelined, cut decode-only steps of >= 2 sequences in halves.
-        directkv also cuts steps that mix decodes and prompt chunks into decodes | chunks: the decodes'
-        link-bound attention then overlaps the chunks' dense layers, which dominate such steps.
+        A path whose attend_async serves prompt chunks (directkv's) also cuts steps that mix decodes and
+        chunks into decodes | chunks: the decodes' link-bound attention then overlaps the chunks' dense
+        layers, which dominate such steps.
         """
         if not self.halves:
             return None
         d = len(step.decodes)
         if not step.prefills:
             return d // 2 if d >= 2 else None
-        return d if d and self.policy.name == "directkv" else None
+        return d if d and self.path.pipelines_chunks else None
 
     def run_step(self, step: Step) -> StepCost:
         ids, rows = self._tokens(step)
