@@ -252,7 +252,7 @@ def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size
     exactly (attention needs no key order otherwise). Returns (tables [P, batch, width], lens [P, batch],
     copies per chunk, hbm_pass) with P = chunks (+1 for the HBM-page pass).
     """
-    table, tokens, host, pages = _host_pages(block_table, seq_lens, page_size)
+    table, tokens, host, pages = host_pages(block_table, seq_lens, page_size)
     chunk_of = torch.full((int(pages.max()) + 1 if len(pages) else 1,), -1, dtype=torch.int64)
     pos_of = torch.zeros_like(chunk_of)
     chunk_of[pages] = torch.arange(len(pages)) // chunk_pages
@@ -282,7 +282,7 @@ def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size
     return torch.stack(out_tables).to(torch.int32), torch.stack(out_lens).to(torch.int32), copies, bool(hbm.any())
 
 
-def _host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int):
+def host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int):
     """(the table as int64, tokens in each column's page [batch, width], mask of the columns on host pages, the
     sorted host page ids the batch reads) of CPU tensors."""
     table, lens = block_table.to(torch.int64), seq_lens.to(torch.int64)
@@ -305,8 +305,8 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     page_bytes = kv.page_size * kv.num_kv_heads * kv.head_dim * kv.host_k.element_size()
     chunk_pages = chunk_bytes // page_bytes
     table, seq_lens = kv.block_table.cpu(), kv.seq_lens.cpu()
-    host_pages = max(len(_host_pages(table, seq_lens, kv.page_size)[3]), 1)  # read by this batch, not the arena
-    chunk_pages = min(chunk_pages, max(math.ceil(host_pages / min_chunks), min_chunk_bytes // page_bytes, 1))
+    read = max(len(host_pages(table, seq_lens, kv.page_size)[3]), 1)  # read by this batch, not the arena
+    chunk_pages = min(chunk_pages, max(math.ceil(read / min_chunks), min_chunk_bytes // page_bytes, 1))
     check(chunk_pages >= 1 and num_slots >= 2 and 2 * num_slots * chunk_pages * page_bytes <= MAX_RING_BYTES,
           f"stream ring of {num_slots} slots x 2 x {chunk_bytes} B must hold >= 1 page ({page_bytes} B) per slot, "
           f">= 2 slots and <= {MAX_RING_BYTES} B")

@@ -43,7 +43,7 @@ import torch
 
 from directkv.errors import check, unknown_name
 from directkv.kernels.cuda import build
-from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES, merge_passes, stream_schedule
+from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES, host_pages, merge_passes, stream_schedule
 from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.paged import PagedKV, check_queries, sequence_runs
 from directkv.kernels.traffic import Traffic
@@ -429,8 +429,8 @@ def plan_prefill_stream(kv: PagedKV, *, chunk_bytes: int | None = None, min_chun
     past_len = int(kv.seq_lens[0])
     table = kv.block_table[:1, : -(-past_len // kv.page_size)].cpu()
     page_bytes = math.prod(kv.host_k.shape[1:]) * kv.host_k.element_size()
-    host_pages = len(torch.unique(table[table >= 0]))
-    chunk_pages = stream_chunk_pages(host_pages, page_bytes, chunk_bytes=chunk_bytes, min_chunks=min_chunks)
+    read = len(host_pages(table, torch.tensor([past_len]), kv.page_size)[3])  # the decode plan's count
+    chunk_pages = stream_chunk_pages(read, page_bytes, chunk_bytes=chunk_bytes, min_chunks=min_chunks)
     passes = tuple(stream_passes(table, past_len, kv.page_size, chunk_pages))
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     tables = torch.stack([p.table for p in passes]).to(device) if passes else None
