@@ -16,8 +16,10 @@ from directkv.engine.systems import (
     CPU_ATTN_KERNELS,
     DEFAULT_CPU_ATTN_KERNEL,
     DEFAULT_DIRECTKV_SIDE_CTAS,
+    DEFAULT_PIPELINE_MIN_KV_MB,
+    NO_PIPELINING,
+    Pipelining,
     SystemPolicy,
-    check_pipelined,
 )
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.specs import HardwareSpec, ModelSpec, get_hardware, get_model
@@ -36,8 +38,7 @@ class Setup:
     sim_mode: str  # label of simulated rows on this hardware: simulated | projected
     cuda_graphs: bool = False  # measured serving: the runner's dense layer parts replayed as CUDA graphs
     cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL  # measured cpu_attn: one native OpenMP call, or torch's flash loop
-    directkv_pipelined: bool = False  # measured directkv: steps as two parts, one part's attention on a side stream
-    directkv_side_ctas: int | None = DEFAULT_DIRECTKV_SIDE_CTAS  # ... about this many CTAs per side-stream kernel (None: all SMs)
+    pipelining: Pipelining = NO_PIPELINING  # measured directkv: steps as two parts, one part's attention on a side stream
 
 
 def resolve_device(requested: str) -> str:
@@ -79,16 +80,14 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     cpu_kernel = str(executor.get("cpu_attn_kernel", DEFAULT_CPU_ATTN_KERNEL))
     if cpu_kernel not in CPU_ATTN_KERNELS:
         raise unknown_name("executor.cpu_attn_kernel", cpu_kernel, CPU_ATTN_KERNELS)
-    pipelined = executor.get("directkv_pipelined", False)
-    check_pipelined(SystemPolicy("directkv", str(cfg.system.get("directkv_variant", "tiled"))), pipelined)
-    side_ctas = executor.get("directkv_side_ctas", DEFAULT_DIRECTKV_SIDE_CTAS)
-    if side_ctas is not None:
-        side_ctas = as_int(side_ctas, "executor.directkv_side_ctas")
-        check(side_ctas >= 1, f"executor.directkv_side_ctas must be >= 1 or null (the kernel's own plan); got {side_ctas}")
+    pipelining = Pipelining(executor.get("directkv_pipelined", False),
+                            executor.get("directkv_side_ctas", DEFAULT_DIRECTKV_SIDE_CTAS),
+                            executor.get("directkv_pipeline_min_kv_mb", DEFAULT_PIPELINE_MIN_KV_MB))
+    pipelining.check_system(SystemPolicy("directkv", str(cfg.system.get("directkv_variant", "tiled"))))
     # graphs and pipelining are properties of the measured executor; the simulation has no kernel launches
     # or streams
     return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda",
-                 cpu_kernel, pipelined, side_ctas)
+                 cpu_kernel, pipelining)
 
 
 def policies(cfg: DictConfig) -> list[SystemPolicy]:

@@ -63,9 +63,10 @@ def reference(q, k_pool, v_pool, table, lens) -> torch.Tensor:
 def kernel_fn(kernel: str, q, k_pool, v_pool, table, lens, threads: int):
     """The call the cpu_attn path makes per layer with `kernel`, on these inputs."""
     if kernel == "native":
-        from directkv.kernels.cpu_decode_attention import cpu_decode_attention
+        from directkv.kernels.cpu_decode_attention import DecodeTables, cpu_decode_attention
 
-        return lambda: cpu_decode_attention(q, k_pool, v_pool, table, lens, threads=threads)
+        tables = DecodeTables.check(table, lens, page_size=PAGE_SIZE)  # once per step in the path, not per layer
+        return lambda: cpu_decode_attention(q, k_pool, v_pool, tables, threads=threads)
     from directkv.engine.gpu.cpu_attn_path import torch_decode_attention
 
     runs = [sequence_runs(table[b, : -(-n // PAGE_SIZE)].tolist(), n, PAGE_SIZE) for b, n in enumerate(lens.tolist())]

@@ -56,7 +56,7 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
 
             res, extra = run_gpu(requests, policy, s.model, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
                                  cuda_graphs=s.cuda_graphs, cpu_attn_kernel=s.cpu_attn_kernel,
-                                 directkv_pipelined=s.directkv_pipelined, directkv_side_ctas=s.directkv_side_ctas)
+                                 pipelining=s.pipelining)
             return _fill(row, res, s, extra)
         return _fill(row, simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup),
                      s, {})

@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from directkv.errors import ConfigError
-from directkv.kernels.cpu_decode_attention import MIN_PIECE_PAGES, cpu_decode_attention, plan_piece_pages
+from directkv.kernels.cpu_decode_attention import (
+    MIN_PIECE_PAGES,
+    DecodeTables,
+    cpu_decode_attention,
+    plan_piece_pages,
+)
 from directkv.kernels.cuda import build
 
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -37,6 +42,10 @@ def make_cache(lens, *, num_heads, num_kv_heads, head_dim, dtype, page_size=16, 
         at += p
     q = torch.randn(len(lens), num_heads, head_dim).to(dtype)
     return q, k_pool, v_pool, table, torch.tensor(lens, dtype=torch.int32)
+
+
+def _tables(table, lens, page_size=16):
+    return DecodeTables.check(table, lens, page_size=page_size)
 
 
 def reference(q, k_pool, v_pool, table, lens, scale):
@@ -79,7 +88,8 @@ def test_matches_float64(case, piece_pages, threads):
                                                     head_dim=head_dim, dtype=dtype, page_size=page_size)
     scale = 1 / math.sqrt(head_dim)
     out = torch.full(q.shape, math.nan, dtype=torch.float32)
-    cpu_decode_attention(q, k_pool, v_pool, table, seq_lens, threads=threads, piece_pages=piece_pages, out=out)
+    cpu_decode_attention(q, k_pool, v_pool, _tables(table, seq_lens, page_size), threads=threads,
+                         piece_pages=piece_pages, out=out)
     assert not out.isnan().any()
     assert rel_err(out, reference(q, k_pool, v_pool, table, seq_lens, scale)) < TOL[dtype]
 
@@ -87,10 +97,10 @@ def test_matches_float64(case, piece_pages, threads):
 def test_large_scores_and_given_scale():
     """Scores far from 0 (a large scale) stress the online max; the default output buffer and scale path."""
     q, k_pool, v_pool, table, seq_lens = make_cache([777, 50], num_heads=8, num_kv_heads=2, head_dim=64, dtype=BF16)
-    out = cpu_decode_attention(q, k_pool, v_pool, table, seq_lens, scale=2.0, piece_pages=2)
+    out = cpu_decode_attention(q, k_pool, v_pool, _tables(table, seq_lens), scale=2.0, piece_pages=2)
     assert out.dtype == torch.float32 and not out.isnan().any()
     assert rel_err(out, reference(q, k_pool, v_pool, table, seq_lens, 2.0)) < TOL[BF16]
-    default = cpu_decode_attention(q, k_pool, v_pool, table, seq_lens)
+    default = cpu_decode_attention(q, k_pool, v_pool, _tables(table, seq_lens))
     assert rel_err(default, reference(q, k_pool, v_pool, table, seq_lens, 1 / 8)) < TOL[BF16]
 
 
@@ -101,9 +111,25 @@ def test_fp16_subnormals_and_extremes_convert_exactly():
     k_pool = torch.randn(1, 16, 1, 8).to(FP16)
     v_pool = torch.zeros(1, 16, 1, 8, dtype=FP16)
     v_pool[0, 0, 0] = v_vals
-    out = cpu_decode_attention(torch.randn(1, 1, 8).to(FP16), k_pool, v_pool, torch.zeros(1, 1, dtype=torch.int32),
-                               torch.tensor([1], dtype=torch.int32))
+    out = cpu_decode_attention(torch.randn(1, 1, 8).to(FP16), k_pool, v_pool,
+                               _tables(torch.zeros(1, 1, dtype=torch.int32), torch.tensor([1], dtype=torch.int32)))
     assert torch.equal(out[0, 0], v_vals.float())
+
+
+def test_a_part_of_the_checked_tables_attends_its_rows():
+    """The pipelined cpu_attn path checks a step's tables once and hands each part rows(...) of them."""
+    q, k_pool, v_pool, table, seq_lens = make_cache([40, 300, 17, 90], num_heads=8, num_kv_heads=2, head_dim=64,
+                                                    dtype=BF16)
+    tables = _tables(table, seq_lens)
+    want = reference(q, k_pool, v_pool, table, seq_lens, 1 / 8)
+    for rows in (slice(0, 2), slice(2, 4), slice(1, 3)):
+        out = torch.full(q[rows].shape, math.nan, dtype=torch.float32)
+        cpu_decode_attention(q[rows].contiguous(), k_pool, v_pool, tables.rows(rows), out=out)
+        assert rel_err(out, want[rows]) < TOL[BF16]
+    with pytest.raises(ConfigError, match="tables of 2 sequences with page_size 16 for q of 4"):
+        cpu_decode_attention(q, k_pool, v_pool, tables.rows(slice(0, 2)))
+    with pytest.raises(ConfigError, match="page_size 16 for q of 4 and pools of page_size 8"):
+        cpu_decode_attention(q, k_pool.view(-1, 8, 2, 64), v_pool.view(-1, 8, 2, 64), tables)
 
 
 def test_plan_piece_pages():
@@ -121,6 +147,7 @@ def test_plan_piece_pages():
         (lambda a: a.update(seq_lens=torch.tensor([49, 5], dtype=torch.int32)), r"seq_lens must be in 1\.\.48 .*got \[49\]"),
         (lambda a: a.update(block_table=a["block_table"].long()), "block_table must be int32"),
         (lambda a: a["block_table"].__setitem__((0, 0), 99), r"page ids outside 0\.\.6: .*\.\.99"),
+        (lambda a: a["block_table"].__setitem__((1, 0), -2), "block_table holds negative page ids: -2"),
         (lambda a: a.update(q=a["q"][:, :3]), "num_heads 3 is not a multiple of num_kv_heads 2"),
         (lambda a: a.update(piece_pages=0), "piece_pages must be an int >= 1; got 0"),
     ],
@@ -131,5 +158,5 @@ def test_bad_inputs_name_the_value(change, message):
     args = dict(q=q, k_pool=k_pool, v_pool=v_pool, block_table=table, seq_lens=seq_lens, piece_pages=None)
     change(args)
     with pytest.raises(ConfigError, match=message):
-        cpu_decode_attention(args.pop("q"), args.pop("k_pool"), args.pop("v_pool"), args.pop("block_table"),
-                             args.pop("seq_lens"), **args)
+        tables = _tables(args.pop("block_table"), args.pop("seq_lens"))
+        cpu_decode_attention(args.pop("q"), args.pop("k_pool"), args.pop("v_pool"), tables, **args)

@@ -13,13 +13,15 @@ from directkv.engine.gpu.stepper import GPUStepper
 from directkv.engine.loop import serve
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig
-from directkv.engine.systems import SystemPolicy
+from directkv.engine.state import ReqState, Step
+from directkv.engine.systems import NO_PIPELINING, Pipelining, SystemPolicy
 from directkv.errors import ConfigError
 from directkv.memory import KVCacheManager
 from directkv.model.runner import ModelRunner
 from directkv.model.weights import init_weights
 from directkv.specs import ModelSpec
 from workloads import synthetic_workload, with_arrivals
+from workloads.request import Request
 
 # tiny but with head_dim 64 so FlexGen's group of 64 applies
 SPEC = ModelSpec("toy", "llama", 2, 128, 4, 2, 64, 256, 512, 4096)
@@ -31,18 +33,27 @@ def runner():
     return ModelRunner(SPEC, init_weights(SPEC, device="cpu", dtype=torch.float32, seed=1))
 
 
-def _serve(policy, runner, requests, *, cpu_attn_kernel="flash", pipelined=False):
+# toy layers hold a few KB of K/V: a real-size cut threshold would leave every toy step whole
+TOY_PIPELINING = Pipelining(True, min_kv_mb=0.0)
+
+
+def _kv(policy, requests):
     kv_tokens = sum(r.prompt_len + r.output_len for r in requests) + 64
     tier_bytes = kv_tokens * policy.kv_bytes_per_token(SPEC)
     kv = KVCacheManager(SPEC, page_size=16, hbm_budget_bytes=tier_bytes if policy.kv_tier == "hbm" else 0,
                         host_budget_bytes=tier_bytes if policy.kv_tier == "host" else 0,
                         bytes_per_token=policy.kv_bytes_per_token(SPEC), materialize=policy.name != "flexgen",
                         dtype=torch.float32, hbm_device="cpu")
+    return kv
+
+
+def _serve(policy, runner, requests, *, cpu_attn_kernel="flash", pipelining=NO_PIPELINING):
+    kv = _kv(policy, requests)
     if kv.arena is not None:  # poison: a read of a slot nobody wrote turns into NaN and fails the test
         for t in (kv.arena.k, kv.arena.v, kv.hbm_k, kv.hbm_v):
             t.fill_(float("nan"))
     stepper = GPUStepper(policy, runner, kv, torch.device("cpu"), seed=7, cpu_attn_kernel=cpu_attn_kernel,
-                         directkv_pipelined=pipelined)
+                         pipelining=pipelining)
     if policy.name == "flexgen":
         for t in stepper.path.shadow:
             t.fill_(float("nan"))
@@ -90,7 +101,7 @@ def test_every_path_generates_what_hbm_generates(runner, name, variant, option):
     reqs = _requests()
     ref_res, ref = _serve(SystemPolicy("hbm"), runner, reqs)
     res, st = _serve(SystemPolicy(name, variant), runner, reqs, cpu_attn_kernel=option or "flash",
-                     pipelined=option == "pipelined")
+                     pipelining=TOY_PIPELINING if option == "pipelined" else NO_PIPELINING)
     assert res.metrics["completed"] == ref_res.metrics["completed"] == len(reqs)
     assert st.outputs == ref.outputs
     assert len(st.outs) == len(ref.outs)
@@ -105,6 +116,43 @@ def test_every_path_generates_what_hbm_generates(runner, name, variant, option):
         assert (st.mixed_layers > 0) == (name == "directkv")
     else:
         assert st.pipelined_layers == 0
+
+
+def test_directkv_cuts_only_steps_whose_decodes_read_enough_host_kv(runner):
+    """Pipelining's guard: a step is cut only when its decodes attend to >= min_kv_mb of host K/V per layer;
+    cpu_attn (Neo's pipeline) cuts whatever it reads."""
+    reqs = [Request(i, 120, 4) for i in range(3)]
+    tokens = 100  # threshold, in tokens of K/V per layer
+    pipelining = Pipelining(True, min_kv_mb=tokens * SPEC.kv_bytes_per_token_per_layer() / 1e6)
+
+    def decodes(*contexts):
+        return Step(tuple(ReqState(r, prefilled=c, generated=1) for r, c in zip(reqs, contexts, strict=False)), ())
+
+    dkv = GPUStepper(SystemPolicy("directkv", "tiled"), runner, _kv(SystemPolicy("directkv", "tiled"), reqs),
+                     torch.device("cpu"), pipelining=pipelining)
+    assert dkv.split(decodes(40, 57)) is None  # each decode attends to its context + 1: 41 + 58 = 99 tokens
+    assert dkv.split(decodes(40, 59)) == 1  # 41 + 60 = 101
+    assert dkv.split(decodes(30, 30, 30)) is None  # 93
+    assert dkv.split(decodes(40, 30, 30)) == 1  # 103: three decodes, cut after the first
+    cpu = GPUStepper(SystemPolicy("cpu_attn"), runner, _kv(SystemPolicy("cpu_attn"), reqs), torch.device("cpu"),
+                     cpu_attn_kernel="flash", pipelining=pipelining)
+    assert cpu.split(decodes(3, 3)) == 1
+    off = GPUStepper(SystemPolicy("directkv", "tiled"), runner, _kv(SystemPolicy("directkv", "tiled"), reqs),
+                     torch.device("cpu"))
+    assert off.split(decodes(400, 400)) is None
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"enabled": "yes"}, "executor.directkv_pipelined must be true or false; got 'yes'"),
+    ({"side_ctas": 0}, "executor.directkv_side_ctas must be an integer >= 1 or null (the kernel's own plan); got 0"),
+    ({"side_ctas": True}, "executor.directkv_side_ctas must be an integer >= 1 or null (the kernel's own plan); got True"),
+    ({"min_kv_mb": -1.0}, "executor.directkv_pipeline_min_kv_mb must be a number >= 0; got -1.0"),
+    ({"min_kv_mb": float("inf")}, "executor.directkv_pipeline_min_kv_mb must be a number >= 0; got inf"),
+])
+def test_pipelining_refuses_bad_values(kwargs, message):
+    with pytest.raises(ConfigError) as e:
+        Pipelining(**kwargs)
+    assert str(e.value) == message
 
 
 def test_cpu_attn_native_without_a_compiler_names_the_other_kernel(runner, monkeypatch):
@@ -222,7 +270,8 @@ def test_every_system_serves_on_the_gpu_with_and_without_cuda_graphs(system):
     try:
         for graphs in (False, True):
             res, extra = run_gpu(_requests(), policy, SPEC, mem=mem, sched_cfg=SCHED, device="cuda",
-                                 cuda_graphs=graphs, cpu_attn_kernel=cpu_kernel or "flash", directkv_pipelined=pipelined)
+                                 cuda_graphs=graphs, cpu_attn_kernel=cpu_kernel or "flash",
+                                 pipelining=TOY_PIPELINING if pipelined else NO_PIPELINING)
             assert res.metrics["completed"] == 5 and extra["cuda_graphs"] is graphs
             assert extra.get("cpu_attn_kernel") == ((cpu_kernel or "flash") if system == "cpu_attn" else None)
             assert extra.get("directkv_pipelined") == (pipelined if system == "directkv" else None)
@@ -270,8 +319,8 @@ def test_directkv_pipelined_parts_on_the_side_stream_match_the_main_stream(graph
     mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
     try:
         res, extra = run_gpu(_requests(), SystemPolicy("directkv", "tiled"), SPEC, mem=mem, sched_cfg=SCHED,
-                             device="cuda", cuda_graphs=graphs, directkv_pipelined=True,
-                             directkv_side_ctas=side_ctas)
+                             device="cuda", cuda_graphs=graphs,
+                             pipelining=Pipelining(True, side_ctas, min_kv_mb=0.0))
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert res.metrics["completed"] == 5 and extra["directkv_pipelined"] is True

@@ -42,6 +42,12 @@ DEFAULT_CPU_ATTN_KERNEL = "native"
 # CTAs of directkv's side-stream decode kernel when pipelined: fewer leave SMs to the other part's dense
 # layers (H200, 4K x 4: 32 CTAs 53.9 ms per token, 64 53.1, 128 57.0, uncapped 60.4)
 DEFAULT_DIRECTKV_SIDE_CTAS = 64
+# Pipelining cuts a step only when its decodes read at least this many MB of host K/V per layer: each part
+# reads all of the layer's weights again (~0.3 ms per layer and part with graphs on the H200), which costs
+# more than the link time it hides when that is short. H200, Llama-3.1-8B batch 4 (2026-11-29): at 1K
+# (16 MB per layer) pipelined took 19.7-29.9 ms per token against 20.8-21.4 as one batch; at 4K (64 MB) it
+# gained 3-7%.
+DEFAULT_PIPELINE_MIN_KV_MB = 32.0
 
 
 @dataclass(frozen=True)
@@ -134,15 +140,42 @@ def gpu_memory_bytes(model: ModelSpec, *, kv_hbm_peak: int, staging_peak: int,
     return model.weight_bytes() + kv_hbm_peak + staging_peak + activation_peak + runtime_overhead
 
 
-def runs_halves(policy: SystemPolicy, directkv_pipelined: bool) -> bool:
-    """Whether the measured executor runs this system's steps as two pipelined parts (GPUStepper.split):
-    cpu_attn always (Neo's pipeline), directkv with executor.directkv_pipelined."""
-    return policy.name == "cpu_attn" or (directkv_pipelined and policy.name == "directkv")
+@dataclass(frozen=True)
+class Pipelining:
+    """How the measured executor runs directkv's steps as two parts (executor.directkv_pipelined and the two
+    knobs beside it): one part's zero-copy attention on a side stream while the other part's dense layers
+    run. Validated here, once, wherever the values enter (config, run_gpu's callers, the profiler)."""
+
+    enabled: bool = False
+    side_ctas: int | None = DEFAULT_DIRECTKV_SIDE_CTAS  # about this many CTAs per side-stream kernel (None: all SMs)
+    min_kv_mb: float = DEFAULT_PIPELINE_MIN_KV_MB  # steps whose decodes read less host K/V per layer run as one batch
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.enabled, bool),
+              f"executor.directkv_pipelined must be true or false; got {self.enabled!r}")
+        ctas = self.side_ctas
+        check(ctas is None or (isinstance(ctas, int) and not isinstance(ctas, bool) and ctas >= 1),
+              f"executor.directkv_side_ctas must be an integer >= 1 or null (the kernel's own plan); got {ctas!r}")
+        mb = self.min_kv_mb
+        check(isinstance(mb, int | float) and not isinstance(mb, bool) and 0 <= mb < float("inf"),
+              f"executor.directkv_pipeline_min_kv_mb must be a number >= 0; got {mb!r}")
+
+    def check_system(self, policy: SystemPolicy) -> None:
+        """Pipelining runs directkv's zero-copy kernels; the stream variant has its own side stream."""
+        check(not (self.enabled and policy.name == "directkv" and policy.variant not in ("naive", "tiled", "")),
+              f"executor.directkv_pipelined runs directkv variants naive and tiled; got variant {policy.variant!r}")
+
+    def runs_parts(self, policy: SystemPolicy) -> bool:
+        """Whether the measured executor may run this system's steps as two parts (GPUStepper.split):
+        cpu_attn always (Neo's pipeline), directkv when enabled."""
+        return policy.name == "cpu_attn" or (self.enabled and policy.name == "directkv")
+
+    def as_dict(self) -> dict:
+        """Columns of a measured directkv row."""
+        if not self.enabled:
+            return {"directkv_pipelined": False}
+        return {"directkv_pipelined": True, "directkv_side_ctas": self.side_ctas,
+                "directkv_pipeline_min_kv_mb": float(self.min_kv_mb)}
 
 
-def check_pipelined(policy: SystemPolicy, directkv_pipelined: bool) -> None:
-    """executor.directkv_pipelined pipelines directkv's zero-copy kernels; the stream variant has its own side stream."""
-    check(isinstance(directkv_pipelined, bool), f"executor.directkv_pipelined must be true or false; got "
-          f"{directkv_pipelined!r}")
-    check(not (directkv_pipelined and policy.name == "directkv" and policy.variant not in ("naive", "tiled", "")),
-          f"executor.directkv_pipelined runs directkv variants naive and tiled; got variant {policy.variant!r}")
+NO_PIPELINING = Pipelining()  # the measured executor's default: every step as one batch (cpu_attn aside)

@@ -17,6 +17,7 @@ from directkv.engine.gpu.paths import StagedPath, ZeroCopyPath
 from directkv.engine.gpu.plan import StepPlan
 from directkv.engine.systems import CPU_ATTN_KERNELS, DEFAULT_CPU_ATTN_KERNEL
 from directkv.errors import ConfigError, unknown_name
+from directkv.kernels.cpu_decode_attention import DecodeTables
 from directkv.kernels.cpu_decode_attention import cpu_decode_attention as native_cpu_decode_attention
 from directkv.kernels.cuda import build
 from directkv.kernels.paged import sequence_runs
@@ -51,11 +52,12 @@ class CpuAttnPath(StagedPath):
         # each decode's runs of consecutive pages, once per step rather than once per layer (2,048 pages per
         # sequence at 32K context made this Python a few ms per layer, on the thread the GPU launches wait for)
         pages = [self.kv.pages(r)[: -(-n // ps)] for r, n in zip(plan.decode_ids, plan.decode_lens_host, strict=True)]
-        if self.kernel == "native":  # one padded CPU block table per step; rows slice it for the pipelined halves
-            self.cpu_table = torch.zeros((len(pages), max((len(p) for p in pages), default=1)), dtype=torch.int32)
+        if self.kernel == "native" and pages:  # one padded table per step, checked once; parts take its rows
+            table = torch.zeros((len(pages), max(len(p) for p in pages)), dtype=torch.int32)
             for i, p in enumerate(pages):
-                self.cpu_table[i, : len(p)] = torch.tensor(p, dtype=torch.int32)
-            self.cpu_lens = torch.tensor(plan.decode_lens_host, dtype=torch.int32)
+                table[i, : len(p)] = torch.tensor(p, dtype=torch.int32)
+            self.cpu_tables = DecodeTables.check(table, torch.tensor(plan.decode_lens_host, dtype=torch.int32),
+                                                 page_size=ps)
         else:
             self.runs = [sequence_runs(p, n, ps) for p, n in zip(pages, plan.decode_lens_host, strict=True)]
         if plan.chunks:
@@ -125,7 +127,7 @@ class CpuAttnPath(StagedPath):
         k_host, v_host = self.kv.arena.k[layer], self.kv.arena.v[layer]
         rows = rows or slice(0, len(self.plan.decode_ids))
         if self.kernel == "native":
-            return native_cpu_decode_attention(q, k_host, v_host, self.cpu_table[rows], self.cpu_lens[rows])
+            return native_cpu_decode_attention(q, k_host, v_host, self.cpu_tables.rows(rows))
         out = torch.empty(q.shape, dtype=torch.float32)
         for i, runs in enumerate(self.runs[rows]):
             out[i] = torch_decode_attention(q[i], k_host, v_host, runs)

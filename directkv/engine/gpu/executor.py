@@ -18,10 +18,9 @@ from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig, kv_budgets
 from directkv.engine.systems import (
     DEFAULT_CPU_ATTN_KERNEL,
-    DEFAULT_DIRECTKV_SIDE_CTAS,
+    NO_PIPELINING,
+    Pipelining,
     SystemPolicy,
-    check_pipelined,
-    runs_halves,
 )
 from directkv.memory import HostArena, KVCacheManager
 from directkv.model.runner import ModelRunner
@@ -93,22 +92,19 @@ class NvmlSampler:
 def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, mem: MemoryConfig,
             sched_cfg: SchedulerConfig, device: str = "cuda", warmup: int = 0, seed: int = 0,
             cuda_graphs: bool = False, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
-            directkv_pipelined: bool = False, directkv_side_ctas: int | None = DEFAULT_DIRECTKV_SIDE_CTAS
-            ) -> tuple[ServeResult, dict]:
+            pipelining: Pipelining = NO_PIPELINING) -> tuple[ServeResult, dict]:
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
 
     cpu_attn_kernel: cpu_attn only: "flash" (torch's CPU flash kernel per run of pages of each decode) or
     "native" (one OpenMP call per layer for all decodes; directkv.kernels.cpu_decode_attention).
 
-    directkv_pipelined: directkv only: steps as two parts (halves of a decode-only step; decodes | prompt
+    pipelining: directkv only, when enabled: steps as two parts (halves of a decode-only step; decodes | prompt
     chunks of a mixed one), one part's zero-copy attention on a side stream overlapping the other part's
-    dense layers (runner.forward_pipelined, paths.attend_async, stepper.split).
-    directkv_side_ctas: with directkv_pipelined, about this many CTAs per side-stream kernel (None: the
-    kernel fills the GPU).
+    dense layers (runner.forward_pipelined, paths.attend_async, stepper.split); see systems.Pipelining.
 
     cuda_graphs: replay the runner's dense layer parts as CUDA graphs on steps of <= 256 tokens
     (directkv/model/graphs.py; captured once per process, before the warm-up); attention stays eager."""
-    check_pipelined(policy, directkv_pipelined)  # before pinning host memory and capturing graphs
+    pipelining.check_system(policy)  # before pinning host memory and capturing graphs
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     if cuda and dev.index is None:  # memory-fraction and stats calls want an explicit index
@@ -136,7 +132,7 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     extra["cuda_graphs"] = bool(cuda_graphs)
     if cuda_graphs:
         t0 = time.perf_counter()
-        runner.enable_graphs(slots=2 if runs_halves(policy, directkv_pipelined) else 1)  # a pipelined step replays one graph set per half
+        runner.enable_graphs(slots=2 if pipelining.runs_parts(policy) else 1)  # a pipelined step replays one graph set per half
         extra["graph_capture_s"] = time.perf_counter() - t0
     else:
         runner.disable_graphs()  # the runner is shared by a sweep's points: an earlier point may have enabled them
@@ -144,11 +140,9 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     if policy.name == "cpu_attn":
         extra["cpu_attn_kernel"] = cpu_attn_kernel
     if policy.name == "directkv":
-        extra["directkv_pipelined"] = bool(directkv_pipelined)
-        if directkv_pipelined:
-            extra["directkv_side_ctas"] = directkv_side_ctas
+        extra |= pipelining.as_dict()
     stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads, cpu_attn_kernel=cpu_attn_kernel,
-                         directkv_pipelined=directkv_pipelined, directkv_side_ctas=directkv_side_ctas)
+                         pipelining=pipelining)
     # warm-up outside the measurement: kernel builds and first launches, library handles
     serve([Request(-1, 64, 3), Request(-2, 40, 3)], stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg)
     if cuda:

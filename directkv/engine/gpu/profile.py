@@ -19,7 +19,14 @@ from directkv.engine.gpu.executor import run_gpu
 from directkv.engine.gpu.stepper import GPUStepper
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig
-from directkv.engine.systems import DEFAULT_DIRECTKV_SIDE_CTAS, SYSTEMS, SystemPolicy
+from directkv.engine.systems import (
+    DEFAULT_DIRECTKV_SIDE_CTAS,
+    DEFAULT_PIPELINE_MIN_KV_MB,
+    NO_PIPELINING,
+    SYSTEMS,
+    Pipelining,
+    SystemPolicy,
+)
 from directkv.specs import get_model
 from workloads import synthetic_workload
 
@@ -31,7 +38,7 @@ WATCHED = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchroni
 def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled", context: int = 16384,
             batch: int = 4, output: int = 4, max_batched_tokens: int = 2048, rows: int = 25,
             hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2, graphs: bool = False,
-            pipelined: bool = False, side_ctas: int | None = DEFAULT_DIRECTKV_SIDE_CTAS) -> None:
+            pipelining: Pipelining = NO_PIPELINING) -> None:
     spec = get_model(model)
     policy = SystemPolicy(system, variant if system == "directkv" else "")
     mem = MemoryConfig(hbm_budget_gb * 1e9, 0.9 * 128e9)
@@ -59,7 +66,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     try:
         res, extra = run_gpu(requests, policy, spec, mem=mem, sched_cfg=sched,
                              device="cuda" if torch.cuda.is_available() else "cpu", cuda_graphs=graphs,
-                             directkv_pipelined=pipelined, directkv_side_ctas=side_ctas)
+                             pipelining=pipelining)
     finally:
         GPUStepper.run_step = inner
     print(f"== {system} {model} context {context} batch {batch} output {output}: {res.steps} steps, "
@@ -93,10 +100,12 @@ def main() -> None:
     ap.add_argument("--pipelined", action="store_true", help="directkv's two-half steps (executor.directkv_pipelined)")
     ap.add_argument("--side-ctas", type=int, default=DEFAULT_DIRECTKV_SIDE_CTAS,
                     help="CTAs per side-stream kernel (executor.directkv_side_ctas; 0: the kernel's own plan)")
+    ap.add_argument("--min-kv-mb", type=float, default=DEFAULT_PIPELINE_MIN_KV_MB,
+                    help="host K/V MB per layer below which a step is not cut (executor.directkv_pipeline_min_kv_mb)")
     a = ap.parse_args()
     profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
             max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
-            pipelined=a.pipelined, side_ctas=a.side_ctas or None)
+            pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb))
 
 
 if __name__ == "__main__":

@@ -18,10 +18,10 @@ from directkv.engine.state import Step
 from directkv.engine.systems import (
     DEFAULT_CPU_ATTN_KERNEL,
     DEFAULT_DIRECTKV_SIDE_CTAS,
+    NO_PIPELINING,
+    Pipelining,
     StepCost,
     SystemPolicy,
-    check_pipelined,
-    runs_halves,
 )
 from directkv.errors import ConfigError
 from directkv.memory import KVCacheManager
@@ -47,12 +47,16 @@ def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *,
 class GPUStepper:
     def __init__(self, policy: SystemPolicy, runner: ModelRunner, kv: KVCacheManager, device: torch.device, *,
                  seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
-                 directkv_pipelined: bool = False, directkv_side_ctas: int | None = DEFAULT_DIRECTKV_SIDE_CTAS):
+                 pipelining: Pipelining = NO_PIPELINING):
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
-        check_pipelined(policy, directkv_pipelined)
-        self.halves = runs_halves(policy, directkv_pipelined)
+        pipelining.check_system(policy)
+        self.pipelining = pipelining
+        self.parts = pipelining.runs_parts(policy)
         self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
-                              directkv_side_ctas=directkv_side_ctas)
+                              directkv_side_ctas=pipelining.side_ctas)
+        # directkv's decodes below this many host K/V bytes per layer are not worth a cut (Pipelining.min_kv_mb)
+        self.min_cut_tokens = (pipelining.min_kv_mb * 1e6 / runner.spec.kv_bytes_per_token_per_layer()
+                               if policy.name == "directkv" else 0.0)
         self.gen = torch.Generator().manual_seed(seed)
         self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
         self.outputs: dict[int, list[int]] = {}  # request -> generated ids (tests compare systems on them)
@@ -76,9 +80,10 @@ class GPUStepper:
         cpu_attn, and directkv with directkv_pipelined, cut decode-only steps of >= 2 sequences in halves.
         A path whose attend_async serves prompt chunks (directkv's) also cuts steps that mix decodes and
         chunks into decodes | chunks: the decodes' link-bound attention then overlaps the chunks' dense
-        layers, which dominate such steps.
+        layers, which dominate such steps. directkv cuts only steps whose decodes attend to at least
+        min_cut_tokens tokens: below that the second pass over the weights costs more than it hides.
         """
-        if not self.halves:
+        if not self.parts or sum(step.decode_kv_lens) < self.min_cut_tokens:
             return None
         d = len(step.decodes)
         if not step.prefills:
