@@ -17,6 +17,10 @@ factors a run used). Each factor is a median over the run's points of measured r
              layers, with the executor's default CUDA graphs. A step there holds one or two requests, whose
              attention in HBM is short, so the time is the layers' dense parts: the floor of one layer's
              dense part in a small step.
+* flexgen_us_per_layer, cpu_attn_us_per_layer  not ratios: the system's per-token latency minus hbm's, at
+             the lowest rate where a run holds both (same dataset, graphs on), over the model's layers: the
+             fixed time per layer the system adds where its roofline work is almost nil (FlexGen's unfused
+             quantise / dequantise kernels; cpu_attn's Q / O handoffs to the CPU worker).
 """
 
 from __future__ import annotations
@@ -66,15 +70,16 @@ def fit(rows: pd.DataFrame, hw: HardwareSpec) -> dict[str, float]:
                                    dtype_bytes=2, variant="tiled")
             effs.append(t.flops / (r["time_ms"] * 1e-3) / (hw.bf16_tflops * 1e12))
         out["attention"] = statistics.median(effs)
-    out |= _dense_floor(ok)
+    out |= _serving_floors(ok)
     cpu = ok[(ok["op"] == "cpu_decode") & (ok["variant"] == DEFAULT_CPU_ATTN_KERNEL)]
     if len(cpu):
         out["cpu_mem"] = statistics.median(rate(cpu)) / hw.cpu_mem_bw_gbps
     return out
 
 
-def _dense_floor(ok: pd.DataFrame) -> dict[str, float]:
-    """dense_us_per_layer from measured rate-sweep rows of hbm (module docstring)."""
+def _serving_floors(ok: pd.DataFrame) -> dict[str, float]:
+    """dense_us_per_layer from measured rate-sweep rows of hbm; flexgen_us_per_layer and cpu_attn_us_per_layer
+    (its default CPU kernel) from theirs beside hbm's (module docstring)."""
     if "exp" not in ok or "system" not in ok:
         return {}
     hbm = ok[(ok["exp"] == "rate_sweep") & (ok["system"] == "hbm")]
@@ -84,7 +89,20 @@ def _dense_floor(ok: pd.DataFrame) -> dict[str, float]:
         return {}
     low = hbm[hbm["rate"] == hbm["rate"].min()]
     layers = [get_model(str(m)).num_layers for m in low["model"]]
-    return {"dense_us_per_layer": statistics.median(t * 1e3 / n for t, n in zip(low["tpot_ms"], layers, strict=True))}
+    out = {"dense_us_per_layer": statistics.median(t * 1e3 / n for t, n in zip(low["tpot_ms"], layers, strict=True))}
+    graphed = ok[ok["cuda_graphs"].fillna(False).astype(bool)] if "cuda_graphs" in ok else ok.iloc[:0]
+    key = ["dataset", "rate", "model"]
+    for system in ("flexgen", "cpu_attn"):
+        rows = graphed[(graphed["exp"] == "rate_sweep") & (graphed["system"] == system)]
+        if system == "cpu_attn" and "cpu_attn_kernel" in rows:
+            rows = rows[rows["cpu_attn_kernel"] == DEFAULT_CPU_ATTN_KERNEL]
+        both = rows.merge(hbm[key + ["tpot_ms"]], on=key, suffixes=("", "_hbm"))
+        if len(both):
+            low = both[both["rate"] == both["rate"].min()]
+            extra = [(t - h) * 1e3 / get_model(str(m)).num_layers
+                     for t, h, m in zip(low["tpot_ms"], low["tpot_ms_hbm"], low["model"], strict=True)]
+            out[f"{system}_us_per_layer"] = max(0.0, statistics.median(extra))
+    return out
 
 
 def path_for(hardware: str) -> Path:
@@ -132,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             if not factors:
                 raise ConfigError(f"{run_dir} has no measured kernel rows to fit")
             fitted |= factors
-            sources |= {k: {"run": str(run_dir), "git_sha": manifest.get("git_sha"), "gpu": manifest.get("gpu")}
+            sources |= {k: {"run": str(run_dir), "git_sha": manifest.get("code_commit", manifest.get("git_sha")), "gpu": manifest.get("gpu")}
                         for k in factors}
         if len(names) > 1:
             raise ConfigError(f"the runs measured different hardware {sorted(names)}; calibrate one at a time")

@@ -26,6 +26,11 @@ class Efficiency:
     # step, where the roofline's weight read is ~0.1 ms but kernel latency and small-GEMM efficiency rule. Not
     # an efficiency: microseconds, 0 (not modelled) unless fitted to a measured serving run.
     dense_us_per_layer: float = 0.0
+    # Fixed time per layer a system adds to a small step beyond hbm's, where the roofline sees almost no
+    # work: FlexGen's chain of unfused quantise / dequantise kernels; cpu_attn's handoffs (Q to the host, the
+    # CPU worker's wake-up, O back to the GPU). Microseconds, 0 (not modelled) unless fitted to a rate sweep.
+    flexgen_us_per_layer: float = 0.0
+    cpu_attn_us_per_layer: float = 0.0
 
 
 # Per-hardware fitted factors, loaded on first use from directkv/specs/calibration/*.json (written by

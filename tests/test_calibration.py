@@ -89,3 +89,16 @@ def test_dense_floor_is_fitted_from_hbm_at_the_lowest_rate_with_graphs():
     assert 9.4e3 / 32 < f["dense_us_per_layer"] < 10.1e3 / 32
     assert fit(rows.assign(cuda_graphs=False), hw) == {}  # eager steps have another floor
     assert fit(rows.assign(system="swap"), hw) == {}
+
+
+ALPACA = Path(__file__).resolve().parents[1] / "results" / "h200" / "rate_sweep" / "combined-20261129g-alpaca"
+
+
+def test_system_overheads_are_fitted_beside_hbm_at_the_lowest_rate():
+    """flexgen / cpu_attn per-layer time over hbm's at Alpaca 1 req/s (53.4 / 51.6 vs 10.0 ms per token)."""
+    rows, hw, f = _fitted(ALPACA)
+    assert (53.4 - 10.0) * 1e3 / 32 == pytest.approx(f["flexgen_us_per_layer"], rel=0.01)
+    assert (51.6 - 10.0) * 1e3 / 32 == pytest.approx(f["cpu_attn_us_per_layer"], rel=0.01)
+    assert "cpu_attn_us_per_layer" not in fit(rows.assign(cpu_attn_kernel="flash"), hw)  # another kernel
+    no_hbm = rows[rows["system"] != "hbm"]
+    assert not {"flexgen_us_per_layer", "cpu_attn_us_per_layer"} & set(fit(no_hbm, hw))  # nothing to subtract

@@ -154,3 +154,26 @@ def test_dense_floor_adds_to_every_small_step_and_leaves_big_ones():
     e = simulate(prompt, SystemPolicy("hbm"), LLAMA, none, mem=MEM).metrics["mean_ttft_ms"]
     f = simulate(prompt, SystemPolicy("hbm"), LLAMA, floor, mem=MEM).metrics["mean_ttft_ms"]
     assert e == f
+
+
+@pytest.mark.parametrize("system", ["flexgen", "cpu_attn"])
+def test_system_overhead_per_layer_adds_to_each_decode_step(system):
+    """flexgen_us_per_layer / cpu_attn_us_per_layer: a fitted fixed time per layer of that system's steps
+    (cpu_attn: of steps with decodes, whose handoffs it stands for); other systems do not pay it."""
+    from dataclasses import replace
+
+    from directkv.engine.state import PrefillChunk, Step
+    from directkv.engine.systems import step_cost
+    from workloads.request import Request
+
+    none = replace(CM, eff=replace(CM.eff, flexgen_us_per_layer=0.0, cpu_attn_us_per_layer=0.0))
+    some = replace(CM, eff=replace(CM.eff, **{f"{system}_us_per_layer": 1000.0}))
+    decode = Step((ReqState(Request(0, 64, 8), prefilled=64, generated=1),), ())
+    prompt = Step((), (PrefillChunk(ReqState(Request(1, 64, 8)), 64, 0),))
+
+    def extra(step, name):
+        return step_cost(SystemPolicy(name), step, LLAMA, some).time_s - step_cost(SystemPolicy(name), step, LLAMA,
+                                                                                     none).time_s
+    assert extra(decode, system) == pytest.approx(LLAMA.num_layers * 1e-3, rel=1e-6)
+    assert extra(prompt, system) == (pytest.approx(LLAMA.num_layers * 1e-3, rel=1e-6) if system == "flexgen" else 0)
+    assert extra(decode, "swap") == extra(decode, "hbm") == 0

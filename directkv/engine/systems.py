@@ -115,6 +115,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel)
         t_gpu = t_lin + cm.time(attn)
         if name == "flexgen":  # unfused dequantisation: read codes, write bf16, in HBM
             t_gpu += cm.time(Traffic(hbm_read_bytes=stored, hbm_write_bytes=past), hbm_eff=cm.eff.dequant_hbm)
+            t_gpu += cm.eff.flexgen_us_per_layer * 1e-6
         layer_t = max(copy_in, copy_out, t_gpu)  # the copy of layer i+1 overlaps the compute of layer i
         layer_traffic = lin + attn + Traffic(link_read_bytes=stored, link_write_bytes=new_stored)
         staging = 2 * stored + (2 * past if name == "flexgen" else 0)
@@ -127,6 +128,8 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel)
         qo = len(step.decodes) * 2 * model.q_dim * model.dtype_bytes
         t_gpu = t_lin + cm.time(pre) + cm.copy_time(qo)
         layer_t = max(t_gpu, t_cpu, cm.copy_time(pre_past, "h2d"), cm.copy_time(new_kv, "d2h"))
+        if step.decodes:  # the handoffs to and from the CPU sit on the layer's critical path
+            layer_t += cm.eff.cpu_attn_us_per_layer * 1e-6
         layer_traffic = lin + pre + Traffic(link_read_bytes=pre_past + qo // 2, link_write_bytes=new_kv + qo // 2)
         staging = 2 * pre_past
     else:  # pragma: no cover - SystemPolicy validates names
