@@ -327,3 +327,11 @@ def test_directkv_pipelined_parts_on_the_side_stream_match_the_main_stream(graph
     assert extra["directkv_side_ctas"] == side_ctas
     assert set(checked) == {"chunks", "decodes"} and not mismatches, mismatches[:5]
 
+
+
+def test_profiler_refuses_bad_pipelining_in_one_line(capsys):
+    from directkv.engine.gpu.profile import main
+
+    assert main(["--system", "directkv", "--pipelined", "--min-kv-mb", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: executor.directkv_pipeline_min_kv_mb must be a number >= 0; got -1.0"]

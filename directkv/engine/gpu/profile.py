@@ -11,6 +11,7 @@ Run: python -m directkv.engine.gpu.profile --system swap --context 16384 --batch
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
 
 import torch
@@ -27,6 +28,7 @@ from directkv.engine.systems import (
     Pipelining,
     SystemPolicy,
 )
+from directkv.errors import ConfigError
 from directkv.specs import get_model
 from workloads import synthetic_workload
 
@@ -84,7 +86,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
                        else "self_cuda_time_total", row_limit=rows))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--system", choices=SYSTEMS, required=True)
     ap.add_argument("--model", default="llama-3.1-8b")
@@ -102,11 +104,16 @@ def main() -> None:
                     help="CTAs per side-stream kernel (executor.directkv_side_ctas; 0: the kernel's own plan)")
     ap.add_argument("--min-kv-mb", type=float, default=DEFAULT_PIPELINE_MIN_KV_MB,
                     help="host K/V MB per layer below which a step is not cut (executor.directkv_pipeline_min_kv_mb)")
-    a = ap.parse_args()
-    profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
-            max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
-            pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb))
+    a = ap.parse_args(argv)
+    try:
+        profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
+                max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
+                pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
