@@ -82,7 +82,8 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
         raise unknown_name("executor.cpu_attn_kernel", cpu_kernel, CPU_ATTN_KERNELS)
     pipelining = Pipelining(executor.get("directkv_pipelined", False),
                             executor.get("directkv_side_ctas", DEFAULT_DIRECTKV_SIDE_CTAS),
-                            executor.get("directkv_pipeline_min_kv_mb", DEFAULT_PIPELINE_MIN_KV_MB))
+                            executor.get("directkv_pipeline_min_kv_mb", DEFAULT_PIPELINE_MIN_KV_MB),
+                            executor.get("directkv_pipeline_mixed", True))
     pipelining.check_system(SystemPolicy("directkv", str(cfg.system.get("directkv_variant", "tiled"))))
     # graphs and pipelining are properties of the measured executor; the simulation has no kernel launches
     # or streams

@@ -5,6 +5,8 @@ check: one wrong K/V slot, stale staging buffer or mis-mapped page changes the a
 whose 4-bit cache is lossy and is checked through its measured attention error instead.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -95,13 +97,15 @@ def _requests():
 
 
 @pytest.mark.parametrize("name,variant,option", [("directkv", "tiled", ""), ("directkv", "naive", ""),
-                                                 ("directkv", "tiled", "pipelined"), ("swap", "", ""),
+                                                 ("directkv", "tiled", "pipelined"),
+                                                 ("directkv", "tiled", "pipelined:decode-only"), ("swap", "", ""),
                                                  ("cpu_attn", "", "flash"), ("cpu_attn", "", "native")])
 def test_every_path_generates_what_hbm_generates(runner, name, variant, option):
     reqs = _requests()
     ref_res, ref = _serve(SystemPolicy("hbm"), runner, reqs)
+    pipelining = {"pipelined": TOY_PIPELINING, "pipelined:decode-only": replace(TOY_PIPELINING, mixed=False)}
     res, st = _serve(SystemPolicy(name, variant), runner, reqs, cpu_attn_kernel=option or "flash",
-                     pipelining=TOY_PIPELINING if option == "pipelined" else NO_PIPELINING)
+                     pipelining=pipelining.get(option, NO_PIPELINING))
     assert res.metrics["completed"] == ref_res.metrics["completed"] == len(reqs)
     assert st.outputs == ref.outputs
     assert len(st.outs) == len(ref.outs)
@@ -110,10 +114,11 @@ def test_every_path_generates_what_hbm_generates(runner, name, variant, option):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert all(len(st.outputs[r.req_id]) == r.output_len for r in reqs)
     assert res.traffic.link_read_bytes > 0 and ref_res.traffic.link_read_bytes == 0
-    if name == "cpu_attn" or option == "pipelined":  # steps ran as two parts, and matched all the same
+    if name == "cpu_attn" or option.startswith("pipelined"):  # steps ran as two parts, and matched all the same
         assert st.pipelined_layers > 0
-        # directkv also cuts steps of decodes and prompt chunks (decodes | chunks); cpu_attn only decode-only ones
-        assert (st.mixed_layers > 0) == (name == "directkv")
+        # directkv also cuts steps of decodes and prompt chunks (decodes | chunks) unless told not to; cpu_attn
+        # only decode-only ones
+        assert (st.mixed_layers > 0) == (option == "pipelined")
     else:
         assert st.pipelined_layers == 0
 
@@ -148,6 +153,7 @@ def test_directkv_cuts_only_steps_whose_decodes_read_enough_host_kv(runner):
     ({"side_ctas": True}, "executor.directkv_side_ctas must be an integer >= 1 or null (the kernel's own plan); got True"),
     ({"min_kv_mb": -1.0}, "executor.directkv_pipeline_min_kv_mb must be a number >= 0; got -1.0"),
     ({"min_kv_mb": float("inf")}, "executor.directkv_pipeline_min_kv_mb must be a number >= 0; got inf"),
+    ({"mixed": 1}, "executor.directkv_pipeline_mixed must be true or false; got 1"),
 ])
 def test_pipelining_refuses_bad_values(kwargs, message):
     with pytest.raises(ConfigError) as e:

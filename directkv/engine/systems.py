@@ -153,6 +153,10 @@ class Pipelining:
     enabled: bool = False
     side_ctas: int | None = DEFAULT_DIRECTKV_SIDE_CTAS  # about this many CTAs per side-stream kernel (None: all SMs)
     min_kv_mb: float = DEFAULT_PIPELINE_MIN_KV_MB  # steps whose decodes read less host K/V per layer run as one batch
+    # steps mixing decodes and prompt chunks cut as decodes | chunks too (False: only decode-only steps are cut).
+    # The chunks' prefill workspace is then allocated on the side stream, whose allocator pool the main
+    # stream's cannot reuse: a suspect for pipelining's extra 0.5-1.9 GB, which this switch lets a run isolate.
+    mixed: bool = True
 
     def __post_init__(self) -> None:
         check(isinstance(self.enabled, bool),
@@ -163,6 +167,8 @@ class Pipelining:
         mb = self.min_kv_mb
         check(isinstance(mb, int | float) and not isinstance(mb, bool) and 0 <= mb < float("inf"),
               f"executor.directkv_pipeline_min_kv_mb must be a number >= 0; got {mb!r}")
+        check(isinstance(self.mixed, bool),
+              f"executor.directkv_pipeline_mixed must be true or false; got {self.mixed!r}")
 
     def check_system(self, policy: SystemPolicy) -> None:
         """Pipelining runs directkv's zero-copy kernels; the stream variant has its own side stream."""
@@ -179,7 +185,7 @@ class Pipelining:
         if not self.enabled:
             return {"directkv_pipelined": False}
         return {"directkv_pipelined": True, "directkv_side_ctas": self.side_ctas,
-                "directkv_pipeline_min_kv_mb": float(self.min_kv_mb)}
+                "directkv_pipeline_min_kv_mb": float(self.min_kv_mb), "directkv_pipeline_mixed": self.mixed}
 
 
 NO_PIPELINING = Pipelining()  # the measured executor's default: every step as one batch (cpu_attn aside)

@@ -104,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="CTAs per side-stream kernel (executor.directkv_side_ctas; 0: the kernel's own plan)")
     ap.add_argument("--min-kv-mb", type=float, default=DEFAULT_PIPELINE_MIN_KV_MB,
                     help="host K/V MB per layer below which a step is not cut (executor.directkv_pipeline_min_kv_mb)")
+    ap.add_argument("--no-mixed", action="store_true",
+                    help="cut decode-only steps only (executor.directkv_pipeline_mixed=false)")
     a = ap.parse_args(argv)
     try:
         profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
                 max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
-                pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb))
+                pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

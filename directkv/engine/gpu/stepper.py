@@ -79,7 +79,7 @@ class GPUStepper:
 
         cpu_attn, and directkv with directkv_pipelined, cut decode-only steps of >= 2 sequences in halves.
         A path whose attend_async serves prompt chunks (directkv's) also cuts steps that mix decodes and
-        chunks into decodes | chunks: the decodes' link-bound attention then overlaps the chunks' dense
+        chunks into decodes | chunks (unless Pipelining.mixed is off): the decodes' link-bound attention then overlaps the chunks' dense
         layers, which dominate such steps. directkv cuts only steps whose decodes attend to at least
         min_cut_tokens tokens: below that the second pass over the weights costs more than it hides.
         """
@@ -88,7 +88,7 @@ class GPUStepper:
         d = len(step.decodes)
         if not step.prefills:
             return d // 2 if d >= 2 else None
-        return d if d and self.path.pipelines_chunks else None
+        return d if d and self.path.pipelines_chunks and self.pipelining.mixed else None
 
     def run_step(self, step: Step) -> StepCost:
         ids, rows = self._tokens(step)
