@@ -34,7 +34,7 @@ def plan_piece_pages(seq_pages: list[int], threads: int) -> int:
     return max(MIN_PIECE_PAGES, math.ceil(sum(seq_pages) / (4 * max(1, threads))))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds tensors: identity, not elementwise ==
 class DecodeTables:
     """The page tables of a step's decodes, checked once (DecodeTables.check) for all layers' calls.
 
