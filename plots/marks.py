@@ -107,7 +107,8 @@ def draw_lines(
 
     Parameters
     ----------
-    series : rows need columns `x`, `y`, `status`; several ok rows at one x are averaged.
+    series : rows need columns `x`, `y`, `status`; several ok rows at one x (repeated runs) are averaged
+        for the line, and each of them is drawn too, as a small unjoined marker, so the spread shows.
     yscale : "linear", "log", or "auto" (log when ok values span more than 30x).
     ref_lines : (y value, legend label) drawn as grey dashed horizontal lines (e.g. the HBM budget).
 
@@ -123,6 +124,11 @@ def draw_lines(
         if len(pts):
             ax.plot(pts.index.to_numpy(float), pts.to_numpy(float), label=s.label, lw=1.6, ms=5, **s.style)
             values.extend(pts.to_numpy(float))
+            repeated = ok[ok.groupby(x)[y].transform("size") > 1]
+            if len(repeated):  # the runs behind an averaged point
+                ax.plot(repeated[x].to_numpy(float), repeated[y].to_numpy(float), linestyle="none", ms=3, alpha=0.6,
+                        **{k: v for k, v in s.style.items() if k not in ("linestyle", "ls")})
+                values.extend(repeated[y].to_numpy(float))
         failed = s.rows[s.rows["status"].isin(list(FAIL_STYLE)) & s.rows[x].notna()]
         # A point that is ok somewhere (e.g. one repeat failed) is drawn as ok, not as a failure.
         for xv, status in sorted(set(zip(failed[x].astype(float), failed["status"], strict=True))):

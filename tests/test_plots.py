@@ -509,3 +509,22 @@ def test_measured_rows_with_and_without_cuda_graphs_are_separate_series():
     assert series[1].style["linestyle"] == ":" and "linestyle" not in series[0].style
     same = system_series(rows[rows["cuda_graphs"] != False])  # noqa: E712 - one value of graphs: no tag
     assert [s.label for s in same] == ["SGLang-like (HBM), measured", "SGLang-like (HBM), simulated"]
+
+
+def test_repeated_runs_at_one_point_are_averaged_and_each_shown():
+    """Two runs of one point (rate_sweep/combined-20261129g-rate1: flexgen at Alpaca 1, 53.4 and 40.3 ms): the
+    line goes through their mean and both runs are drawn as unjoined markers, so the spread is not hidden."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from plots.figures.common import system_series
+    from plots.marks import draw_lines
+
+    rows = pd.DataFrame({"system": ["flexgen"] * 3, "variant": [""] * 3, "rate": [1.0, 1.0, 5.0],
+                         "mode": ["measured"] * 3, "tpot_ms": [53.4, 40.3, 62.6], "status": ["ok"] * 3})
+    fig, ax = plt.subplots()
+    draw_lines(ax, system_series(rows), "rate", "tpot_ms")
+    line, runs = ax.get_lines()
+    assert list(line.get_ydata()) == [pytest.approx(46.85), 62.6]
+    assert sorted(runs.get_ydata()) == [40.3, 53.4] and runs.get_linestyle() == "None" and runs.get_label().startswith("_")  # not in the legend
+    plt.close(fig)
