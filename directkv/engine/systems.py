@@ -24,12 +24,11 @@ from directkv.engine import step_traffic as st
 from directkv.engine.state import Step
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.traffic import Traffic
+from directkv.kernels.traffic_model import STREAM_RING_BYTES
 from directkv.specs import ModelSpec
 
 SYSTEMS = ("directkv", "hbm", "swap", "cpu_attn", "flexgen")
 DIRECTKV_VARIANTS = ("naive", "tiled", "fused", "stream")
-# stream (beyond the paper): the copy engine stages the host pages through small HBM rings instead of SM loads
-STREAM_RING_BYTES = 64 << 20
 FLEXGEN_BITS, FLEXGEN_GROUP = 4, 64
 
 

@@ -26,6 +26,9 @@ from directkv.kernels.reference.prefill import PREFILL_VARIANTS
 from directkv.kernels.reference.proj_attention import PROJ_VARIANTS
 from directkv.kernels.traffic import TIERS, Traffic
 
+# HBM the `stream` variants (beyond the paper) may hold for their copy-engine rings, whatever the context
+STREAM_RING_BYTES = 64 << 20
+
 
 def floor_sum(n: int, m: int, a: int, b: int) -> int:
     """sum_{i=0}^{n-1} floor((a*i + b) / m) for n >= 0, m >= 1, a, b >= 0, in O(log(a + m)) steps.

@@ -44,20 +44,17 @@ class CpuAttnPath(StagedPath):
 
     def begin(self, plan: StepPlan) -> None:
         ZeroCopyPath.begin(self, plan)
-        tables = self.stager.plan(plan.page_lists(self.kv, decodes=False))
-        self.decode_table = torch.zeros((0, 1), dtype=torch.int32, device=self.stager.device)
-        self.chunk_tables = [t.to(self.stager.device) for t in tables]
+        lists = plan.page_lists(self.kv)
+        pages = lists[: plan.num_decodes]  # each decode's pages; the chunks' are staged like swap's
+        self.chunk_tables = [t.to(self.stager.device) for t in self.stager.plan(lists[plan.num_decodes:])]
         self.staging_bytes = max(self.staging_bytes, self.stager.nbytes)
         ps = self.kv.page_size
-        # each decode's runs of consecutive pages, once per step rather than once per layer (2,048 pages per
-        # sequence at 32K context made this Python a few ms per layer, on the thread the GPU launches wait for)
-        pages = [self.kv.pages(r)[: -(-n // ps)] for r, n in zip(plan.decode_ids, plan.decode_lens_host, strict=True)]
-        if self.kernel == "native" and pages:  # one padded table per step, checked once; parts take its rows
-            table = torch.zeros((len(pages), max(len(p) for p in pages)), dtype=torch.int32)
-            for i, p in enumerate(pages):
-                table[i, : len(p)] = torch.tensor(p, dtype=torch.int32)
-            self.cpu_tables = DecodeTables.check(table, torch.tensor(plan.decode_lens_host, dtype=torch.int32),
-                                                 page_size=ps)
+        # the decodes' tables (native) or runs of consecutive pages (flash), once per step rather than once per
+        # layer (2,048 pages per sequence at 32K context made this Python a few ms per layer, on the thread the
+        # GPU launches wait for)
+        if self.kernel == "native" and pages:  # one table per step, checked once; pipelined parts take its rows
+            self.cpu_tables = DecodeTables.check(self.kv.block_table(plan.decode_ids),
+                                                 torch.tensor(plan.decode_lens_host, dtype=torch.int32), page_size=ps)
         else:
             self.runs = [sequence_runs(p, n, ps) for p, n in zip(pages, plan.decode_lens_host, strict=True)]
         if plan.chunks:
@@ -78,7 +75,7 @@ class CpuAttnPath(StagedPath):
             flat = (-1, *k_st.shape[2:])
             k_st.view(flat)[self.remap] = k[p.num_decodes:]
             v_st.view(flat)[self.remap] = v[p.num_decodes:]
-            self.traffic.link_read_bytes += self.stager.bytes_per_layer()
+            self.traffic.link_read_bytes += self.stager.layer_bytes
             rows = slice(p.num_decodes, None)
             self._chunks(p, "hbm", self.variant, q[rows], k[rows], v[rows], k_st, v_st, self.chunk_tables, out[rows],
                          base=p.num_decodes)

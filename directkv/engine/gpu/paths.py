@@ -106,8 +106,8 @@ class ZeroCopyPath:
                   ) -> torch.Tensor:
         """Attention of the plan's rows over pools of `tier`; q/k/v rows are those of `p`."""
         out = torch.empty_like(q)
-        stream = self.variant == "stream" and tier == self.tier  # the staged systems call this on their HBM staging
-        variant = "stream" if stream else "naive" if self.variant == "naive" else "tiled"
+        variant = self.variant  # naive | tiled | stream (make_path refuses the rest; the staged systems are tiled)
+        stream = variant == "stream"
         if p.num_decodes:
             o, t = self.decode(q[: p.num_decodes], self._paged(tier, k_pool, v_pool, decode_table, p.decode_lens),
                                variant=variant, **({"plan": self.decode_plan} if stream else {}))
@@ -146,7 +146,10 @@ class ZeroCopyPath:
         k_pool, v_pool = self.store(layer, k, v, rows)
         if not chunks:
             # the same table and lens tensors every layer: the kernels' Traffic memo reads them once per step
-            table, lens = self._parts.setdefault((rows.start, rows.stop), (p.decode_table[rows], p.decode_lens[rows]))
+            key = (rows.start, rows.stop)
+            if key not in self._parts:
+                self._parts[key] = (p.decode_table[rows], p.decode_lens[rows])
+            table, lens = self._parts[key]
             paged = self._paged(self.tier, k_pool, v_pool, table, lens)
 
         def attention(splits: int | None = None) -> torch.Tensor:
@@ -195,8 +198,8 @@ class ZeroCopyPath:
 class _Stager:
     """Copies one layer's pages of the step's requests into HBM, one layer ahead, on a side stream.
 
-    Pages are copied as contiguous runs of host page ids (one cudaMemcpy per run, all of a pool's runs issued
-    by one C++ call); the block tables are remapped onto the staging pool, whose entries are HBM pages.
+    Pages are copied as contiguous runs of host page ids (all of a pool's runs issued by one C++ call,
+    copy_runs_async); the block tables are remapped onto the staging pool, whose entries are HBM pages.
     """
 
     def __init__(self, host_pools, device: torch.device):
@@ -219,6 +222,8 @@ class _Stager:
         order = {e: i for i, e in enumerate(self.pages)}
         self.runs = _runs(self.pages)
         self.dma_runs = [(src, dst, k) for dst, src, k in self.runs]  # copy_runs_async's (src, dst, pages) order
+        # link bytes of one layer's staging, counted by every layer of the step
+        self.layer_bytes = len(self.pages) * sum(p[0].numel() * p.element_size() for p in self.host_pools(0))
         n = max(1, len(self.pages))
         if n > self.capacity:  # grow by a quarter at least: a new size every step fragments torch's cache
             self.capacity = max(n, self.capacity * 5 // 4)
@@ -265,9 +270,6 @@ class _Stager:
             self.free[layer % 2] = torch.cuda.Event()
             self.free[layer % 2].record(torch.cuda.current_stream(self.device))
 
-    def bytes_per_layer(self) -> int:
-        return sum(n for _, _, n in self.runs) * sum(p[0].numel() * p.element_size() for p in self.host_pools(0))
-
 
 def _runs(pages: list[int]) -> list[tuple[int, int, int]]:
     """(staging index, host page, length) runs of consecutive host pages."""
@@ -311,7 +313,7 @@ class StagedPath(ZeroCopyPath):
         # and into the staged copy, so this step's attention sees them: remap slots to staging pages
         k_st.view(flat)[self.remap] = k
         v_st.view(flat)[self.remap] = v
-        self.traffic.link_read_bytes += self.stager.bytes_per_layer()
+        self.traffic.link_read_bytes += self.stager.layer_bytes
         out = self.attention(self.plan, "hbm", q, k, v, k_st, v_st, self.decode_table, self.chunk_tables)
         self.stager.release(layer)
         return out

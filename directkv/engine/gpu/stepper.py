@@ -54,7 +54,8 @@ class GPUStepper:
         self.parts = pipelining.runs_parts(policy)
         self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
                               directkv_side_ctas=pipelining.side_ctas)
-        # directkv's decodes below this many host K/V bytes per layer are not worth a cut (Pipelining.min_kv_mb)
+        # directkv's decodes attending to fewer tokens than this (Pipelining.min_kv_mb of host K/V per layer, in
+        # tokens) are not worth a cut
         self.min_cut_tokens = (pipelining.min_kv_mb * 1e6 / runner.spec.kv_bytes_per_token_per_layer()
                                if policy.name == "directkv" else 0.0)
         self.gen = torch.Generator().manual_seed(seed)

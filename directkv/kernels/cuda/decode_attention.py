@@ -25,12 +25,12 @@ from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.cuda import build
 from directkv.kernels.paged import PagedKV, check_queries
 from directkv.kernels.traffic import Traffic
-from directkv.kernels.traffic_model import decode_traffic
+from directkv.kernels.traffic_model import STREAM_RING_BYTES, decode_traffic
 
 VARIANTS = ("naive", "tiled", "stream")
 TILES = (32, 64)
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
-MAX_RING_BYTES = 64 << 20
+MAX_RING_BYTES = STREAM_RING_BYTES  # every ring of a stream call together
 # A split of fewer tiles than this spends more on its start-up (q, first loads) than it saves in balance.
 MIN_TILES_PER_SPLIT = 2
 # CTAs per resident slot to aim for: one full wave plus slack, so no slot idles at the tail.
