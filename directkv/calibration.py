@@ -37,7 +37,7 @@ import pandas as pd
 
 from directkv.costmodel import CALIBRATION, Efficiency
 from directkv.engine.systems import DEFAULT_CPU_ATTN_KERNEL
-from directkv.errors import ConfigError, unknown_name
+from directkv.errors import ConfigError
 from directkv.kernels import traffic_model as tm
 from directkv.specs import HARDWARE, HardwareSpec, get_hardware, get_model
 
@@ -45,7 +45,8 @@ DATA = Path(__file__).resolve().parent / "specs" / "calibration"
 
 
 def fit(rows: pd.DataFrame, hw: HardwareSpec) -> dict[str, float]:
-    """Efficiency factors from measured kernel_ablation rows (only the factors the rows can inform)."""
+    """Efficiency factors from measured kernel_ablation, cpu_attention and rate_sweep rows (only the factors the
+    rows can inform)."""
     ok = rows[(rows["mode"] == "measured") & (rows["status"] == "ok")]
     if "op" not in ok:  # serving rows have no op
         ok = ok.assign(op=None)
@@ -79,29 +80,33 @@ def fit(rows: pd.DataFrame, hw: HardwareSpec) -> dict[str, float]:
 
 def _serving_floors(ok: pd.DataFrame) -> dict[str, float]:
     """dense_us_per_layer from measured rate-sweep rows of hbm; flexgen_us_per_layer and cpu_attn_us_per_layer
-    (its default CPU kernel) from theirs beside hbm's (module docstring)."""
+    (its default CPU kernel) from theirs beside hbm's (module docstring). Rows with CUDA graphs only, where the
+    rows say; the overheads only from rows that say."""
     if "exp" not in ok or "system" not in ok:
         return {}
-    hbm = ok[(ok["exp"] == "rate_sweep") & (ok["system"] == "hbm")]
-    if "cuda_graphs" in hbm:
-        hbm = hbm[hbm["cuda_graphs"].fillna(False).astype(bool)]
+    rows = ok[ok["exp"] == "rate_sweep"]
+    graphs_known = "cuda_graphs" in rows
+    if graphs_known:
+        rows = rows[rows["cuda_graphs"].fillna(False).astype(bool)]
+    rows = rows.assign(layers=[get_model(str(m)).num_layers for m in rows["model"]])
+    hbm = rows[rows["system"] == "hbm"]
     if not len(hbm):
         return {}
-    low = hbm[hbm["rate"] == hbm["rate"].min()]
-    layers = [get_model(str(m)).num_layers for m in low["model"]]
-    out = {"dense_us_per_layer": statistics.median(t * 1e3 / n for t, n in zip(low["tpot_ms"], layers, strict=True))}
-    graphed = ok[ok["cuda_graphs"].fillna(False).astype(bool)] if "cuda_graphs" in ok else ok.iloc[:0]
+
+    def per_layer_at_lowest_rate(df: pd.DataFrame, ms: pd.Series) -> float:
+        low = df["rate"] == df["rate"].min()
+        return statistics.median(ms[low] * 1e3 / df["layers"][low])
+
+    out = {"dense_us_per_layer": per_layer_at_lowest_rate(hbm, hbm["tpot_ms"])}
     key = ["dataset", "rate", "model"]
-    for system in ("flexgen", "cpu_attn"):
-        rows = graphed[(graphed["exp"] == "rate_sweep") & (graphed["system"] == system)]
-        if system == "cpu_attn" and "cpu_attn_kernel" in rows:
-            rows = rows[rows["cpu_attn_kernel"] == DEFAULT_CPU_ATTN_KERNEL]
-        both = rows.merge(hbm[key + ["tpot_ms"]], on=key, suffixes=("", "_hbm"))
+    for system in ("flexgen", "cpu_attn") if graphs_known else ():
+        sys_rows = rows[rows["system"] == system]
+        if system == "cpu_attn" and "cpu_attn_kernel" in sys_rows:
+            sys_rows = sys_rows[sys_rows["cpu_attn_kernel"] == DEFAULT_CPU_ATTN_KERNEL]
+        both = sys_rows.merge(hbm[key + ["tpot_ms"]], on=key, suffixes=("", "_hbm"))
         if len(both):
-            low = both[both["rate"] == both["rate"].min()]
-            extra = [(t - h) * 1e3 / get_model(str(m)).num_layers
-                     for t, h, m in zip(low["tpot_ms"], low["tpot_ms_hbm"], low["model"], strict=True)]
-            out[f"{system}_us_per_layer"] = max(0.0, statistics.median(extra))
+            extra = per_layer_at_lowest_rate(both, both["tpot_ms"] - both["tpot_ms_hbm"])
+            out[f"{system}_us_per_layer"] = max(0.0, extra)
     return out
 
 
@@ -131,7 +136,7 @@ def run_hardware(rows: pd.DataFrame, run_dir: Path, hardware: str | None) -> str
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m directkv.calibration", description=__doc__.splitlines()[0])
     ap.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR",
-                    help="measured kernel_ablation / cpu_attention runs (results.parquet + manifest.json)")
+                    help="measured kernel_ablation / cpu_attention / rate_sweep runs (results.parquet + manifest.json)")
     ap.add_argument("--hardware", help="the hardware spec the runs measured (default: the one their rows name)")
     ap.add_argument("--write", action="store_true", help="store the factors for the runs' hardware")
     a = ap.parse_args(argv)
@@ -140,18 +145,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from directkv.results import load_results
 
-        if a.hardware is not None and a.hardware not in HARDWARE:
-            raise unknown_name("hardware", a.hardware, HARDWARE)
+        if a.hardware is not None:
+            get_hardware(a.hardware)  # an unknown name: one line listing the valid ones
         names = set()
         for run_dir in a.run_dirs:
             rows, manifest = load_results(run_dir)
             names.add(hardware := run_hardware(rows, run_dir, a.hardware))
             factors = fit(rows, get_hardware(hardware))
             if not factors:
-                raise ConfigError(f"{run_dir} has no measured kernel rows to fit")
+                raise ConfigError(f"{run_dir} has no measured rows to fit a factor from")
             fitted |= factors
-            sources |= {k: {"run": str(run_dir), "git_sha": manifest.get("code_commit", manifest.get("git_sha")), "gpu": manifest.get("gpu")}
-                        for k in factors}
+            commit = manifest.get("code_commit", manifest.get("git_sha"))  # a derived run lists its parts'
+            sources |= {k: {"run": str(run_dir), "git_sha": commit, "gpu": manifest.get("gpu")} for k in factors}
         if len(names) > 1:
             raise ConfigError(f"the runs measured different hardware {sorted(names)}; calibrate one at a time")
     except ConfigError as e:

@@ -34,7 +34,8 @@ class Efficiency:
 
 
 # Per-hardware fitted factors, loaded on first use from directkv/specs/calibration/*.json (written by
-# `python -m directkv.calibration RUN_DIR --write`); hardware without a file uses the priors above.
+# `python -m directkv.calibration RUN_DIR [RUN_DIR ...] [--hardware NAME] --write`); hardware without a file
+# uses the priors above.
 CALIBRATION: dict[str, Efficiency] = {}
 
 

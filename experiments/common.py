@@ -15,8 +15,6 @@ from directkv.engine.sim_executor import MemoryConfig
 from directkv.engine.systems import (
     CPU_ATTN_KERNELS,
     DEFAULT_CPU_ATTN_KERNEL,
-    DEFAULT_DIRECTKV_SIDE_CTAS,
-    DEFAULT_PIPELINE_MIN_KV_MB,
     NO_PIPELINING,
     Pipelining,
     SystemPolicy,
@@ -80,11 +78,8 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     cpu_kernel = str(executor.get("cpu_attn_kernel", DEFAULT_CPU_ATTN_KERNEL))
     if cpu_kernel not in CPU_ATTN_KERNELS:
         raise unknown_name("executor.cpu_attn_kernel", cpu_kernel, CPU_ATTN_KERNELS)
-    pipelining = Pipelining(executor.get("directkv_pipelined", False),
-                            executor.get("directkv_side_ctas", DEFAULT_DIRECTKV_SIDE_CTAS),
-                            executor.get("directkv_pipeline_min_kv_mb", DEFAULT_PIPELINE_MIN_KV_MB),
-                            executor.get("directkv_pipeline_mixed", True))
-    pipelining.check_system(SystemPolicy("directkv", str(cfg.system.get("directkv_variant", "tiled"))))
+    pipelining = Pipelining.from_config(executor)
+    pipelining.check_system(SystemPolicy("directkv", directkv_variant(cfg)))
     # graphs and pipelining are properties of the measured executor; the simulation has no kernel launches
     # or streams
     return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda",
@@ -94,8 +89,12 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
 def policies(cfg: DictConfig) -> list[SystemPolicy]:
     names = list(cfg.system.names)
     check(len(names) > 0, "system.names is empty; valid: directkv, hbm, swap, cpu_attn, flexgen")
-    variant = str(cfg.system.get("directkv_variant", "tiled"))
+    variant = directkv_variant(cfg)
     return [SystemPolicy(n, variant if n == "directkv" else "") for n in names]
+
+
+def directkv_variant(cfg: DictConfig) -> str:
+    return str(cfg.system.get("directkv_variant", "tiled"))
 
 
 def as_int(value, what: str) -> int:

@@ -18,6 +18,7 @@ import math
 import torch
 from omegaconf import DictConfig
 
+from directkv.engine.systems import CPU_ATTN_KERNELS
 from directkv.errors import check, unknown_name
 from directkv.hostinfo import cpu_name
 from directkv.kernels.paged import sequence_runs
@@ -25,7 +26,7 @@ from directkv.results import ResultsWriter
 from directkv.timing import time_fn
 from experiments.common import as_int, base_row, check_context, progress, setup
 
-KERNELS = ("flash", "native")
+KERNELS = CPU_ATTN_KERNELS
 PAGE_ORDERS = ("consecutive", "shuffled")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 PAGE_SIZE = 16
@@ -99,6 +100,8 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
     m, hardware = s.model, f"cpu: {cpu_name()}"
     grid = [(o, b, c) for o in orders for b, c in points]
     for order, batch, context in progress(cfg, grid, "cpu_attention"):
+        if all(writer.done(variant=k, batch_size=batch, context_len=context, page_order=order) for k in kernels):
+            continue  # a resumed run: no inputs or float64 reference for a point it has
         inputs = make_point(batch, context, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
                             dtype=DTYPES[dtype_name], page_order=order)
         ref = reference(*inputs)

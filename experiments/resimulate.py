@@ -25,12 +25,14 @@ from workloads.tokenizer import ENV_VAR
 SERVING = ("context_sweep", "rate_sweep")
 
 
-def resimulate(run_dir: Path) -> pd.DataFrame:
-    """The simulated rows of `run_dir`'s experiment, made now on the CPU with the run's config."""
+def resimulate(run_dir: Path, manifest: dict | None = None) -> pd.DataFrame:
+    """The simulated rows of `run_dir`'s experiment, made now on the CPU with the run's config (`manifest`: the
+    run's manifest when the caller has already read it)."""
     from experiments.run import run_experiment
 
     run_dir = Path(run_dir)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
+    if manifest is None:
+        manifest = json.loads((run_dir / "manifest.json").read_text())
     if manifest.get("derived_from"):
         raise ConfigError(f"{run_dir} is derived from {', '.join(manifest['derived_from'])}: resimulate those runs")
     cfg = OmegaConf.create(manifest["config"])

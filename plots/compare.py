@@ -41,17 +41,17 @@ def compare_table(df: pd.DataFrame, exp: str, metric: str = "tpot_ms") -> str:
     df = df.assign(label=df["system"] + df["variant"].map(lambda v: f" ({v})" if v else ""))
     lines = ["| " + " | ".join([*keys, "system", f"measured {metric}", f"simulated {metric}", "measured / simulated"])
              + " |", "| " + " | ".join(["---"] * (len(keys) + 4)) + " |"]
-    tags = executor_tags(df)  # measured rows of one point that differ in graphs / CPU kernel: one line each
+    tags = executor_tags(df)  # measured rows of one point that differ in an executor option: one line each
+    show = lambda c: "-" if c is None else (c if isinstance(c, str) else _fmt(c))  # noqa: E731
     for point, group in df.groupby([*keys, "label"], sort=True, dropna=False):
         sim = _cell(group[group["mode"] == "simulated"], metric)
         measured = group[group["mode"] == "measured"]
+        names = [_fmt(v) if isinstance(v, float) else str(v) for v in point]
         for tag in sorted(tags[measured.index].unique()) or [""]:
             m = _cell(measured[tags[measured.index] == tag], metric)
             ratio = m / sim if isinstance(m, float) and isinstance(sim, float) and sim else float("nan")
-            show = lambda c: "-" if c is None else (c if isinstance(c, str) else _fmt(c))  # noqa: E731
-            names = [_fmt(v) if isinstance(v, float) else str(v) for v in point]
-            names[-1] += f" [{tag}]" if tag else ""
-            lines.append("| " + " | ".join([*names, show(m), show(sim), _fmt(ratio)]) + " |")
+            label = names[-1] + (f" [{tag}]" if tag else "")
+            lines.append("| " + " | ".join([*names[:-1], label, show(m), show(sim), _fmt(ratio)]) + " |")
     return "\n".join(lines)
 
 
@@ -80,12 +80,12 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             note = ""
             if args.resimulate and manifest.get("derived_from") and len(runs) > 1:
-                print(f"## {run}: derived from {', '.join(manifest['derived_from'])}; resimulated with those\n")
+                print(f"## {run}: derived from {', '.join(manifest['derived_from'])}; resimulate those runs\n")
                 continue
             if args.resimulate:
                 from experiments.resimulate import resimulate
 
-                again = resimulate(run)
+                again = resimulate(run, manifest)
                 df = pd.concat([df[df["mode"] == "measured"], again[again["mode"] == "simulated"]], ignore_index=True)
                 note = " (simulated again with today's cost model)"
             print(f"## {run}{note}\n\n{compare_table(df, exp, args.metric)}\n")

@@ -120,11 +120,12 @@ def draw_lines(
     failures: dict[float, list[tuple[str, str]]] = {}  # x -> [(status, series colour)]
     for s in series:
         ok = s.rows[(s.rows["status"] == "ok") & s.rows[y].notna() & s.rows[x].notna()]
-        pts = ok.groupby(x, sort=True)[y].mean()
+        at_x = ok.groupby(x, sort=True)[y]
+        pts = at_x.mean()
         if len(pts):
             ax.plot(pts.index.to_numpy(float), pts.to_numpy(float), label=s.label, lw=1.6, ms=5, **s.style)
             values.extend(pts.to_numpy(float))
-            repeated = ok[ok.groupby(x)[y].transform("size") > 1]
+            repeated = ok[at_x.transform("size") > 1]
             if len(repeated):  # the runs behind an averaged point
                 ax.plot(repeated[x].to_numpy(float), repeated[y].to_numpy(float), linestyle="none", ms=3, alpha=0.6,
                         **{k: v for k, v in s.style.items() if k not in ("linestyle", "ls")})

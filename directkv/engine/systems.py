@@ -169,6 +169,14 @@ class Pipelining:
         check(isinstance(self.mixed, bool),
               f"executor.directkv_pipeline_mixed must be true or false; got {self.mixed!r}")
 
+    @classmethod
+    def from_config(cls, executor) -> Pipelining:
+        """From the config's `executor` group; a key it lacks takes the default above."""
+        d = cls()
+        return cls(executor.get("directkv_pipelined", d.enabled), executor.get("directkv_side_ctas", d.side_ctas),
+                   executor.get("directkv_pipeline_min_kv_mb", d.min_kv_mb),
+                   executor.get("directkv_pipeline_mixed", d.mixed))
+
     def check_system(self, policy: SystemPolicy) -> None:
         """Pipelining runs directkv's zero-copy kernels; the stream variant has its own side stream."""
         check(not (self.enabled and policy.name == "directkv" and policy.variant not in ("naive", "tiled", "")),

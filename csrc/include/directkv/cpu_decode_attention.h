@@ -2,8 +2,9 @@
 // One call per layer attends every decode of the step: work items are (sequence, piece of the sequence's
 // pages) spread over OpenMP threads; each item keeps every query head's online-softmax state in fp32 and
 // reads each page once for all of them (GQA without repeating K/V), converting bf16/fp16 to
-// fp32 on the fly (fp32 caches, used by the CPU tests of the serving path, are read as they are). Pieces of one (sequence, KV head) are merged by their (max, sum) afterwards. Pages are
-// read in place: no gather, no conversion copy of the cache. Host code only (no CUDA, no torch headers).
+// fp32 on the fly (fp32 caches, used by the CPU tests of the serving path, are read as they are). The pieces
+// of one sequence are merged per query head by their (max, sum) afterwards. Pages are read in place: no
+// gather, no conversion copy of the cache. Host code only (no CUDA, no torch headers).
 #pragma once
 
 #include <omp.h>

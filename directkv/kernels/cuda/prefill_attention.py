@@ -441,8 +441,9 @@ def plan_prefill_stream(kv: PagedKV, *, chunk_bytes: int | None = None, min_chun
 
 def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, tiled_opts: dict, pass_kernel: str,
                 **launch) -> None:
-    """Ring passes (copy on the side stream, attend on the current one), the HBM-page pass, the new tokens'
-    pass; each gives O and its LSE, merged by merge_passes. No host sync per chunk."""
+    """The new tokens' pass first (it needs no ring), then the ring passes (copy on the side stream, attend on
+    the current one) and the HBM-page pass; each gives O and its LSE, merged by merge_passes. No host sync per
+    chunk."""
     q_len, num_heads, _ = q.shape
     passes, tables, chunk_pages, page_bytes = plan.passes, plan.tables, plan.chunk_pages, plan.page_bytes
     flash = pass_kernel == "flash"

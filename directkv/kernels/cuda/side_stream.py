@@ -2,7 +2,7 @@
 attention, GEMM), and the stream of directkv's pipelined decode attention (engine/gpu/paths.py; slots 0: no
 events).
 
-One side stream per device, with `slots` pairs of events: `filled[i]` is recorded on the side stream after
+One side stream per (device, slots, lane), with `slots` pairs of events: `filled[i]` is recorded on the side stream after
 ring slot i is copied, `freed[i]` on the caller's stream after the math is done with it. Calls come from one
 thread and each starts with `side.wait_stream(current)`, so ops can share the stream and re-record the
 events: a wait takes the event's latest record at the time it is issued. Decode's stream variant keeps its
