@@ -17,7 +17,16 @@ import pytest
 import torch
 
 from directkv.errors import ConfigError
-from directkv.kernels.cuda.gemm_case_study import HOST_LOADS, KERNEL_VARIANTS, VARIANTS, gemm, plan_panel_cols
+from directkv.kernels.cuda.gemm_case_study import (
+    HOST_LOADS,
+    KERNEL_VARIANTS,
+    VARIANTS,
+    HostPanels,
+    gemm,
+    host_panels,
+    plan_panel_cols,
+    plan_panel_rows,
+)
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 from directkv.kernels.reference import gemm as reference_gemm
 from directkv.kernels.traffic_model import gemm_traffic
@@ -175,6 +184,18 @@ def test_plan_panel_cols_given_and_refused():
         plan_panel_cols(0, 8)
 
 
+def test_plan_panel_rows_is_the_column_plan_with_k_and_n_swapped():
+    assert plan_panel_rows(10240, 10240) == 1408  # 8 row panels: 7 x 1408 + 384; the ring fits 1638 rows
+    assert plan_panel_rows(1000, 517) == plan_panel_cols(517, 1000) == 128
+    assert plan_panel_rows(1000, 517, panel_rows=100) == 100
+    fit = (64 << 20) // (2 * 517 * 2)
+    with pytest.raises(ConfigError, match=rf"panel_rows 0 must be an int in 1\.\.{fit} \(2 slots x N=517 columns "
+                                          r"<= 64 MiB\)"):
+        plan_panel_rows(1000, 517, panel_rows=0)
+    with pytest.raises(ConfigError, match=r"N=16777217 is too large for the stream variant's ring: one row in 2 "):
+        plan_panel_rows(8, (1 << 24) + 1)
+
+
 def test_simulated_stream_pipeline_by_hand():
     """experiments.gemm_case_study.stream_ms: a 2-slot ring, copies in order, each product after its copy."""
     # copy-bound, 4 equal panels (copy 2, product 1): copies end at 2, 4, 6, 8; the last product ends at 9
@@ -189,15 +210,26 @@ def test_simulated_stream_pipeline_by_hand():
 
 def test_gemm_rejects_panel_cols_outside_stream_before_touching_cuda():
     a = torch.randn(64, 64).half()
-    with pytest.raises(ConfigError, match="panel_cols / copy_streams are options of gemm variant 'stream'; got 64 / 1 "
-                                          "for 'tiled'"):
-        gemm(a, a, variant="tiled", panel_cols=64)
-    with pytest.raises(ConfigError, match="got None / 2 for 'naive'"):
+    with pytest.raises(ConfigError, match="split / panel / copy_streams are options of gemm variant 'stream'; got "
+                                          "'n' / 64 / 1 for 'tiled'"):
+        gemm(a, a, variant="tiled", panel=64)
+    with pytest.raises(ConfigError, match="got 'n' / None / 2 for 'naive'"):
         gemm(a, a, variant="naive", copy_streams=2)
+    with pytest.raises(ConfigError, match="got 'k' / None / 1 for 'pipelined'"):
+        gemm(a, a, variant="pipelined", split="k")
+    with pytest.raises(ConfigError, match="unknown gemm split 'm'; valid: k, n"):
+        gemm(a, a, variant="stream", split="m")
     with pytest.raises(ConfigError, match="copy_streams 3 is not supported; valid: 1, 2"):
         gemm(a, a, variant="stream", copy_streams=3)
     with pytest.raises(ConfigError, match="CUDA tensor"):
-        gemm(a, a, variant="stream", panel_cols=64)
+        gemm(a, a, variant="stream", panel=64)
+    panels = host_panels(a, panel_cols=16)  # without CUDA: an ordinary CPU buffer
+    for bad, kwargs in [("'tiled', 'n', panel None", {"variant": "tiled"}),
+                        ("'stream', 'k', panel None", {"variant": "stream", "split": "k"}),
+                        ("'stream', 'n', panel 32", {"variant": "stream", "panel": 32})]:
+        with pytest.raises(ConfigError, match=f"B stored in panels \\(HostPanels of 16 columns\\) takes variant "
+                                              f"'stream', split 'n' and its own panel width; got {bad}"):
+            gemm(a, panels, **kwargs)
     with pytest.raises(ConfigError, match="unknown gemm copy 'dma'; valid: ce, sm"):
         gemm(a, a, variant="stream", copy="dma")
     with pytest.raises(ConfigError, match="copy is an option of gemm variant 'stream'; got 'sm' for 'tiled'"):
@@ -210,63 +242,108 @@ def test_gemm_rejects_panel_cols_outside_stream_before_touching_cuda():
         gemm(a, a, variant="stream", copy="sm", copy_ctas=0)
 
 
-def stream_b(kind: str, k: int, n: int) -> torch.Tensor:
-    """B `[k, n]` fp16 of fresh random values: a zero-copy view, a pinned CPU tensor, or in HBM."""
+def stream_b(kind: str, k: int, n: int, panel: int | None = None) -> torch.Tensor | HostPanels:
+    """B `[k, n]` fp16 of fresh random values: a zero-copy view, a pinned CPU tensor, in HBM, or stored in
+    panels of `panel` columns in pinned memory."""
     if kind == "zero_copy":
         return host_b(k, n)
     b = torch.randn(k, n, device="cuda").half()
+    if kind == "panels":
+        return host_panels(b, panel_cols=panel)
     return b.cpu().pin_memory() if kind == "pinned_cpu" else b
 
 
+def dense(b: torch.Tensor | HostPanels) -> torch.Tensor:
+    """B `[k, n]` on the GPU, read back from whatever holds it (from panels, panel by panel)."""
+    if not isinstance(b, HostPanels):
+        return b.to("cuda")
+    cols = [b.data[b.k * n0 : b.k * (n0 + min(b.panel_cols, b.n - n0))].view(b.k, -1)
+            for n0 in range(0, b.n, b.panel_cols)]
+    return torch.cat(cols, dim=1).to("cuda")
+
+
 STREAM_SHAPES = [  # (m, n, k)
-    (333, 1000, 517),  # odd M and K, N not a multiple of the panel width (default 128, forced 96)
+    (333, 1000, 517),  # odd M and K, N (and K) not a multiple of the panel width (default 128, forced 96)
     (1, 8, 8),  # one row, one panel narrower than any plan
     (1000, 777, 1111),
-    (64, 3000, 64),  # many panels
+    (64, 3000, 64),  # many column panels
+    (40, 64, 3000),  # many row panels
 ]
+# (where B is, how it is cut): column panels from every home of B, row panels from every tensor home, and
+# B stored in panels (cut by its own columns)
+STREAM_CUTS = [(kind, "n") for kind in ("zero_copy", "pinned_cpu", "hbm", "panels")] + [
+    (kind, "k") for kind in ("zero_copy", "pinned_cpu", "hbm")]
 
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("b_kind", ["zero_copy", "pinned_cpu", "hbm"])
+@pytest.mark.parametrize("b_kind,split", STREAM_CUTS, ids=lambda x: str(x))
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32], ids=["c16", "c32"])
-@pytest.mark.parametrize("panel_cols", [None, 96], ids=["planned", "p96"])
+@pytest.mark.parametrize("panel", [None, 96], ids=["planned", "p96"])
 @pytest.mark.parametrize("shape", STREAM_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("copy_streams,copy", [(1, "ce"), (2, "ce"), (1, "sm")], ids=["1ce", "2ce", "sm"])
-def test_gemm_stream_matches_float64(shape, panel_cols, out_dtype, b_kind, copy_streams, copy):
+def test_gemm_stream_matches_float64(shape, panel, out_dtype, b_kind, split, copy_streams, copy):
     """Every copy path: copy engine on one or two streams, or the SM copy kernel (16-byte loads where rows
-    are aligned, 2-byte ones for odd N)."""
+    are aligned, 2-byte ones for odd N); column panels 2-D (contiguous when B is stored in panels), row panels
+    contiguous with C accumulated over them."""
     m, n, k = shape
     a = torch.randn(m, k, device="cuda").half()
-    b = stream_b(b_kind, k, n)
-    traffic = check_product(a, b, "stream", out_dtype, panel_cols=panel_cols, copy_streams=copy_streams, copy=copy)
-    cols = plan_panel_cols(k, n, panel_cols=panel_cols)
+    b = stream_b(b_kind, k, n, panel)
+    out = torch.full((m, n), math.nan, dtype=out_dtype, device="cuda")
+    if split == "k" and out_dtype == torch.float32:
+        with pytest.raises(ConfigError, match="split 'k' accumulates C through cuBLAS's beta, which needs C in the "
+                                              "operands' dtype: out must be float16; got torch.float32"):
+            gemm(a, b, variant="stream", out=out, split=split, panel=panel)
+        return
+    c, traffic = gemm(a, b, variant="stream", out=out, split=split, panel=None if b_kind == "panels" else panel,
+                      copy_streams=copy_streams, copy=copy)
+    torch.cuda.synchronize()
+    assert c.data_ptr() == out.data_ptr()
+    assert not out.isnan().any(), "unwritten or NaN output elements"
+    ref = a.double() @ dense(b).double()
+    assert float((out.double() - ref).norm() / ref.norm()) < TOL[out_dtype]
+    cut = ({"panel_cols": plan_panel_cols(k, n, panel_cols=panel)} if split == "n"
+           else {"panel_rows": plan_panel_rows(k, n, panel_rows=panel)})
     model = gemm_traffic(m, n, k, dtype_bytes=2, variant="stream", b_tier="hbm" if b_kind == "hbm" else "host",
-                         panel_cols=cols)
-    model.hbm_write_bytes += m * n * (out_dtype.itemsize - 2)
+                         c_bytes=out_dtype.itemsize, **cut)
     assert traffic == model
     assert traffic.link_read_bytes == (0 if b_kind == "hbm" else k * n * 2)
 
 
+def test_host_panels_layout_by_hand():
+    """Runs without a GPU (pinned_empty falls back to a CPU tensor): panel i's columns, row after row, at
+    element k * n0."""
+    b = torch.arange(3 * 5, dtype=torch.float16).view(3, 5)  # k=3, n=5
+    p = host_panels(b, panel_cols=2)  # panels of 2, 2, 1 columns
+    assert (p.k, p.n, p.panel_cols, p.shape) == (3, 5, 2, (3, 5))
+    assert p.data.tolist() == [0, 1, 5, 6, 10, 11, 2, 3, 7, 8, 12, 13, 4, 9, 14]
+    assert host_panels(b).panel_cols == plan_panel_cols(3, 5)
+    with pytest.raises(ConfigError, match=r"b must be a 2-D float16 tensor; got torch.float32 \(3, 5\)"):
+        host_panels(b.float())
+
+
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("split", ["n", "k"])
 @pytest.mark.parametrize("copy_streams,copy", [(1, "ce"), (2, "ce"), (1, "sm")], ids=["1ce", "2ce", "sm"])
-def test_gemm_stream_back_to_back_calls_share_the_ring(copy_streams, copy):
+def test_gemm_stream_back_to_back_calls_share_the_ring(copy_streams, copy, split):
     """Three calls with no sync between them: each call's ring is most likely the previous one's memory (the
     same size, freed on the same stream), so its copies must wait for the previous call's products; and B
     rewritten on the current stream between two calls must be copied after the rewrite."""
-    # a panel's product (16384 x 256 x 1536, ~13 GFLOP) takes longer than its copy (768 KiB), so the copies
-    # run ahead as far as the events let them: an early copy into a slot still being read would show
+    # a panel's product (16384 x 256 x 1536 or 16384 x 2000 x 256, ~13 GFLOP) takes longer than its copy
+    # (<= 1 MiB), so the copies run ahead as far as the events let them: an early copy into a slot still being
+    # read would show
     m, n, k = 16384, 2000, 1536
     a = torch.randn(m, k, device="cuda").half()
     b1, b2 = host_b(k, n), host_b(k, n)
     ref1 = a.double() @ b1.double()
     outs = [torch.full((m, n), math.nan, dtype=torch.float16, device="cuda") for _ in range(3)]
-    gemm(a, b1, variant="stream", out=outs[0], panel_cols=256, copy_streams=copy_streams, copy=copy)
-    gemm(a, b2, variant="stream", out=outs[1], panel_cols=256, copy_streams=copy_streams, copy=copy)
+    opts = {"panel": 256, "split": split, "copy_streams": copy_streams, "copy": copy}
+    gemm(a, b1, variant="stream", out=outs[0], **opts)
+    gemm(a, b2, variant="stream", out=outs[1], **opts)
     new = torch.randn(k, n, device="cuda").half()
     b1.copy_(new)  # on the current stream, no sync: the next call's first copy waits for it
-    gemm(a, b1, variant="stream", out=outs[2], panel_cols=256, copy_streams=copy_streams, copy=copy)
+    gemm(a, b1, variant="stream", out=outs[2], **opts)
     torch.cuda.synchronize()
     for out, ref in zip(outs, (ref1, a.double() @ b2.double(), a.double() @ new.double()), strict=True):
         assert not out.isnan().any(), "unwritten or NaN output elements"
@@ -279,4 +356,6 @@ def test_gemm_stream_rejects_bad_panel_cols():
     a = torch.randn(64, 64, device="cuda").half()
     b = host_b(64, 64)
     with pytest.raises(ConfigError, match=r"panel_cols 0 must be an int in 1\.\.262144"):
-        gemm(a, b, variant="stream", panel_cols=0)
+        gemm(a, b, variant="stream", panel=0)
+    with pytest.raises(ConfigError, match=r"panel_rows 0 must be an int in 1\.\.262144"):
+        gemm(a, b, variant="stream", split="k", panel=0)

@@ -189,17 +189,37 @@ def test_gemm_stream_closed_form_by_hand():
     big = gemm_traffic(10240, 10240, 10240, dtype_bytes=2, variant="stream", panel_cols=1408)
     assert big.link_read_bytes == 200 << 20
     assert big.hbm_read_bytes == (200 << 20) * 9 and big.hbm_write_bytes == (200 << 20) * 2
+    wide = gemm_traffic(3, 10, 4, dtype_bytes=2, variant="stream", panel_cols=4, c_bytes=4)  # fp32 C
+    assert wide.hbm_write_bytes == 80 + 3 * 10 * 4 and wide.hbm_read_bytes == t.hbm_read_bytes
+
+
+def test_gemm_stream_row_panels_by_hand():
+    """m=3, n=10, k=4 in row panels of 3 rows (2 panels: 3, 1): A once, C written twice and read back once."""
+    t = gemm_traffic(3, 10, 4, dtype_bytes=2, variant="stream", panel_rows=3)
+    assert t.link_read_bytes == 80
+    assert t.hbm_read_bytes == 80 + 3 * 4 * 2 + 1 * 3 * 10 * 2
+    assert t.hbm_write_bytes == 80 + 2 * 3 * 10 * 2
+    wide = gemm_traffic(3, 10, 4, dtype_bytes=2, variant="stream", panel_rows=3, c_bytes=4)
+    assert wide.hbm_read_bytes == 80 + 24 + 120 and wide.hbm_write_bytes == 80 + 240
+    one = gemm_traffic(3, 10, 4, dtype_bytes=2, variant="stream", panel_rows=4)  # one panel: C once
+    assert one.hbm_write_bytes == 80 + 60 and one.hbm_read_bytes == 80 + 24
 
 
 def test_gemm_stream_is_cuda_only_and_its_options_are_checked():
     with pytest.raises(ConfigError, match="unknown gemm variant 'stream'; valid: naive, pipelined, tiled"):
         gemm(meta(4, 4), meta(4, 4), variant="stream", compute=False)  # the reference has no stream loop
-    with pytest.raises(ConfigError, match="gemm variant 'stream' needs panel_cols, a positive int; got None"):
+    with pytest.raises(ConfigError, match="gemm variant 'stream' needs one of panel_cols / panel_rows, a positive "
+                                          "int; got None / None"):
         gemm_traffic(4, 4, 4, dtype_bytes=2, variant="stream")
-    with pytest.raises(ConfigError, match="needs panel_cols, a positive int; got 0"):
+    with pytest.raises(ConfigError, match="a positive int; got 0 / None"):
         gemm_traffic(4, 4, 4, dtype_bytes=2, variant="stream", panel_cols=0)
-    with pytest.raises(ConfigError, match="panel_cols is an option of gemm variant 'stream'; got 64 for 'tiled'"):
+    with pytest.raises(ConfigError, match="a positive int; got 4 / 4"):
+        gemm_traffic(4, 4, 4, dtype_bytes=2, variant="stream", panel_cols=4, panel_rows=4)
+    with pytest.raises(ConfigError, match="panel_cols / panel_rows are options of gemm variant 'stream'; got 64 / "
+                                          "None for 'tiled'"):
         gemm_traffic(4, 4, 4, dtype_bytes=2, variant="tiled", panel_cols=64)
+    with pytest.raises(ConfigError, match="c_bytes must be a positive int; got 0"):
+        gemm_traffic(4, 4, 4, dtype_bytes=2, variant="tiled", c_bytes=0)
     with pytest.raises(ConfigError, match="valid: naive, pipelined, stream, tiled"):
         gemm_traffic(4, 4, 4, dtype_bytes=2, variant="raster")
 

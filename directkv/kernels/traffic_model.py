@@ -279,34 +279,47 @@ def gemm_traffic(
     tile_n: int = 128,
     tile_k: int = 64,
     panel_cols: int | None = None,
+    panel_rows: int | None = None,
+    c_bytes: int | None = None,
 ) -> Traffic:
-    """Traffic of `gemm`: A `[m, k]` in HBM, B `[k, n]` in b_tier, C `[m, n]` written in A's dtype.
+    """Traffic of `gemm`: A `[m, k]` in HBM, B `[k, n]` in b_tier, C `[m, n]` of c_bytes per element
+    (default: A's dtype_bytes).
 
-    stream (the tiles do not apply; panel_cols, its B columns per panel, is required and belongs to it
-    alone): B crosses the link once, by the copy engine (from HBM when b_tier is "hbm"), is written into
-    the ring and read back from it by cuBLAS; A is read once per panel (cuBLAS's own tiling inside a panel
-    is left to L2); C is written once.
+    stream (the tiles do not apply; exactly one of panel_cols, B columns per panel, or panel_rows, B rows per
+    panel, is required and belongs to it alone): B crosses the link once, by the copy engine (from HBM when
+    b_tier is "hbm"), is written into the ring and read back from it by cuBLAS. Column panels: A is read
+    once per panel (cuBLAS's own tiling inside a panel is left to L2), C written once. Row panels: each
+    panel reads its own columns of A, so A once in all; C is written by every panel and read back by every
+    panel after the first (beta = 1).
     """
     check_variant("gemm", variant, GEMM_TRAFFIC_VARIANTS)
     check(b_tier in TIERS, f"unknown b_tier {b_tier!r}; valid: {', '.join(TIERS)}")
     check_tiles(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k)
     check(min(m, n, k, dtype_bytes) >= 1, f"need m, n, k, dtype_bytes >= 1; got {m}, {n}, {k}, {dtype_bytes}")
     e = dtype_bytes
+    ce = e if c_bytes is None else c_bytes
+    check(isinstance(ce, int) and ce >= 1, f"c_bytes must be a positive int; got {c_bytes!r}")
     if variant == "stream":
-        check(isinstance(panel_cols, int) and panel_cols >= 1, f"gemm variant 'stream' needs panel_cols, a "
-              f"positive int; got {panel_cols!r}")
+        given = [p for p in (panel_cols, panel_rows) if p is not None]
+        check(len(given) == 1 and isinstance(given[0], int) and given[0] >= 1, f"gemm variant 'stream' needs "
+              f"one of panel_cols / panel_rows, a positive int; got {panel_cols!r} / {panel_rows!r}")
         b_bytes = k * n * e
-        traffic = Traffic(hbm_read_bytes=b_bytes + ceil_div(n, panel_cols) * m * k * e,
-                          hbm_write_bytes=b_bytes + m * n * e, flops=2 * m * n * k)
+        if panel_cols is not None:
+            a_reads, c_passes = ceil_div(n, panel_cols) * m * k * e, 1
+        else:
+            a_reads, c_passes = m * k * e, ceil_div(k, panel_rows)
+        traffic = Traffic(hbm_read_bytes=b_bytes + a_reads + (c_passes - 1) * m * n * ce,
+                          hbm_write_bytes=b_bytes + c_passes * m * n * ce, flops=2 * m * n * k)
         if b_tier == "host":
             traffic.link_read_bytes += b_bytes
         else:
             traffic.hbm_read_bytes += b_bytes
         return traffic
-    check(panel_cols is None, f"panel_cols is an option of gemm variant 'stream'; got {panel_cols!r} for {variant!r}")
+    check(panel_cols is None and panel_rows is None, f"panel_cols / panel_rows are options of gemm variant "
+          f"'stream'; got {panel_cols!r} / {panel_rows!r} for {variant!r}")
     b_reads = k * n * e * (ceil_div(m, tile_m) if variant == "naive" else 1)
     hbm_read = m * k * e * ceil_div(n, tile_n)  # A is re-read for every column of C tiles in both orders
-    hbm_write = m * n * e
+    hbm_write = m * n * ce
     if (
         variant != "naive"
     ):  # float32 partial C written after every k step but the last, read before all but the first

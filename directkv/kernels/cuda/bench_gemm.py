@@ -3,8 +3,10 @@
 Rows (one per size x method), all `mode="measured"`, C = A B with square fp16 operands, fp16 C:
   naive / tiled / pipelined / raster (+ ':' options) : the CUDA kernels with B in pinned host memory
                     (zero-copy view);
-  stream            : B in the same pinned memory, moved by the copy engine panel by panel into an HBM
-                    ring and multiplied by cuBLAS (beyond the paper);
+  stream (+ ':' options) : B in the same pinned memory, moved by the copy engine panel by panel into an HBM
+                    ring and multiplied by cuBLAS (beyond the paper); stream:k cuts B into row panels (each
+                    one contiguous copy, C accumulated in fp16), stream:panels reads B from a copy stored in
+                    column-panel order (each panel one contiguous copy);
   cublas_hbm        : torch.matmul with B in HBM (the compute anchor);
   cublas_zero_copy  : torch.matmul reading B through the zero-copy view.
 L2 is flushed before every timed call.
@@ -22,11 +24,12 @@ from functools import partial
 import torch
 
 from directkv.kernels.cuda.bench_prefill import get_ceilings, print_table, run_point, timed
-from directkv.kernels.cuda.gemm_case_study import gemm
+from directkv.kernels.cuda.gemm_case_study import gemm, host_panels
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 
 # name -> extra keyword arguments of gemm (variant is the part before ':'); "_b": "hbm" runs the kernel with
-# B in HBM: its on-chip time with no link in the way.
+# B in HBM: its on-chip time with no link in the way; "_b": "panels" gives it the same pinned B stored in
+# column panels (host_panels, made once before timing).
 KERNELS = {
     "naive": {},
     "tiled": {},
@@ -42,6 +45,8 @@ KERNELS = {
     "stream:sm": {"copy": "sm"},  # each panel copied by a 32-CTA kernel reading B zero-copy (SM loads)
     "stream:sm16": {"copy": "sm", "copy_ctas": 16},  # fewer copy CTAs: more SMs left to cuBLAS
     "stream:sm132": {"copy": "sm", "copy_ctas": 132},  # one per SM: most loads in flight, most contention
+    "stream:k": {"split": "k"},  # row panels: one contiguous copy each, C accumulated over them (beta = 1)
+    "stream:panels": {"_b": "panels"},  # B stored column panel by panel on the host: one contiguous copy each
 }
 ANCHORS = ("cublas_hbm", "cublas_zero_copy")
 SLOW = ("naive", "cublas_zero_copy")  # B re-read across the link per row tile: fewer repeats
@@ -92,12 +97,13 @@ def _size_rows(m: int, n: int, k: int, base: dict, kernels, anchors, warmup: int
     b_pin = pinned_empty((k, n), torch.float16)
     b_pin.copy_(b_hbm)
     b_view = device_view(b_pin)
+    b_panels = host_panels(b_pin)
     out = torch.empty(m, n, dtype=torch.float16, device="cuda")
     reference = (a @ b_hbm).double()
 
     def kernel(name: str) -> Callable[[], object]:
         kwargs = dict(KERNELS[name], variant=name.split(":")[0])
-        b = b_hbm if kwargs.pop("_b", "host") == "hbm" else b_view
+        b = {"hbm": b_hbm, "panels": b_panels, "host": b_view}[kwargs.pop("_b", "host")]
         return lambda: gemm(a, b, out=out, **kwargs)
 
     methods = {name: (kernel(name), None) for name in kernels}

@@ -25,7 +25,14 @@ stream    : beyond the paper, no kernel of ours: the copy engine moves B a colum
             the limit. copy="sm" copies each panel with a kernel of a few CTAs reading B zero-copy on the side
             stream instead of the copy engine (copy_panel_kernel; bench rows stream:sm*; written after the last
             H200 run, not yet measured): SM reads of 2.8 KB rows may keep near the 51.4 GB/s SM ceiling where
-            the 2-D DMA fell to ~39, if the copy CTAs and cuBLAS share the SMs well.
+            the 2-D DMA fell to ~39, if the copy CTAs and cuBLAS share the SMs well. Measured in the sixth
+            session: no faster (5.58-6.98 ms at 10240). Two ways around the 2-D copies, both with one
+            contiguous copy per panel (written after the sixth session's run):
+            split="k" cuts B into row panels instead, contiguous in row-major B, and accumulates C over
+            them (cuBLAS with beta = 1: C read back once per panel after the first, fp16 C rounded once per
+            panel); B given as HostPanels (host_panels: B stored column panel by column panel in pinned
+            memory, a layout chosen once when B is placed on the host, as DirectKV chooses the KV layout)
+            keeps the column cut with contiguous panels and no C accumulation.
 
 The k-split plan is host-side arithmetic on the SM count: enough CTAs to fill the GPU in few waves.
 
@@ -41,6 +48,7 @@ changes nothing.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import cache
 
 import torch
@@ -49,6 +57,7 @@ from directkv.errors import check, unknown_name
 from directkv.kernels.cuda import build
 from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES
 from directkv.kernels.cuda.side_stream import side_stream
+from directkv.kernels.cuda.zero_copy import pinned_empty
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import gemm_traffic
 
@@ -64,6 +73,7 @@ STREAM_SLOTS = 2  # ring slots: the copy engine fills one while cuBLAS reads the
 COPY_STREAMS = (1, 2)  # stream: side streams a panel's copy may be split over
 COPIES = ("ce", "sm")  # stream: who copies a panel, the copy engine or copy_panel_kernel's SM loads
 COPY_CTAS = 32  # copy "sm": CTAs of the copy kernel by default
+SPLITS = ("n", "k")  # stream: B cut into column panels (n) or row panels (k)
 STREAM_MIN_PANELS = 8  # the default plan's panels at least, so copy and math overlap
 PANEL_ALIGN = 64  # default panel widths are multiples of this many columns
 
@@ -82,7 +92,7 @@ def plan_k_splits(m: int, n: int, k: int, *, sms: int, k_splits: int | None = No
 
 
 def plan_panel_cols(k: int, n: int, *, panel_cols: int | None = None) -> int:
-    """B columns per ring panel of the stream variant, for fp16 B `[k, n]`.
+    """B columns per ring panel of the stream variant (split "n"), for fp16 B `[k, n]`.
 
     The ring holds STREAM_SLOTS panels `[k, panel_cols]` in at most MAX_RING_BYTES (64 MiB). Default: the
     widest multiple of 64 columns that fits and still cuts B into at least 8 panels (the first panel's copy
@@ -90,19 +100,62 @@ def plan_panel_cols(k: int, n: int, *, panel_cols: int | None = None) -> int:
     B is too narrow for 8 such panels, the widest that fits when 64 do not; never more than n. A given
     panel_cols is checked against the ring and clipped to n.
     """
-    check(min(k, n) >= 1, f"K and N must be >= 1; got {k}, {n}")
-    fit = MAX_RING_BYTES // (STREAM_SLOTS * k * 2)  # the widest panel the ring holds
-    check(fit >= 1, f"K={k} is too large for the stream variant's ring: one column in {STREAM_SLOTS} slots needs "
-          f"{STREAM_SLOTS * k * 2} B > {MAX_RING_BYTES} B (64 MiB)")
-    if panel_cols is not None:
-        check(isinstance(panel_cols, int) and not isinstance(panel_cols, bool) and 1 <= panel_cols <= fit,
-              f"panel_cols {panel_cols!r} must be an int in 1..{fit} ({STREAM_SLOTS} slots x K={k} rows <= 64 MiB)")
-        return min(panel_cols, n)
+    return _plan_panel(n, k, panel_cols, "panel_cols", "K", "column")
+
+
+def plan_panel_rows(k: int, n: int, *, panel_rows: int | None = None) -> int:
+    """B rows per ring panel of the stream variant with split "k": panels `[panel_rows, n]`, planned as
+    plan_panel_cols plans columns (the same ring, the same rule with K and N swapped)."""
+    return _plan_panel(k, n, panel_rows, "panel_rows", "N", "row")
+
+
+def _plan_panel(length: int, depth: int, given: int | None, name: str, depth_name: str, unit: str) -> int:
+    """Panels cut `length` (B's columns or rows); each panel is `depth` elements deep across the cut."""
+    check(min(length, depth) >= 1, f"K and N must be >= 1; got {length}, {depth}")
+    fit = MAX_RING_BYTES // (STREAM_SLOTS * depth * 2)  # the widest panel the ring holds
+    check(fit >= 1, f"{depth_name}={depth} is too large for the stream variant's ring: one {unit} in {STREAM_SLOTS} "
+          f"slots needs {STREAM_SLOTS * depth * 2} B > {MAX_RING_BYTES} B (64 MiB)")
+    if given is not None:
+        check(isinstance(given, int) and not isinstance(given, bool) and 1 <= given <= fit,
+              f"{name} {given!r} must be an int in 1..{fit} ({STREAM_SLOTS} slots x {depth_name}={depth} "
+              f"{'rows' if unit == 'column' else 'columns'} <= 64 MiB)")
+        return min(given, length)
     if fit < PANEL_ALIGN:
-        return min(fit, n)
-    widest = (n - 1) // (STREAM_MIN_PANELS - 1)  # ceil(n / w) >= 8 exactly when 7 w < n
+        return min(fit, length)
+    widest = (length - 1) // (STREAM_MIN_PANELS - 1)  # ceil(length / w) >= 8 exactly when 7 w < length
     cols = max(PANEL_ALIGN, widest // PANEL_ALIGN * PANEL_ALIGN)
-    return min(cols, fit // PANEL_ALIGN * PANEL_ALIGN, n)
+    return min(cols, fit // PANEL_ALIGN * PANEL_ALIGN, length)
+
+
+@dataclass(frozen=True)
+class HostPanels:
+    """B `[k, n]` fp16 in pinned host memory stored panel by panel (host_panels): the columns n0:n0 + w of
+    panel i are one contiguous row-major `[k, w]` block at element k * n0 of `data`, so the stream variant
+    moves each panel with one contiguous copy instead of a 2-D copy of k short rows. A layout chosen when B
+    is placed in host memory, as DirectKV lays out the KV cache for the link; made once, never per call."""
+
+    data: torch.Tensor  # [k * n] fp16, pinned CPU
+    k: int
+    n: int
+    panel_cols: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.k, self.n
+
+
+def host_panels(b: torch.Tensor, *, panel_cols: int | None = None) -> HostPanels:
+    """Copy fp16 B `[k, n]` (a CPU tensor, a zero-copy view or an HBM tensor) into a new pinned buffer in
+    panel order (HostPanels), panels of plan_panel_cols columns unless given."""
+    check(b.dim() == 2 and b.dtype == torch.float16, f"b must be a 2-D float16 tensor; got {b.dtype} "
+          f"{tuple(b.shape)}")
+    k, n = b.shape
+    cols = plan_panel_cols(k, n, panel_cols=panel_cols)
+    data = pinned_empty((k * n,), torch.float16)
+    for n0 in range(0, n, cols):
+        w = min(cols, n - n0)
+        data[k * n0 : k * (n0 + w)].view(k, w).copy_(b[:, n0 : n0 + w])
+    return HostPanels(data, k, n, cols)
 
 
 @cache
@@ -118,7 +171,7 @@ def b_tier(b: torch.Tensor) -> str:
 
 def gemm(
     a: torch.Tensor,
-    b: torch.Tensor,
+    b: torch.Tensor | HostPanels,
     *,
     variant: str,
     out: torch.Tensor | None = None,
@@ -128,7 +181,8 @@ def gemm(
     k_splits: int | None = None,
     prefetch: bool = True,
     host_load: str = "ca",
-    panel_cols: int | None = None,
+    split: str = "n",
+    panel: int | None = None,
     copy_streams: int = 1,
     copy: str = "ce",
     copy_ctas: int | None = None,
@@ -139,15 +193,21 @@ def gemm(
     ----------
     a : `[M, K]` contiguous fp16 CUDA tensor (HBM).
     b : `[K, N]` contiguous fp16: a zero-copy view of pinned memory (zero_copy.device_view), a pinned CPU
-        tensor, or an HBM tensor.
+        tensor, or an HBM tensor; or, for variant "stream" only, B stored panel by panel in pinned memory
+        (HostPanels, from host_panels: each panel one contiguous copy).
     variant : "naive", "tiled", "pipelined", "raster" or "stream" (module docstring).
     out : optional `[M, N]` contiguous CUDA output, fp16 or fp32 (default fp16).
     tile_m, tile_n, tile_k : must be 128, 128, 64 (the kernels' tiles).
     k_splits : tiled / pipelined: force the CTAs per column strip; None plans it (plan_k_splits).
     prefetch : pipelined: prefetch the next B chunk into L2 while computing the current one.
     host_load : "ca" (through L1, default) or "cg" (L2 only): how B tiles are copied (module docstring).
-    panel_cols : stream only: B columns per ring panel; None plans it (plan_panel_cols).
-    copy_streams : stream only: side streams each panel's copy is split over (1 or 2, by halves of its K
+    split : stream only: "n" cuts B into column panels, each a 2-D copy of K rows (C's columns written once);
+        "k" cuts it into row panels, each one contiguous copy, and C (float16 only) is accumulated over
+        them (cuBLAS with beta = 1 reads C back once per panel after the first and rounds it once per
+        panel). HostPanels B is cut by its own columns.
+    panel : stream only: B columns (split "n") or rows (split "k") per ring panel; None plans it
+        (plan_panel_cols / plan_panel_rows); HostPanels B takes its own panel_cols.
+    copy_streams : stream only: side streams each panel's copy is split over (1 or 2, by halves of its
         rows), so two copy engines can work on the strided 2-D copies (one measured ~39 GB/s on the H200's
         55 GB/s link).
     copy : stream only: "ce" (copy engine, cudaMemcpy2DAsync) or "sm" (copy_panel_kernel, zero-copy SM loads).
@@ -157,14 +217,17 @@ def gemm(
     -------
     (c `[M, N]`, Traffic from traffic_model.gemm_traffic; for tiled / pipelined at tile_k = 512, the
     stationary chunk, i.e. one fp32 partial-C pass per chunk; the split reduction's extra pass is left out;
-    raster states naive's schedule; stream at its panel width)
+    raster states naive's schedule; stream at its split and panel)
     """
     if variant not in VARIANTS:
         raise unknown_name("gemm variant", variant, VARIANTS)
     if host_load not in HOST_LOADS:
         raise unknown_name("gemm host_load", host_load, HOST_LOADS)
-    check(variant == "stream" or (panel_cols is None and copy_streams == 1), f"panel_cols / copy_streams are "
-          f"options of gemm variant 'stream'; got {panel_cols!r} / {copy_streams!r} for {variant!r}")
+    if split not in SPLITS:
+        raise unknown_name("gemm split", split, SPLITS)
+    check(variant == "stream" or (panel is None and copy_streams == 1 and split == "n"), f"split / panel / "
+          f"copy_streams are options of gemm variant 'stream'; got {split!r} / {panel!r} / {copy_streams!r} for "
+          f"{variant!r}")
     check(copy_streams in COPY_STREAMS, f"copy_streams {copy_streams!r} is not supported; valid: 1, 2")
     if copy not in COPIES:
         raise unknown_name("gemm copy", copy, COPIES)
@@ -176,26 +239,41 @@ def gemm(
     check(isinstance(copy_ctas, int) and copy_ctas >= 1, f"copy_ctas must be an int >= 1; got {copy_ctas!r}")
     check((tile_m, tile_n, tile_k) == (TILE_M, TILE_N, TILE_K), f"tiles ({tile_m}, {tile_n}, {tile_k}) are not "
           f"supported by the CUDA kernels; valid: ({TILE_M}, {TILE_N}, {TILE_K})")
-    check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0], f"need a [M, K] and b [K, N]; got "
+    panels = isinstance(b, HostPanels)
+    check(not panels or (variant == "stream" and split == "n" and panel in (None, b.panel_cols)), f"B stored in "
+          f"panels (HostPanels of {b.panel_cols if panels else 0} columns) takes variant 'stream', split 'n' and "
+          f"its own panel width; got {variant!r}, {split!r}, panel {panel!r}")
+    check(a.dim() == 2 and len(b.shape) == 2 and a.shape[1] == b.shape[0], f"need a [M, K] and b [K, N]; got "
           f"{tuple(a.shape)} and {tuple(b.shape)}")
-    check(a.dtype == torch.float16 and b.dtype == torch.float16, f"a and b must be float16; got {a.dtype}, {b.dtype}")
+    b_tensor = b.data if panels else b
+    check(a.dtype == torch.float16 and b_tensor.dtype == torch.float16, f"a and b must be float16; got {a.dtype}, "
+          f"{b_tensor.dtype}")
     check(a.device.type == "cuda" and a.is_contiguous(), f"a must be a contiguous CUDA tensor; got {a.device}")
-    check(b.is_contiguous() and (b.device.type == "cuda" or b.is_pinned()),
-          f"b must be a contiguous CUDA tensor (zero-copy view or HBM) or pinned CPU tensor; got {b.device}")
+    check(b_tensor.is_contiguous() and (b_tensor.device.type == "cuda" or b_tensor.is_pinned()),
+          f"b must be a contiguous CUDA tensor (zero-copy view or HBM) or pinned CPU tensor; got {b_tensor.device}")
     m, k = a.shape
     n = b.shape[1]
     check(min(m, n, k) >= 1, f"M, N, K must be >= 1; got {m}, {n}, {k}")
-    if variant == "stream":
-        panel_cols = plan_panel_cols(k, n, panel_cols=panel_cols)  # before out is allocated: fails cheaply
+    if variant == "stream":  # planned before out is allocated: fails cheaply
+        if panels:
+            panel = b.panel_cols
+        elif split == "n":
+            panel = plan_panel_cols(k, n, panel_cols=panel)
+        else:
+            panel = plan_panel_rows(k, n, panel_rows=panel)
     if out is None:
         out = torch.empty(m, n, dtype=torch.float16, device=a.device)
     check(out.shape == (m, n) and out.dtype in OUT_CODES and out.device == a.device and out.is_contiguous(),
           f"out must be a contiguous float16 or float32 [{m}, {n}] tensor on {a.device}")
+    c_bytes = out.element_size()
+    # beta = 1 into fp32 C from fp16 operands (addmm's out_dtype) is refused by some torch versions' checks
+    check(split == "n" or out.dtype == torch.float16, f"split 'k' accumulates C through cuBLAS's beta, which "
+          f"needs C in the operands' dtype: out must be float16; got {out.dtype}")
     if variant == "stream":
-        _run_stream(a, b, out, panel_cols, copy_streams, copy, copy_ctas)
-        traffic = gemm_traffic(m, n, k, dtype_bytes=2, variant="stream", b_tier=b_tier(b), panel_cols=panel_cols)
-        traffic.hbm_write_bytes += m * n * (out.element_size() - 2)  # the closed form writes C in a's dtype
-        return out, traffic
+        _run_stream(a, b, out, split, panel, copy_streams, copy, copy_ctas)
+        cut = {"panel_cols": panel} if split == "n" else {"panel_rows": panel}
+        return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="stream",
+                                 b_tier=b_tier(b_tensor), **cut)
     part, ldp, splits = None, 0, 1
     if variant not in OUTPUT_STATIONARY:
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
@@ -208,31 +286,33 @@ def gemm(
         torch.cuda.current_stream(a.device).cuda_stream,
     )  # fmt: skip
     schedule = "naive" if variant in OUTPUT_STATIONARY else variant
-    traffic = gemm_traffic(m, n, k, dtype_bytes=2, variant=schedule, b_tier=b_tier(b), tile_m=TILE_M, tile_n=TILE_N,
-                           tile_k=TILE_K if schedule == "naive" else CHUNK_K)
-    traffic.hbm_write_bytes += m * n * (out.element_size() - 2)  # the closed form writes C in a's dtype
-    return out, traffic
+    return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant=schedule, b_tier=b_tier(b),
+                             tile_m=TILE_M, tile_n=TILE_N, tile_k=TILE_K if schedule == "naive" else CHUNK_K)
 
 
 # --- stream variant -------------------------------------------------------------------------------
 
 
-def _run_stream(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, panel_cols: int, copy_streams: int = 1,
-                copy: str = "ce", copy_ctas: int = COPY_CTAS) -> None:
-    """out[:, n0:n0 + w] = a @ B[:, n0:n0 + w] panel by panel: the copy on the side stream(s), the product on
-    the current one, ordered by the slots' filled / freed events; no host sync."""
+def _run_stream(a: torch.Tensor, b: torch.Tensor | HostPanels, out: torch.Tensor, split: str, panel: int,
+                copy_streams: int = 1, copy: str = "ce", copy_ctas: int = COPY_CTAS) -> None:
+    """out = a @ B panel by panel: each panel's copy on the side stream(s) into a ring slot, its product on
+    the current stream, ordered by the slots' filled / freed events; no host sync.
+
+    split "n": out[:, n0:n0 + w] = a @ B[:, n0:n0 + w]; split "k": out (+)= a[:, k0:k0 + h] @ B[k0:k0 + h]."""
     k, n = b.shape
-    e = b.element_size()
+    panels = isinstance(b, HostPanels)
+    src = b.data if panels else b
+    e = src.element_size()
     main = torch.cuda.current_stream(a.device)
     lanes = [side_stream(a.device, STREAM_SLOTS, lane) for lane in range(copy_streams)]
     freed = lanes[0][2]  # recorded once on the current stream; every lane waits on it
-    rows = [(k * i // copy_streams, k * (i + 1) // copy_streams) for i in range(copy_streams)]  # K rows per lane
     # Allocated on the current stream and written by the side stream, without record_stream: every side-stream
     # write of the ring is followed by main.wait_event(filled), so all of them are ordered before any later
     # work of the current stream, which is the only stream the caching allocator hands this block to once it
     # is freed. record_stream would only delay that reuse (and grow the pool when calls come back to back).
-    ring = torch.empty(STREAM_SLOTS, k, panel_cols, dtype=torch.float16, device=a.device)
-    # One 2-D copy per panel, issued from C++: torch's copy_ of a strided (column-panel) view of pinned
+    # A slot holds one panel row-major and gapless, whatever its width: a narrower last panel is a prefix.
+    ring = torch.empty(STREAM_SLOTS, panel * (k if split == "n" else n), dtype=torch.float16, device=a.device)
+    # One copy per panel (and lane), issued from C++: torch's copy_ of a strided (column-panel) view of pinned
     # memory may stage it through a contiguous host-side copy first.
     mod = build.load("gemm_case_study")
     if copy == "sm":
@@ -245,18 +325,33 @@ def _run_stream(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, panel_cols:
     widen = {} if out.dtype == torch.float16 else {"out_dtype": out.dtype}
     for side, _, _ in lanes:
         side.wait_stream(main)  # earlier writers of B and of the ring's memory come first
-    for i, n0 in enumerate(range(0, n, panel_cols)):
-        w, slot = min(panel_cols, n - n0), i % STREAM_SLOTS
-        for (side, filled, _), (r0, r1) in zip(lanes, rows, strict=True):
+    extent = n if split == "n" else k
+    for i, p0 in enumerate(range(0, extent, panel)):
+        w, slot = min(panel, extent - p0), i % STREAM_SLOTS
+        rows, cols = (k, w) if split == "n" else (w, n)  # the panel's shape
+        if panels:  # the panel's rows follow each other in host memory
+            base, pitch = src.data_ptr() + k * p0 * e, w * e
+        elif split == "n":  # k rows of w columns, a row of B apart
+            base, pitch = src.data_ptr() + p0 * e, n * e
+        else:  # w whole rows of B: contiguous
+            base, pitch = src.data_ptr() + p0 * n * e, n * e
+        dst = ring[slot].data_ptr()
+        for lane, (side, filled, _) in enumerate(lanes):
+            r0, r1 = rows * lane // copy_streams, rows * (lane + 1) // copy_streams
             if i >= STREAM_SLOTS:
                 side.wait_event(freed[slot])  # the product of panel i - STREAM_SLOTS is done with the slot
-            copy_panel(ring[slot, r0].data_ptr(), panel_cols * e, b.data_ptr() + (r0 * n + n0) * e, n * e, w * e,
-                       r1 - r0, side.cuda_stream)
+            copy_panel(dst + r0 * cols * e, cols * e, base + r0 * pitch, pitch, cols * e, r1 - r0, side.cuda_stream)
             filled[slot].record(side)
         for _, filled, _ in lanes:
             main.wait_event(filled[slot])
-        # A column view of row-major C has strides (N, 1): torch's CUDA addmm takes it as is, as a transposed
-        # result with leading dimension N (prepare_matrix_for_cublas borrows any (ld >= cols, 1) matrix, the
-        # ring panel (panel_cols, 1) likewise), so cuBLAS writes C's columns in place: no temporary, no copy.
-        torch.mm(a, ring[slot, :, :w], out=out[:, n0 : n0 + w], **widen)
+        b_panel = ring[slot, : rows * cols].view(rows, cols)
+        if split == "n":
+            # A column view of row-major C has strides (N, 1): torch's CUDA addmm takes it as is, as a
+            # transposed result with leading dimension N (prepare_matrix_for_cublas borrows any (ld >= cols, 1)
+            # matrix), so cuBLAS writes C's columns in place: no temporary, no copy.
+            torch.mm(a, b_panel, out=out[:, p0 : p0 + w], **widen)
+        elif i == 0:  # a's column slice (strides (K, 1)) is borrowed the same way
+            torch.mm(a[:, p0 : p0 + w], b_panel, out=out, **widen)
+        else:  # beta = 1: cuBLAS reads C back and adds this panel's product
+            out.addmm_(a[:, p0 : p0 + w], b_panel)
         freed[slot].record(main)
