@@ -27,12 +27,15 @@ stream    : beyond the paper, no kernel of ours: the copy engine moves B a colum
             H200 run, not yet measured): SM reads of 2.8 KB rows may keep near the 51.4 GB/s SM ceiling where
             the 2-D DMA fell to ~39, if the copy CTAs and cuBLAS share the SMs well. Measured in the sixth
             session: no faster (5.58-6.98 ms at 10240). Two ways around the 2-D copies, both with one
-            contiguous copy per panel (written after the sixth session's run):
+            contiguous copy per panel:
             split="k" cuts B into row panels instead, contiguous in row-major B, and accumulates C over
             them (cuBLAS with beta = 1: C read back once per panel after the first, fp16 C rounded once per
             panel); B given as HostPanels (host_panels: B stored column panel by column panel in pinned
             memory, a layout chosen once when B is placed on the host, as DirectKV chooses the KV layout)
-            keeps the column cut with contiguous panels and no C accumulation.
+            keeps the column cut with contiguous panels and no C accumulation. Measured on the H200
+            (2026-11-29, two runs, 10240^3): split "k" 4.35 / 4.37 ms, HostPanels 4.25 / 4.26, against
+            targets of 4.38 / 4.39 (1.15 x the link floor): both meet the GEMM target there; at 4096^3 both
+            stay 1.06-1.12x over it.
 
 The k-split plan is host-side arithmetic on the SM count: enough CTAs to fill the GPU in few waves.
 
