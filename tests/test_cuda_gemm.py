@@ -174,22 +174,25 @@ def test_plan_panel_cols_given_and_refused():
     fit = (64 << 20) // (2 * 517 * 2)  # 32451
     assert plan_panel_cols(517, 40000, panel_cols=fit) == fit
     for bad in (0, -3, fit + 1, 1.5, True, "64"):
-        with pytest.raises(ConfigError, match=rf"panel_cols {re.escape(repr(bad))} must be an int in 1\.\.{fit} "
+        with pytest.raises(ConfigError, match=rf"panel {re.escape(repr(bad))} \(columns per panel\) must be an int "
+                                              rf"in 1\.\.{fit} "
                                               r"\(2 slots x K=517 rows <= 64 MiB\)"):
             plan_panel_cols(517, 1000, panel_cols=bad)
     with pytest.raises(ConfigError, match=r"K=16777217 is too large for the stream variant's ring: one column in 2 "
                                           r"slots needs 67108868 B > 67108864 B \(64 MiB\)"):
         plan_panel_cols((1 << 24) + 1, 8)
-    with pytest.raises(ConfigError, match="K and N must be >= 1"):
+    with pytest.raises(ConfigError, match="K and N must be >= 1; got 0, 8"):
         plan_panel_cols(0, 8)
 
 
 def test_plan_panel_rows_is_the_column_plan_with_k_and_n_swapped():
     assert plan_panel_rows(10240, 10240) == 1408  # 8 row panels: 7 x 1408 + 384; the ring fits 1638 rows
-    assert plan_panel_rows(1000, 517) == plan_panel_cols(517, 1000) == 128
+    assert plan_panel_rows(1000, 517) == 128  # 999 // 7 = 142 -> 128: 8 row panels
+    assert plan_panel_rows(448, 64) == 64 and plan_panel_rows(40, 64) == 40  # as the column plan's cases above
     assert plan_panel_rows(1000, 517, panel_rows=100) == 100
     fit = (64 << 20) // (2 * 517 * 2)
-    with pytest.raises(ConfigError, match=rf"panel_rows 0 must be an int in 1\.\.{fit} \(2 slots x N=517 columns "
+    with pytest.raises(ConfigError, match=rf"panel 0 \(rows per panel\) must be an int in 1\.\.{fit} \(2 slots x N=517 "
+                                          r"columns "
                                           r"<= 64 MiB\)"):
         plan_panel_rows(1000, 517, panel_rows=0)
     with pytest.raises(ConfigError, match=r"N=16777217 is too large for the stream variant's ring: one row in 2 "):
@@ -208,7 +211,7 @@ def test_simulated_stream_pipeline_by_hand():
     assert stream_ms(3.0, 3.0, 3, 3) == pytest.approx(6e3)  # one panel: nothing overlaps
 
 
-def test_gemm_rejects_panel_cols_outside_stream_before_touching_cuda():
+def test_gemm_rejects_stream_options_outside_stream_before_touching_cuda():
     a = torch.randn(64, 64).half()
     with pytest.raises(ConfigError, match="split / panel / copy_streams are options of gemm variant 'stream'; got "
                                           "'n' / 64 / 1 for 'tiled'"):
@@ -223,7 +226,7 @@ def test_gemm_rejects_panel_cols_outside_stream_before_touching_cuda():
         gemm(a, a, variant="stream", copy_streams=3)
     with pytest.raises(ConfigError, match="CUDA tensor"):
         gemm(a, a, variant="stream", panel=64)
-    panels = host_panels(a, panel_cols=16)  # without CUDA: an ordinary CPU buffer
+    panels = host_panels(a, panel_cols=16)  # a CPU tensor a: gemm refuses the call before touching CUDA
     for bad, kwargs in [("'tiled', 'n', panel None", {"variant": "tiled"}),
                         ("'stream', 'k', panel None", {"variant": "stream", "split": "k"}),
                         ("'stream', 'n', panel 32", {"variant": "stream", "panel": 32})]:
@@ -242,24 +245,16 @@ def test_gemm_rejects_panel_cols_outside_stream_before_touching_cuda():
         gemm(a, a, variant="stream", copy="sm", copy_ctas=0)
 
 
-def stream_b(kind: str, k: int, n: int, panel: int | None = None) -> torch.Tensor | HostPanels:
-    """B `[k, n]` fp16 of fresh random values: a zero-copy view, a pinned CPU tensor, in HBM, or stored in
-    panels of `panel` columns in pinned memory."""
+def stream_b(kind: str, k: int, n: int, panel: int | None = None) -> tuple[torch.Tensor | HostPanels, torch.Tensor]:
+    """(B `[k, n]` fp16 of fresh random values: a zero-copy view, a pinned CPU tensor, in HBM, or stored in
+    panels of `panel` columns in pinned memory; the same values as a plain HBM tensor, for the reference)."""
     if kind == "zero_copy":
-        return host_b(k, n)
+        b = host_b(k, n)
+        return b, b.clone()
     b = torch.randn(k, n, device="cuda").half()
     if kind == "panels":
-        return host_panels(b, panel_cols=panel)
-    return b.cpu().pin_memory() if kind == "pinned_cpu" else b
-
-
-def dense(b: torch.Tensor | HostPanels) -> torch.Tensor:
-    """B `[k, n]` on the GPU, read back from whatever holds it (from panels, panel by panel)."""
-    if not isinstance(b, HostPanels):
-        return b.to("cuda")
-    cols = [b.data[b.k * n0 : b.k * (n0 + min(b.panel_cols, b.n - n0))].view(b.k, -1)
-            for n0 in range(0, b.n, b.panel_cols)]
-    return torch.cat(cols, dim=1).to("cuda")
+        return host_panels(b, panel_cols=panel), b
+    return (b.cpu().pin_memory() if kind == "pinned_cpu" else b), b
 
 
 STREAM_SHAPES = [  # (m, n, k)
@@ -269,16 +264,18 @@ STREAM_SHAPES = [  # (m, n, k)
     (64, 3000, 64),  # many column panels
     (40, 64, 3000),  # many row panels
 ]
-# (where B is, how it is cut): column panels from every home of B, row panels from every tensor home, and
-# B stored in panels (cut by its own columns)
-STREAM_CUTS = [(kind, "n") for kind in ("zero_copy", "pinned_cpu", "hbm", "panels")] + [
-    (kind, "k") for kind in ("zero_copy", "pinned_cpu", "hbm")]
+C16, C32 = torch.float16, torch.float32
+# (where B is, how it is cut, C's dtype): column panels from every home of B, row panels from every tensor home
+# (fp16 C only: fp32 is refused, test_gemm_stream_row_panels_refuse_fp32_c), and B stored in panels (cut by
+# its own columns)
+STREAM_CUTS = [(kind, "n", c) for kind in ("zero_copy", "pinned_cpu", "hbm", "panels") for c in (C16, C32)] + [
+    (kind, "k", C16) for kind in ("zero_copy", "pinned_cpu", "hbm")]
 
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("b_kind,split", STREAM_CUTS, ids=lambda x: str(x))
-@pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32], ids=["c16", "c32"])
+@pytest.mark.parametrize("b_kind,split,out_dtype", STREAM_CUTS,
+                         ids=[f"{kind}-{split}-c{c.itemsize * 8}" for kind, split, c in STREAM_CUTS])
 @pytest.mark.parametrize("panel", [None, 96], ids=["planned", "p96"])
 @pytest.mark.parametrize("shape", STREAM_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("copy_streams,copy", [(1, "ce"), (2, "ce"), (1, "sm")], ids=["1ce", "2ce", "sm"])
@@ -288,19 +285,14 @@ def test_gemm_stream_matches_float64(shape, panel, out_dtype, b_kind, split, cop
     contiguous with C accumulated over them."""
     m, n, k = shape
     a = torch.randn(m, k, device="cuda").half()
-    b = stream_b(b_kind, k, n, panel)
+    b, b_ref = stream_b(b_kind, k, n, panel)
     out = torch.full((m, n), math.nan, dtype=out_dtype, device="cuda")
-    if split == "k" and out_dtype == torch.float32:
-        with pytest.raises(ConfigError, match="split 'k' accumulates C through cuBLAS's beta, which needs C in the "
-                                              "operands' dtype: out must be float16; got torch.float32"):
-            gemm(a, b, variant="stream", out=out, split=split, panel=panel)
-        return
     c, traffic = gemm(a, b, variant="stream", out=out, split=split, panel=None if b_kind == "panels" else panel,
                       copy_streams=copy_streams, copy=copy)
     torch.cuda.synchronize()
     assert c.data_ptr() == out.data_ptr()
     assert not out.isnan().any(), "unwritten or NaN output elements"
-    ref = a.double() @ dense(b).double()
+    ref = a.double() @ b_ref.double()
     assert float((out.double() - ref).norm() / ref.norm()) < TOL[out_dtype]
     cut = ({"panel_cols": plan_panel_cols(k, n, panel_cols=panel)} if split == "n"
            else {"panel_rows": plan_panel_rows(k, n, panel_rows=panel)})
@@ -310,6 +302,29 @@ def test_gemm_stream_matches_float64(shape, panel, out_dtype, b_kind, split, cop
     assert traffic.link_read_bytes == (0 if b_kind == "hbm" else k * n * 2)
 
 
+@pytest.mark.gpu
+@needs_cuda
+def test_gemm_stream_row_panels_refuse_fp32_c():
+    a = torch.randn(64, 64, device="cuda").half()
+    out = torch.full((64, 64), math.nan, dtype=torch.float32, device="cuda")
+    with pytest.raises(ConfigError, match="split 'k' accumulates C in place with torch's addmm_, which takes fp16 C "
+                                          "only across torch versions: out must be float16; got torch.float32"):
+        gemm(a, host_b(64, 64), variant="stream", out=out, split="k")
+    assert out.isnan().all()  # refused before any copy or product
+
+
+def test_host_panels_are_checked():
+    """Runs without a GPU: a HostPanels whose buffer does not hold [k, n], or whose panels overflow the ring,
+    is refused when made (gemm copies it by raw pointer)."""
+    with pytest.raises(ConfigError, match=r"HostPanels needs a contiguous 1-D float16 buffer of k \* n = 12 elements; "
+                                          r"got torch.float16 \(10,\)"):
+        HostPanels(torch.zeros(10, dtype=torch.float16), 3, 4, 2)
+    with pytest.raises(ConfigError, match=r"panel 0 \(columns per panel\) must be an int in 1\.\."):
+        HostPanels(torch.zeros(12, dtype=torch.float16), 3, 4, 0)
+    p = HostPanels(torch.zeros(12, dtype=torch.float16), 3, 4, 2)
+    assert p != HostPanels(p.data, 3, 4, 2) and p == p  # identity, never an elementwise tensor comparison
+
+
 def test_host_panels_layout_by_hand():
     """Runs without a GPU (pinned_empty falls back to a CPU tensor): panel i's columns, row after row, at
     element k * n0."""
@@ -317,7 +332,8 @@ def test_host_panels_layout_by_hand():
     p = host_panels(b, panel_cols=2)  # panels of 2, 2, 1 columns
     assert (p.k, p.n, p.panel_cols, p.shape) == (3, 5, 2, (3, 5))
     assert p.data.tolist() == [0, 1, 5, 6, 10, 11, 2, 3, 7, 8, 12, 13, 4, 9, 14]
-    assert host_panels(b).panel_cols == plan_panel_cols(3, 5)
+    assert host_panels(b).panel_cols == 5  # narrower than one aligned panel: one panel of every column
+    assert host_panels(b).data.tolist() == b.flatten().tolist()
     with pytest.raises(ConfigError, match=r"b must be a 2-D float16 tensor; got torch.float32 \(3, 5\)"):
         host_panels(b.float())
 
@@ -330,7 +346,7 @@ def test_gemm_stream_back_to_back_calls_share_the_ring(copy_streams, copy, split
     """Three calls with no sync between them: each call's ring is most likely the previous one's memory (the
     same size, freed on the same stream), so its copies must wait for the previous call's products; and B
     rewritten on the current stream between two calls must be copied after the rewrite."""
-    # a panel's product (16384 x 256 x 1536 or 16384 x 2000 x 256, ~13 GFLOP) takes longer than its copy
+    # a panel's product (16384 x 256 x 1536 or 16384 x 2000 x 256, 13-17 GFLOP) takes longer than its copy
     # (<= 1 MiB), so the copies run ahead as far as the events let them: an early copy into a slot still being
     # read would show
     m, n, k = 16384, 2000, 1536
@@ -355,7 +371,7 @@ def test_gemm_stream_back_to_back_calls_share_the_ring(copy_streams, copy, split
 def test_gemm_stream_rejects_bad_panel_cols():
     a = torch.randn(64, 64, device="cuda").half()
     b = host_b(64, 64)
-    with pytest.raises(ConfigError, match=r"panel_cols 0 must be an int in 1\.\.262144"):
+    with pytest.raises(ConfigError, match=r"panel 0 \(columns per panel\) must be an int in 1\.\.262144"):
         gemm(a, b, variant="stream", panel=0)
-    with pytest.raises(ConfigError, match=r"panel_rows 0 must be an int in 1\.\.262144"):
+    with pytest.raises(ConfigError, match=r"panel 0 \(rows per panel\) must be an int in 1\.\.262144"):
         gemm(a, b, variant="stream", split="k", panel=0)

@@ -208,8 +208,8 @@ def test_gemm_stream_row_panels_by_hand():
 def test_gemm_stream_is_cuda_only_and_its_options_are_checked():
     with pytest.raises(ConfigError, match="unknown gemm variant 'stream'; valid: naive, pipelined, tiled"):
         gemm(meta(4, 4), meta(4, 4), variant="stream", compute=False)  # the reference has no stream loop
-    with pytest.raises(ConfigError, match="gemm variant 'stream' needs one of panel_cols / panel_rows, a positive "
-                                          "int; got None / None"):
+    with pytest.raises(ConfigError, match="gemm variant 'stream' needs exactly one of panel_cols / panel_rows, a "
+                                          "positive int; got None / None"):
         gemm_traffic(4, 4, 4, dtype_bytes=2, variant="stream")
     with pytest.raises(ConfigError, match="a positive int; got 0 / None"):
         gemm_traffic(4, 4, 4, dtype_bytes=2, variant="stream", panel_cols=0)

@@ -302,7 +302,7 @@ def gemm_traffic(
     if variant == "stream":
         given = [p for p in (panel_cols, panel_rows) if p is not None]
         check(len(given) == 1 and isinstance(given[0], int) and given[0] >= 1, f"gemm variant 'stream' needs "
-              f"one of panel_cols / panel_rows, a positive int; got {panel_cols!r} / {panel_rows!r}")
+              f"exactly one of panel_cols / panel_rows, a positive int; got {panel_cols!r} / {panel_rows!r}")
         b_bytes = k * n * e
         if panel_cols is not None:
             a_reads, c_passes = ceil_div(n, panel_cols) * m * k * e, 1

@@ -97,7 +97,8 @@ def _size_rows(m: int, n: int, k: int, base: dict, kernels, anchors, warmup: int
     b_pin = pinned_empty((k, n), torch.float16)
     b_pin.copy_(b_hbm)
     b_view = device_view(b_pin)
-    b_panels = host_panels(b_pin)
+    # a second pinned copy of B (200 MiB at 10240): only when a row reads it
+    b_panels = host_panels(b_pin) if any(KERNELS[x].get("_b") == "panels" for x in kernels) else None
     out = torch.empty(m, n, dtype=torch.float16, device="cuda")
     reference = (a @ b_hbm).double()
 

@@ -103,34 +103,36 @@ def plan_panel_cols(k: int, n: int, *, panel_cols: int | None = None) -> int:
     B is too narrow for 8 such panels, the widest that fits when 64 do not; never more than n. A given
     panel_cols is checked against the ring and clipped to n.
     """
-    return _plan_panel(n, k, panel_cols, "panel_cols", "K", "column")
+    check(min(k, n) >= 1, f"K and N must be >= 1; got {k}, {n}")
+    return _plan_panel(n, k, panel_cols, "K", "column")
 
 
 def plan_panel_rows(k: int, n: int, *, panel_rows: int | None = None) -> int:
     """B rows per ring panel of the stream variant with split "k": panels `[panel_rows, n]`, planned as
     plan_panel_cols plans columns (the same ring, the same rule with K and N swapped)."""
-    return _plan_panel(k, n, panel_rows, "panel_rows", "N", "row")
+    check(min(k, n) >= 1, f"K and N must be >= 1; got {k}, {n}")
+    return _plan_panel(k, n, panel_rows, "N", "row")
 
 
-def _plan_panel(length: int, depth: int, given: int | None, name: str, depth_name: str, unit: str) -> int:
+def _plan_panel(length: int, depth: int, given: int | None, depth_name: str, unit: str) -> int:
     """Panels cut `length` (B's columns or rows); each panel is `depth` elements deep across the cut."""
-    check(min(length, depth) >= 1, f"K and N must be >= 1; got {length}, {depth}")
     fit = MAX_RING_BYTES // (STREAM_SLOTS * depth * 2)  # the widest panel the ring holds
     check(fit >= 1, f"{depth_name}={depth} is too large for the stream variant's ring: one {unit} in {STREAM_SLOTS} "
           f"slots needs {STREAM_SLOTS * depth * 2} B > {MAX_RING_BYTES} B (64 MiB)")
     if given is not None:
         check(isinstance(given, int) and not isinstance(given, bool) and 1 <= given <= fit,
-              f"{name} {given!r} must be an int in 1..{fit} ({STREAM_SLOTS} slots x {depth_name}={depth} "
+              f"panel {given!r} ({unit}s per panel) must be an int in 1..{fit} ({STREAM_SLOTS} slots x "
+              f"{depth_name}={depth} "
               f"{'rows' if unit == 'column' else 'columns'} <= 64 MiB)")
         return min(given, length)
     if fit < PANEL_ALIGN:
         return min(fit, length)
     widest = (length - 1) // (STREAM_MIN_PANELS - 1)  # ceil(length / w) >= 8 exactly when 7 w < length
-    cols = max(PANEL_ALIGN, widest // PANEL_ALIGN * PANEL_ALIGN)
-    return min(cols, fit // PANEL_ALIGN * PANEL_ALIGN, length)
+    width = max(PANEL_ALIGN, widest // PANEL_ALIGN * PANEL_ALIGN)
+    return min(width, fit // PANEL_ALIGN * PANEL_ALIGN, length)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq would compare the tensors
 class HostPanels:
     """B `[k, n]` fp16 in pinned host memory stored panel by panel (host_panels): the columns n0:n0 + w of
     panel i are one contiguous row-major `[k, w]` block at element k * n0 of `data`, so the stream variant
@@ -141,6 +143,14 @@ class HostPanels:
     k: int
     n: int
     panel_cols: int
+
+    def __post_init__(self) -> None:
+        # gemm copies panels by raw pointer: a buffer that does not hold [k, n] would be read past its end
+        check(min(self.k, self.n) >= 1 and self.data.dtype == torch.float16 and self.data.dim() == 1
+              and self.data.numel() == self.k * self.n and self.data.is_contiguous(), f"HostPanels needs a "
+              f"contiguous 1-D float16 buffer of k * n = {self.k * self.n} elements; got {self.data.dtype} "
+              f"{tuple(self.data.shape)}")
+        plan_panel_cols(self.k, self.n, panel_cols=self.panel_cols)  # fits the ring
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -211,8 +221,8 @@ def gemm(
     panel : stream only: B columns (split "n") or rows (split "k") per ring panel; None plans it
         (plan_panel_cols / plan_panel_rows); HostPanels B takes its own panel_cols.
     copy_streams : stream only: side streams each panel's copy is split over (1 or 2, by halves of its
-        rows), so two copy engines can work on the strided 2-D copies (one measured ~39 GB/s on the H200's
-        55 GB/s link).
+        rows), so two copy engines can share it (measured for the strided 2-D column-panel copies, which one
+        engine moved at ~39 GB/s of the H200's 55: no faster).
     copy : stream only: "ce" (copy engine, cudaMemcpy2DAsync) or "sm" (copy_panel_kernel, zero-copy SM loads).
     copy_ctas : copy "sm" only: CTAs of the copy kernel (default COPY_CTAS).
 
@@ -270,8 +280,8 @@ def gemm(
           f"out must be a contiguous float16 or float32 [{m}, {n}] tensor on {a.device}")
     c_bytes = out.element_size()
     # beta = 1 into fp32 C from fp16 operands (addmm's out_dtype) is refused by some torch versions' checks
-    check(split == "n" or out.dtype == torch.float16, f"split 'k' accumulates C through cuBLAS's beta, which "
-          f"needs C in the operands' dtype: out must be float16; got {out.dtype}")
+    check(split == "n" or out.dtype == torch.float16, f"split 'k' accumulates C in place with torch's addmm_, "
+          f"which takes fp16 C only across torch versions: out must be float16; got {out.dtype}")
     if variant == "stream":
         _run_stream(a, b, out, split, panel, copy_streams, copy, copy_ctas)
         cut = {"panel_cols": panel} if split == "n" else {"panel_rows": panel}
