@@ -6,7 +6,8 @@ OpenMP threads take (sequence, piece of pages) items, read each page's K/V in pl
 their softmax statistics. It replaces a torch loop whose per-sequence calls (a dozen small ops per decode
 per layer) bound the rate sweeps on the H200: 604 ms per token with ~50 decodes per step (2026-11-29).
 On a 2-core Zen 4 VM with AVX512-BF16 (2026-11-29, 2 threads, bf16, Llama-3.1-8B heads) one layer took 0.43 ms
-for 64 decodes of 20 tokens (torch loop 2.67 ms) and 25 ms for 4 x 16K tokens (49 ms). The module is built like the CUDA ops (directkv.kernels.cuda.build: a host-only op, C++ compiler and
+for 64 decodes of 20 tokens (torch loop 2.67 ms) and 25 ms for 4 x 16K tokens (49 ms); with the kernel's
+AVX512-BF16 item (bf16, GQA 1/2/4/8, head_dim 64/128) 12.5 ms for 4 x 16K (results/dev-vm). The module is built like the CUDA ops (directkv.kernels.cuda.build: a host-only op, C++ compiler and
 OpenMP, no nvcc) on first use.
 
 A step's block table and lengths are the same for every layer: DecodeTables checks them once per step
