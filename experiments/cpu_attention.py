@@ -24,7 +24,7 @@ from directkv.hostinfo import cpu_name
 from directkv.kernels.paged import sequence_runs
 from directkv.results import ResultsWriter
 from directkv.timing import time_fn
-from experiments.common import as_int, base_row, check_context, progress, setup
+from experiments.common import Setup, as_int, base_row, check_context, progress, setup
 
 KERNELS = CPU_ATTN_KERNELS
 PAGE_ORDERS = ("consecutive", "shuffled")
@@ -97,13 +97,27 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
             raise unknown_name("cpu_attention page order", o, PAGE_ORDERS)
     threads = as_int(cfg.threads, "threads") if cfg.threads is not None else torch.get_num_threads()
     check(threads >= 1, f"threads must be >= 1, got {threads}")
-    m, hardware = s.model, f"cpu: {cpu_name()}"
+    hardware = f"cpu: {cpu_name()}"
     grid = [(o, b, c) for o in orders for b, c in points]
+    previous = torch.get_num_threads()
+    # the flash kernel runs on torch's intra-op threads (the native one takes `threads` itself), as the serving
+    # path sets them for cpu_attn; without this `threads` only shaped flash's work split
+    torch.set_num_threads(threads)
+    try:
+        _measure(cfg, s, writer, kernels, grid, threads, DTYPES[dtype_name], hardware)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _measure(cfg: DictConfig, s: Setup, writer: ResultsWriter, kernels: list[str],
+             grid: list[tuple[str, int, int]], threads: int, dtype: torch.dtype, hardware: str) -> None:
+    """Every (page order, decodes, tokens) point of the grid for each kernel, one row each."""
+    m, dtype_name = s.model, str(dtype).removeprefix("torch.")
     for order, batch, context in progress(cfg, grid, "cpu_attention"):
         if all(writer.done(variant=k, batch_size=batch, context_len=context, page_order=order) for k in kernels):
             continue  # a resumed run: no inputs or float64 reference for a point it has
         inputs = make_point(batch, context, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-                            dtype=DTYPES[dtype_name], page_order=order)
+                            dtype=dtype, page_order=order)
         ref = reference(*inputs)
         kv_bytes = 2 * batch * context * m.num_kv_heads * m.head_dim * inputs[1].element_size()
         for kernel in kernels:

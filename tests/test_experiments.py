@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from experiments.run import CONF, group_options, run_experiment
@@ -66,7 +67,22 @@ def test_cpu_attention_measures_both_kernels_and_checks_them(tmp_path):
     assert sorted(zip(df["page_order"], df["variant"], strict=True)) == [
         ("consecutive", "flash"), ("consecutive", "native"), ("shuffled", "flash"), ("shuffled", "native")]
     assert (df["rel_err"] < 1e-2).all() and (df["gbps"] > 0).all() and set(df["threads"]) == {2}
+    assert (df.loc[df["variant"] == "native", "rel_err"] < 1e-4).all()  # fp32 throughout on exact bf16 inputs
     assert df["hardware"].str.startswith("cpu: ").all() and set(df["clock"]) == {"perf_counter"}
+
+
+def test_cpu_attention_runs_flash_on_its_threads_and_restores_torchs(tmp_path, monkeypatch):
+    """flash runs on torch's intra-op threads: the run sets them to `threads` and puts them back after."""
+    import experiments.cpu_attention as cpu_attention
+
+    seen, real = [], cpu_attention.kernel_fn
+    monkeypatch.setattr(cpu_attention, "kernel_fn", lambda *a: seen.append(torch.get_num_threads()) or real(*a))
+    before = torch.get_num_threads()
+    cfg = _compose(["+exp=cpu_attention", "run_id=t", "progress=false", "render=false", "model=tiny",
+                    "points=[[2,40]]", "page_orders=[consecutive]", "kernels=[flash]", f"threads={before + 1}",
+                    "warmup=0", "repeats=1"])
+    run_experiment(cfg, tmp_path)
+    assert seen == [before + 1] and torch.get_num_threads() == before
 
 
 def test_context_sweep_directkv_survives_where_hbm_runs_out(tmp_path):
