@@ -4,7 +4,10 @@ Simulated: traffic from the closed forms, time from the cost model. The tiled ke
 warp alternates loading a stationary B tile and computing on it, so its link and compute times add; the
 pipelined kernel prefetches the next B tile while computing, so they overlap (max). stream (beyond the
 paper) is a two-slot pipeline of copy-engine panel copies and cuBLAS panel products, timed panel by panel
-(stream_ms). With a GPU (device=cuda) the CUDA kernels, stream and the cuBLAS anchors are measured in one run.
+(stream_ms): column panels, or with stream:k row panels whose products also read and write C. The cost model
+moves every panel at the copy engine's rate; on the H200 the 2-D copies of column panels of row-major B ran at
+~37-39 GB/s of 55, which is why stream:k and stream:panels (B stored in panels, measured only) exist. With a
+GPU (device=cuda) the CUDA kernels, the stream forms and the cuBLAS anchors are measured in one run.
 """
 
 from __future__ import annotations
@@ -13,20 +16,20 @@ from omegaconf import DictConfig
 
 from directkv.errors import check
 from directkv.kernels import traffic_model as tm
-from directkv.kernels.cuda.gemm_case_study import STREAM_SLOTS, plan_panel_cols
+from directkv.kernels.cuda.gemm_case_study import STREAM_SLOTS, plan_panel_cols, plan_panel_rows
 from directkv.kernels.traffic import Traffic
 from directkv.results import ResultsWriter
 from experiments.common import Setup, base_row, progress, setup
 
-VARIANTS = ("naive", "tiled", "pipelined", "stream")
+VARIANTS = ("naive", "tiled", "pipelined", "stream", "stream:k")
 DTYPE_BYTES = 2  # fp16
 
 
 def stream_ms(link_s: float, on_chip_s: float, n: int, panel_cols: int) -> float:
-    """Milliseconds of stream's pipeline: panel i's copy (its share of link_s, on the copy engine) starts when
-    copy i - 1 is done and the product of panel i - STREAM_SLOTS has freed its slot; its product (its share
-    of on_chip_s) when the copy is done and product i - 1 too. The first copy and the last product stand
-    alone."""
+    """Milliseconds of stream's pipeline over n columns (or rows) cut in panels of panel_cols: panel i's copy
+    (its share of link_s, on the copy engine) starts when copy i - 1 is done and the product of panel
+    i - STREAM_SLOTS has freed its slot; its product (its share of on_chip_s) when the copy is done and
+    product i - 1 too. The first copy and the last product stand alone."""
     copy_end, mm_end = 0.0, [0.0] * STREAM_SLOTS
     for i, n0 in enumerate(range(0, n, panel_cols)):
         share = min(panel_cols, n - n0) / n
@@ -50,15 +53,17 @@ def simulated_rows(cfg: DictConfig, s: Setup, n: int) -> list[dict]:
     rows = []
     for v in cfg.variants:
         extra = {}
-        if v == "stream":  # copy engine on the link, cuBLAS on chip
-            extra["panel_cols"] = plan_panel_cols(n, n)
-            t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant=v, panel_cols=extra["panel_cols"])
+        stream = v.startswith("stream")
+        if stream:  # copy engine on the link, cuBLAS on chip; m = n = k, so a row cut is planned as a column one
+            key = "panel_rows" if v == "stream:k" else "panel_cols"
+            extra[key] = plan_panel_rows(n, n) if v == "stream:k" else plan_panel_cols(n, n)
+            t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant="stream", **extra)
         else:
             t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant=v, **tiles)
-        terms = s.cm.terms(t, link="ce" if v == "stream" else "sm", flops_kind="matmul")
+        terms = s.cm.terms(t, link="ce" if stream else "sm", flops_kind="matmul")
         on_chip = max(terms["hbm"], terms["compute"])
-        if v == "stream":
-            ms = stream_ms(terms["link_read"], on_chip, n, extra["panel_cols"])
+        if stream:
+            ms = stream_ms(terms["link_read"], on_chip, n, next(iter(extra.values())))
         elif v == "tiled":  # load, then compute
             ms = (terms["link_read"] + on_chip) * 1e3
         else:  # naive: many CTAs in flight hide each other; pipelined: the producer warp prefetches

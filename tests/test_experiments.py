@@ -85,6 +85,17 @@ def test_cpu_attention_runs_flash_on_its_threads_and_restores_torchs(tmp_path, m
     assert seen == [before + 1] and torch.get_num_threads() == before
 
 
+def test_gemm_simulates_row_panels_beside_column_panels(tmp_path):
+    cfg = _compose(["+exp=gemm_case_study", "run_id=t", "progress=false", "render=false", "sizes=[4096]",
+                    "variants=[stream,stream:k]"])
+    df = pd.read_parquet(run_experiment(cfg, tmp_path)).set_index("variant")
+    assert df.loc["stream", "panel_cols"] == 576 and df.loc["stream:k", "panel_rows"] == 576  # 8 panels each
+    # the same bytes cross the link by the copy engine; row panels also read and write C once per panel
+    assert df.loc["stream:k", "link_read_bytes"] == df.loc["stream", "link_read_bytes"] == 4096 * 4096 * 2
+    assert df.loc["stream:k", "hbm_write_bytes"] > df.loc["stream", "hbm_write_bytes"]
+    assert (df.loc[["stream", "stream:k"], "time_ms"] >= df.loc[["stream", "stream:k"], "floor_ms"]).all()
+
+
 def test_context_sweep_directkv_survives_where_hbm_runs_out(tmp_path):
     cfg = _compose(["+exp=context_sweep", "run_id=t", "progress=false", "device=cpu", "render=false",
                     "contexts=[16384,32768]", "system.names=[directkv,hbm]"])
