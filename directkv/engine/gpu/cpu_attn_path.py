@@ -29,9 +29,8 @@ class CpuAttnPath(StagedPath):
 
     pipelines_chunks = False  # attend_async is CPU decode attention only
 
-    def __init__(self, kv: KVCacheManager, *, threads: int | None = None, tile_kv: int = 64,
-                 kernel: str = DEFAULT_CPU_ATTN_KERNEL):
-        super().__init__(kv, tile_kv=tile_kv)
+    def __init__(self, kv: KVCacheManager, *, threads: int | None = None, kernel: str = DEFAULT_CPU_ATTN_KERNEL):
+        super().__init__(kv)
         if kernel not in CPU_ATTN_KERNELS:
             raise unknown_name("cpu_attn kernel", kernel, CPU_ATTN_KERNELS)
         if kernel == "native" and not build.can_build("cpu_decode_attention"):  # say so before serving starts

@@ -34,7 +34,7 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) ->
 
 
 class FlexgenPath(StagedPath):
-    def __init__(self, kv: KVCacheManager, device: torch.device, *, tile_kv: int = 64):
+    def __init__(self, kv: KVCacheManager, device: torch.device):
         # the base class's pinned bf16 arena is replaced by compressed pools of the same page count
         m, pages, ps = kv.model, kv.capacity_pages["host"], kv.page_size
         shape = (m.num_layers, pages, ps, m.num_kv_heads)
@@ -42,7 +42,7 @@ class FlexgenPath(StagedPath):
             ("ck", (m.head_dim // 2,), torch.uint8), ("cv", (m.head_dim // 2,), torch.uint8),
             ("sk", (m.head_dim // GROUP, 2), torch.float16), ("sv", (m.head_dim // GROUP, 2), torch.float16))}
         self.views = {k: device_view(t) for k, t in self.host.items()}
-        super().__init__(kv, device=device, tile_kv=tile_kv,
+        super().__init__(kv, device=device,
                          host_pools=lambda layer: [self.host[n][layer] for n in ("ck", "cv", "sk", "sv")])
         dev = torch.device(device)
         self.shadow = torch.empty((pages, ps, m.num_kv_heads, m.head_dim), dtype=kv.dtype, device=dev), \

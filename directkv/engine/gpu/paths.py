@@ -42,11 +42,10 @@ class ZeroCopyPath:
     # attend_async also serves a step's prompt chunks as one part, so mixed steps can be pipelined
     pipelines_chunks = True
 
-    def __init__(self, kv: KVCacheManager, tier: str, variant: str, *, tile_kv: int = 64,
-                 side_ctas: int | None = None):
+    def __init__(self, kv: KVCacheManager, tier: str, variant: str, *, side_ctas: int | None = None):
         """side_ctas: attend_async's kernels are split to about this many CTAs (None: the kernel's own plan,
         which fills every SM and leaves none to the other half's dense layers)."""
-        self.kv, self.tier, self.variant, self.tile_kv, self.side_ctas = kv, tier, variant, tile_kv, side_ctas
+        self.kv, self.tier, self.variant, self.side_ctas = kv, tier, variant, side_ctas
         backend = kernel_backend()
         self.decode = get_op("decode_attention", backend)
         self.prefill = get_op("prefill_attention", backend)
@@ -285,9 +284,9 @@ def _runs(pages: list[int]) -> list[tuple[int, int, int]]:
 class StagedPath(ZeroCopyPath):
     """Pie-like swap: KV stays in pinned host pages; each layer's pages are staged into HBM by the copy engine."""
 
-    def __init__(self, kv: KVCacheManager, *, device: torch.device | None = None, host_pools=None, tile_kv: int = 64):
+    def __init__(self, kv: KVCacheManager, *, device: torch.device | None = None, host_pools=None):
         """host_pools(layer) -> the pinned CPU tensors to stage, page-major (default: the arena's K and V)."""
-        super().__init__(kv, "host", "tiled", tile_kv=tile_kv)
+        super().__init__(kv, "host", "tiled")
         pools = host_pools or (lambda layer: [kv.arena.k[layer], kv.arena.v[layer]])
         self.stager = _Stager(pools, torch.device(device) if device is not None else kv.hbm_k.device)
 
