@@ -129,6 +129,10 @@ def _measure(cfg: DictConfig, s: Setup, writer: ResultsWriter, kernels: list[str
                 "threads": threads, "dtype": dtype_name, "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads,
                 "head_dim": m.head_dim}
             try:
+                if kernel == "native":  # which of its compiled items ran: the ISA decides its speed
+                    from directkv.kernels.cpu_decode_attention import kernel_item
+
+                    row["native_item"] = kernel_item(dtype, m.num_heads, m.num_kv_heads, m.head_dim)
                 fn = kernel_fn(kernel, *inputs, threads)
                 out = fn()
                 row["rel_err"] = float((out.double() - ref).norm() / ref.norm())

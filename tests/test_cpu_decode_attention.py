@@ -17,6 +17,7 @@ from directkv.kernels.cpu_decode_attention import (
     MIN_PIECE_PAGES,
     DecodeTables,
     cpu_decode_attention,
+    kernel_item,
     plan_piece_pages,
 )
 from directkv.kernels.cuda import build
@@ -167,3 +168,16 @@ def test_bad_inputs_name_the_value(change, message):
     with pytest.raises(ConfigError, match=message):
         tables = _tables(args.pop("block_table"), args.pop("seq_lens"))
         cpu_decode_attention(args.pop("q"), args.pop("k_pool"), args.pop("v_pool"), tables, **args)
+
+
+def test_kernel_item_names_what_runs():
+    """Specialised bf16 items exist for GQA 1/2/4/8 and head_dim 64/128 on AVX-512 CPUs; everything else,
+    and every CPU without AVX-512, takes the generic item (tests/test_cpu_decode_paths.py checks them all)."""
+    llama = kernel_item(BF16, 32, 8, 128)
+    assert llama in ("avx512bf16", "avx512f", "generic")
+    assert kernel_item(BF16, 8, 1, 64) == llama  # GQA 8, head_dim 64: the same build, the same item
+    assert kernel_item(BF16, 16, 1, 128) == kernel_item(BF16, 4, 2, 48) == kernel_item(FP16, 32, 8, 128) == "generic"
+    assert kernel_item(torch.float32, 4, 4, 64) == "generic"
+    with pytest.raises(ConfigError, match="dtype must be one of float16, bfloat16, float32; got torch.int8"):
+        kernel_item(torch.int8, 4, 4, 64)
+

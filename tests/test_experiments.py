@@ -68,6 +68,7 @@ def test_cpu_attention_measures_both_kernels_and_checks_them(tmp_path):
         ("consecutive", "flash"), ("consecutive", "native"), ("shuffled", "flash"), ("shuffled", "native")]
     assert (df["rel_err"] < 1e-2).all() and (df["gbps"] > 0).all() and set(df["threads"]) == {2}
     assert (df.loc[df["variant"] == "native", "rel_err"] < 1e-4).all()  # fp32 throughout on exact bf16 inputs
+    assert df.loc[df["variant"] == "native", "native_item"].isin(["avx512bf16", "avx512f", "generic"]).all()
     assert df["hardware"].str.startswith("cpu: ").all() and set(df["clock"]) == {"perf_counter"}
 
 

@@ -43,4 +43,9 @@ void cpu_decode_attention_run(uintptr_t q, uintptr_t k_pool, uintptr_t v_pool, u
   cpu_decode_attention(p);
 }
 
+std::string cpu_decode_attention_item(int dtype, int num_heads, int num_kv_heads, int head_dim) {
+  require(num_kv_heads >= 1 && num_heads % num_kv_heads == 0, "need num_heads a multiple of num_kv_heads");
+  return cpu_decode_attention_path(dtype, num_heads / num_kv_heads, head_dim);
+}
+
 }  // namespace directkv

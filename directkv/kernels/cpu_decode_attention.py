@@ -78,6 +78,15 @@ class DecodeTables:
         return len(self.pages)
 
 
+def kernel_item(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> str:
+    """The item the native kernel, as built on this machine, runs for these shapes: "avx512bf16" or "avx512f"
+    (the specialised bf16 item, by the instructions it was compiled with) or "generic"."""
+    from directkv.kernels.cuda import build
+
+    check(dtype in DTYPE_CODES, f"dtype must be one of float16, bfloat16, float32; got {dtype}")
+    return build.load("cpu_decode_attention").item(DTYPE_CODES[dtype], num_heads, num_kv_heads, head_dim)
+
+
 def cpu_decode_attention(
     q: torch.Tensor,
     k_pool: torch.Tensor,

@@ -16,7 +16,7 @@
 #include <limits>
 #include <type_traits>
 #include <vector>
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -185,14 +185,22 @@ inline void cpu_decode_item(const CpuDecodeParams& p, int b, int p0, int p1, flo
   }
 }
 
-#if defined(__AVX512BF16__)
-// bf16 caches on an AVX512-BF16 CPU, for the group sizes and head dims of the served models: the generic item
+#if defined(__AVX512F__)
+// bf16 caches on an AVX-512 CPU, for the group sizes and head dims of the served models: the generic item
 // above spends per (query head, token) a horizontal sum, a scalar exp and a load-and-store of the whole fp32
 // accumulator, so with GQA (4 query heads per page row) it is bound by that work rather than by memory (Zen 4
 // VM, 1 thread, Llama-3.1-8B heads: 11 us per page, 6 GB/s; the H200 host read 26-29 GB/s with 16 threads).
 // Here each KV head's query group is handled together: the page row of K is loaded once for the group, the
 // exps are vectorised over the page's tokens, and the accumulators stay in registers for the whole page.
+// Scores use the bf16 dot-product instruction where the CPU has AVX512-BF16, else fp32 FMAs on K rows widened
+// in registers (ISA says which was compiled; the cpu_attention experiment records it).
 namespace bf16_avx512 {
+
+#if defined(__AVX512BF16__)
+constexpr const char* ISA = "avx512bf16";
+#else
+constexpr const char* ISA = "avx512f";
+#endif
 
 // e^x, |rel. error| ~2e-7 (Cephes' expf polynomial after n = round(x log2 e)); inputs below -87 give ~1e-38,
 // never 0, which is harmless for softmax weights whose largest is 1.
@@ -222,9 +230,10 @@ inline __mmask16 tail_mask(int left) { return left >= 16 ? __mmask16(0xffff) : _
 // One work item (as cpu_decode_item) for group size G and head_dim D; s holds G x page_size scores.
 template <int G, int D>
 inline void item(const CpuDecodeParams& p, int b, int p0, int p1, float* part, float* s) {
-  constexpr int KC = D / 32;                        // 32-element bf16 chunks of a row (one dpbf16 each)
+  [[maybe_unused]] constexpr int KC = D / 32;                        // 32-element bf16 chunks of a row (one dpbf16 each)
   constexpr int VC = D / 16;                        // 16-float chunks of an accumulator
-  constexpr int HB = G < 4 ? G : 4;                 // query heads per score pass: HB x KC + KC + 1 registers
+  [[maybe_unused]] constexpr int HB = G < 4 ? G : 4;                 // query heads per score pass: HB x KC + KC + 1 registers
+  [[maybe_unused]] constexpr int HF = G < 2 ? G : 2;                 // the same without dpbf16: HF x VC + HF + 1 fp32 registers
   constexpr int VB = VC < 16 / G ? VC : 16 / G;     // accumulator chunks per V pass: G x VB <= 16 registers
   const auto* q = static_cast<const uint16_t*>(p.q) + size_t(b) * p.num_heads * D;
   const auto* k_pool = static_cast<const uint16_t*>(p.k_pool);
@@ -257,6 +266,7 @@ inline void item(const CpuDecodeParams& p, int b, int p0, int p1, float* part, f
             _mm_prefetch(reinterpret_cast<const char*>(v_pool + ahead + size_t(t) * row + c), _MM_HINT_T0);
           }
       }
+#if defined(__AVX512BF16__)
       for (int h0 = 0; h0 < G; h0 += HB) {  // scores: each K row loaded once per HB query heads
         __m512bh qv[HB][KC];
         for (int h = 0; h < HB; ++h)
@@ -272,6 +282,22 @@ inline void item(const CpuDecodeParams& p, int b, int p0, int p1, float* part, f
           }
         }
       }
+#else
+      for (int h0 = 0; h0 < G; h0 += HF) {  // scores in fp32: K rows widened once per HF query heads
+        __m512 qv[HF][VC];
+        for (int h = 0; h < HF; ++h)
+          for (int c = 0; c < VC; ++c) qv[h][c] = bf16x16_to_ps(q + size_t(g * G + h0 + h) * D + c * 16);
+        for (int t = 0; t < n; ++t) {
+          __m512 acc[HF];
+          for (int h = 0; h < HF; ++h) acc[h] = _mm512_setzero_ps();
+          for (int c = 0; c < VC; ++c) {
+            const __m512 kf = bf16x16_to_ps(kg + size_t(t) * row + c * 16);
+            for (int h = 0; h < HF; ++h) acc[h] = _mm512_fmadd_ps(qv[h][c], kf, acc[h]);
+          }
+          for (int h = 0; h < HF; ++h) s[(h0 + h) * ps + t] = _mm512_reduce_add_ps(acc[h]) * p.scale;
+        }
+      }
+#endif
       float rescale[G];
       for (int h = 0; h < G; ++h) {  // online softmax: the page's max, its weights in place, the running sum
         float* st = part + size_t(g * G + h) * (D + 2);
@@ -335,7 +361,7 @@ inline void cpu_decode_attention_t(const CpuDecodeParams& p) {
   const int items = p.item_start[p.batch];
   const size_t item_floats = size_t(Hq) * (D + 2);
   const size_t page_floats = size_t(p.page_size) * p.num_kv_heads * D;
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
   bf16_avx512::ItemFn fast = nullptr;
   if constexpr (std::is_same_v<L, LoadBf16>) fast = bf16_avx512::pick(p.num_heads / p.num_kv_heads, D);
 #endif
@@ -349,7 +375,7 @@ inline void cpu_decode_attention_t(const CpuDecodeParams& p) {
       const int piece = it - p.item_start[b];
       const int pages = (p.seq_lens[b] + p.page_size - 1) / p.page_size;
       const int p0 = piece * p.piece_pages, p1 = std::min(pages, p0 + p.piece_pages);
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
       if (fast) {
         fast(p, b, p0, p1, p.part + size_t(it) * item_floats, s.data());
         continue;
@@ -377,6 +403,16 @@ inline void cpu_decode_attention_t(const CpuDecodeParams& p) {
       for (int d = 0; d < D; ++d) o[d] *= inv;
     }
   }
+}
+
+// Which item a call with these values runs: "avx512bf16" / "avx512f" (the specialised bf16 item, by the ISA it
+// was compiled for) or "generic".
+inline const char* cpu_decode_attention_path(int dtype, int group, int head_dim) {
+#if defined(__AVX512F__)
+  if (dtype == CPU_BF16 && bf16_avx512::pick(group, head_dim)) return bf16_avx512::ISA;
+#endif
+  (void)dtype, (void)group, (void)head_dim;
+  return "generic";
 }
 
 inline void cpu_decode_attention(const CpuDecodeParams& p) {

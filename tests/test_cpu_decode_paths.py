@@ -1,0 +1,60 @@
+"""Every item of the CPU decode attention kernel against float64, on one machine.
+
+The kernel picks its bf16 item when it is compiled: AVX512-BF16 dot products, AVX-512 without them, or the
+generic loops. The op the package builds (-march=native) runs only the first the CPU allows, so this test
+builds a small checker (tests/cpp/cpu_decode_paths.cpp, its own float64 reference) three times, taking
+AVX512-BF16 and then AVX-512 away, and checks each build's items and errors. Fresh random bf16 inputs,
+shuffled pages, odd lengths, pages of 7, 16 and 32 tokens, GQA 1/2/4/8/16, head_dim 48/64/128.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from directkv.kernels.cuda.build import BuildError, cxx_path
+
+REPO = Path(__file__).resolve().parents[1]
+SPECIALISED = 4  # the checker's first four cases have a specialised item; the last two never do
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
+
+
+def _cxx() -> str | None:
+    try:
+        return cxx_path()
+    except BuildError:
+        return None
+
+
+FLAGS = _cpu_flags()
+BEST = "avx512bf16" if "avx512_bf16" in FLAGS else "avx512f" if "avx512f" in FLAGS else "generic"
+BUILDS = [  # (extra flags, the item the specialised cases must take)
+    ([], BEST),
+    (["-mno-avx512bf16"], "avx512f" if "avx512f" in FLAGS else "generic"),
+    (["-mno-avx512f"], "generic"),
+]
+
+
+@pytest.mark.skipif(_cxx() is None or "x86_64" not in subprocess.run(["uname", "-m"], capture_output=True,
+                    text=True).stdout, reason="needs an x86-64 C++ compiler")
+@pytest.mark.parametrize("extra,item", BUILDS, ids=["native", "no-avx512bf16", "no-avx512f"])
+def test_every_item_matches_float64(extra, item, tmp_path):
+    exe = tmp_path / "paths"
+    subprocess.run([_cxx(), "-O2", "-std=c++17", "-fopenmp", "-march=native", *extra, f"-I{REPO / 'csrc' / 'include'}",
+                    str(REPO / "tests" / "cpp" / "cpu_decode_paths.cpp"), "-o", str(exe)], check=True,
+                   capture_output=True, text=True, timeout=300)
+    lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=120).stdout.splitlines()
+    assert len(lines) == 6, lines
+    for i, line in enumerate(lines):
+        case, got_item, err = line.rsplit(" ", 2)[0], line.split()[-2], float(line.split()[-1])
+        assert got_item == (item if i < SPECIALISED else "generic"), line
+        assert err < 1e-5, f"{case}: rel. error {err} with {extra or 'native flags'}"
