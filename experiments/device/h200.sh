@@ -34,8 +34,8 @@ for step in "${steps[@]}"; do
          run python3 -c "import torch,sys;print(sys.version.split()[0],torch.__version__,torch.version.cuda,torch.cuda.get_device_name(0))" ;;
     build) built=1; run python3 -c "from directkv.kernels.cuda import build;import time;t=time.time();print(build.build_all());print('build s',time.time()-t)" ;;
     test) python3 -m pytest -q -m gpu tests 2>&1 | tee $OUT/gpu_tests.log | tail -25
-          # the CPU kernel is built with -march=native: check it on this machine's CPU too
-          python3 -m pytest -q tests/test_cpu_decode_attention.py 2>&1 | tee $OUT/cpu_kernel_tests.log | tail -3 ;;
+          # the CPU kernel is built with -march=native: check it (and each item it can compile) on this CPU too
+          python3 -m pytest -q tests/test_cpu_decode_attention.py tests/test_cpu_decode_paths.py 2>&1 | tee $OUT/cpu_kernel_tests.log | tail -3 ;;
     probe) run python3 -c "from directkv.kernels.cuda.probe import measure_ceilings as m;print(m())" ;;
     kernels) run python3 -m experiments.run +exp=kernel_ablation device=cuda results_root=$RES progress=false ${KERNEL_ARGS:-} ;;
     gemm) run python3 -m experiments.run +exp=gemm_case_study device=cuda results_root=$RES progress=false ${GEMM_ARGS:-} ;;
