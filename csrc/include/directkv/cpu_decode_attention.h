@@ -127,6 +127,16 @@ inline void score_page(const CpuDecodeParams& p, const typename L::T* qraw, cons
   }
 }
 
+// An item's online-softmax state per query head ([heads][D + 2]): no output yet, running max -inf, sum 0.
+inline void init_state(float* part, int heads, int D) {
+  for (int hq = 0; hq < heads; ++hq) {
+    float* st = part + size_t(hq) * (D + 2);
+    std::fill(st, st + D, 0.f);
+    st[D] = -std::numeric_limits<float>::infinity();
+    st[D + 1] = 0.f;
+  }
+}
+
 // One work item: every query head of sequence b over pages [p0, p1) of its block table. A page's tokens are
 // one contiguous block of page_size x num_kv_heads x head_dim elements, read whole (sequential, so the
 // hardware prefetchers stream it; walking one KV head at a time instead strode 2 KB per token and was bound
@@ -144,12 +154,7 @@ inline void cpu_decode_item(const CpuDecodeParams& p, int b, int p0, int p1, flo
   const auto* qraw = q + size_t(b) * Hq * D;
   L::load(qraw, qf, Hq * D);
   for (int i = 0; i < Hq * D; ++i) qf[i] *= p.scale;
-  for (int hq = 0; hq < Hq; ++hq) {
-    float* st = part + size_t(hq) * (D + 2);
-    std::fill(st, st + D, 0.f);
-    st[D] = -std::numeric_limits<float>::infinity();
-    st[D + 1] = 0.f;
-  }
+  init_state(part, Hq, D);
   for (int j = p0; j < p1; ++j) {
     const int n = std::min(ps, len - j * ps);
     if (n <= 0) break;
@@ -230,21 +235,16 @@ inline __mmask16 tail_mask(int left) { return left >= 16 ? __mmask16(0xffff) : _
 // One work item (as cpu_decode_item) for group size G and head_dim D; s holds G x page_size scores.
 template <int G, int D>
 inline void item(const CpuDecodeParams& p, int b, int p0, int p1, float* part, float* s) {
-  [[maybe_unused]] constexpr int KC = D / 32;                        // 32-element bf16 chunks of a row (one dpbf16 each)
-  constexpr int VC = D / 16;                        // 16-float chunks of an accumulator
-  [[maybe_unused]] constexpr int HB = G < 4 ? G : 4;                 // query heads per score pass: HB x KC + KC + 1 registers
-  [[maybe_unused]] constexpr int HF = G < 2 ? G : 2;                 // the same without dpbf16: HF x VC + HF + 1 fp32 registers
-  constexpr int VB = VC < 16 / G ? VC : 16 / G;     // accumulator chunks per V pass: G x VB <= 16 registers
+  [[maybe_unused]] constexpr int KC = D / 32;  // 32-element bf16 chunks of a row (one dpbf16 each)
+  constexpr int VC = D / 16;  // 16-float chunks of an accumulator
+  [[maybe_unused]] constexpr int HB = G < 4 ? G : 4;  // query heads per score pass: HB x KC + KC + 1 registers
+  [[maybe_unused]] constexpr int HF = G < 2 ? G : 2;  // without dpbf16: HF x VC + HF + 1 fp32 registers
+  constexpr int VB = VC < 16 / G ? VC : 16 / G;  // accumulator chunks per V pass: G x VB <= 16 registers
   const auto* q = static_cast<const uint16_t*>(p.q) + size_t(b) * p.num_heads * D;
   const auto* k_pool = static_cast<const uint16_t*>(p.k_pool);
   const auto* v_pool = static_cast<const uint16_t*>(p.v_pool);
   const int Hkv = p.num_kv_heads, ps = p.page_size, row = Hkv * D, len = p.seq_lens[b];
-  for (int hq = 0; hq < p.num_heads; ++hq) {
-    float* st = part + size_t(hq) * (D + 2);
-    std::fill(st, st + D, 0.f);
-    st[D] = -std::numeric_limits<float>::infinity();
-    st[D + 1] = 0.f;
-  }
+  init_state(part, p.num_heads, D);
   for (int j = p0; j < p1; ++j) {
     const int n = std::min(ps, len - j * ps);
     if (n <= 0) break;
@@ -303,7 +303,10 @@ inline void item(const CpuDecodeParams& p, int b, int p0, int p1, float* part, f
         float* st = part + size_t(g * G + h) * (D + 2);
         float* sh = s + h * ps;
         __m512 mv = _mm512_set1_ps(st[D]);
-        for (int t = 0; t < n; t += 16) mv = _mm512_mask_max_ps(mv, tail_mask(n - t), mv, _mm512_maskz_loadu_ps(tail_mask(n - t), sh + t));
+        for (int t = 0; t < n; t += 16) {
+          const __mmask16 k = tail_mask(n - t);
+          mv = _mm512_mask_max_ps(mv, k, mv, _mm512_maskz_loadu_ps(k, sh + t));
+        }
         const float m = _mm512_reduce_max_ps(mv);
         rescale[h] = std::exp(st[D] - m);  // exp(-inf) = 0 on the item's first page
         __m512 lv = _mm512_setzero_ps();
