@@ -5,10 +5,11 @@ OpenMP threads take (sequence, piece of pages) items, read each page's K/V in pl
 (pinned or not; bf16 or fp16 converted to fp32 on the fly, or fp32), and the pieces of a sequence are merged by
 their softmax statistics. It replaces a torch loop whose per-sequence calls (a dozen small ops per decode
 per layer) bound the rate sweeps on the H200: 604 ms per token with ~50 decodes per step (2026-11-29).
-On a 2-core Zen 4 VM with AVX512-BF16 (2026-11-29, 2 threads, bf16, Llama-3.1-8B heads) one layer took 0.43 ms
-for 64 decodes of 20 tokens (torch loop 2.67 ms) and 25 ms for 4 x 16K tokens (49 ms); with the kernel's
-AVX512-BF16 item (bf16, GQA 1/2/4/8, head_dim 64/128) 12.5 ms for 4 x 16K (results/dev-vm). The module is built like the CUDA ops (directkv.kernels.cuda.build: a host-only op, C++ compiler and
-OpenMP, no nvcc) on first use.
+On a 2-core Zen 4 VM with AVX512-BF16 (2026-11-29, 2 threads, bf16, Llama-3.1-8B heads) one layer took
+0.43 ms for 64 decodes of 20 tokens (torch loop 2.67 ms) and 25 ms for 4 x 16K tokens (49 ms); with the
+kernel's specialised AVX-512 item (bf16, GQA 1/2/4/8, head_dim 64/128; kernel_item says which item runs)
+12.5 ms for 4 x 16K (results/dev-vm). The module is built like the CUDA ops (directkv.kernels.cuda.build: a
+host-only op, C++ compiler and OpenMP, no nvcc) on first use.
 
 A step's block table and lengths are the same for every layer: DecodeTables checks them once per step
 (~0.1 ms of small torch ops, which per layer and pipelined part added a few ms to every cpu_attn step), and

@@ -1,6 +1,7 @@
 // Checks csrc/include/directkv/cpu_decode_attention.h against a float64 reference for bf16 caches, built by
 // tests/test_cpu_decode_paths.py with different -m flags so that each item the header can compile (AVX512-BF16,
-// AVX-512 without BF16, generic) runs on one machine. Prints, per case, the item taken and the relative error.
+// AVX-512 without BF16, generic) runs on one machine. Prints, per case: its name, whether the header has a
+// specialised item for it, the item the call reports it ran, and the relative error.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,16 +16,22 @@ using namespace directkv;
 struct Case {
   int num_heads, num_kv_heads, head_dim, page_size;
   std::vector<int> lens;
+  float scale;  // 0: 1 / sqrt(head_dim)
 };
 
 int main() {
+  // every specialised (GQA, head_dim) pair, odd lengths, pages of 7, 16 and 32 tokens, then two without one
   const Case cases[] = {
-      {4, 4, 64, 16, {1, 100}},                // GQA 1
-      {8, 4, 64, 7, {33, 250}},                // GQA 2, pages of 7 tokens
-      {32, 8, 128, 16, {300, 65, 129, 7}},     // Llama-3.1-8B heads
-      {8, 1, 128, 32, {1000, 45}},             // GQA 8, pages of 32 tokens
-      {16, 1, 128, 16, {77}},                  // GQA 16: the generic item
-      {8, 2, 48, 16, {100, 7}},                // head_dim 48: the generic item
+      {4, 4, 64, 16, {1, 100}, 0},             // GQA 1
+      {8, 8, 128, 7, {90, 17}, 0},             // GQA 1, pages of 7 tokens
+      {8, 4, 64, 7, {33, 250}, 0},             // GQA 2
+      {4, 2, 128, 32, {70, 301}, 0},           // GQA 2, pages of 32 tokens
+      {32, 8, 128, 16, {300, 65, 129, 7}, 0},  // Llama-3.1-8B heads (GQA 4)
+      {8, 2, 64, 16, {500, 3}, 3.f},           // GQA 4, large scores: weights far below the running max
+      {8, 1, 128, 32, {1000, 45}, 0},          // GQA 8
+      {16, 2, 64, 16, {211}, 0},               // GQA 8, head_dim 64
+      {16, 1, 128, 16, {77}, 0},               // GQA 16: the generic item
+      {8, 2, 48, 16, {100, 7}, 0},             // head_dim 48: the generic item
   };
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
@@ -49,10 +56,12 @@ int main() {
     std::vector<int32_t> start(B + 1, 0);
     for (int b = 0; b < B; ++b) start[b + 1] = start[b] + (pages[b] + piece - 1) / piece;
     std::vector<float> out(static_cast<size_t>(B) * Hq * D, NAN), part(static_cast<size_t>(start[B]) * Hq * (D + 2));
-    const float scale = 1.f / std::sqrt(float(D));
+    const float scale = c.scale > 0 ? c.scale : 1.f / std::sqrt(float(D));
     CpuDecodeParams p{q.data(), k.data(), v.data(), table.data(), lens.data(), start.data(), out.data(),
                       part.data(), B, Hq, Hkv, D, ps, width, piece, 2, scale, CPU_BF16};
-    cpu_decode_attention(p);
+    const char* ran = cpu_decode_attention(p);
+    const int group = Hq / Hkv;
+    const bool specialised = (group == 1 || group == 2 || group == 4 || group == 8) && (D == 64 || D == 128);
     double num = 0, den = 0;
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < Hq; ++h) {
@@ -77,8 +86,8 @@ int main() {
           if (std::isnan(got)) num = INFINITY;
         }
       }
-    std::printf("%dx%d d%d p%d %s %.3e\n", Hq, Hkv, D, ps, cpu_decode_attention_path(CPU_BF16, Hq / Hkv, D),
-                std::sqrt(num / den));
+    std::printf("%dx%d-d%d-p%d-s%g %s %s %.3e\n", Hq, Hkv, D, ps, c.scale, specialised ? "specialised" : "generic",
+                ran, std::sqrt(num / den));
   }
   return 0;
 }

@@ -195,8 +195,9 @@ inline void cpu_decode_item(const CpuDecodeParams& p, int b, int p0, int p1, flo
 // above spends per (query head, token) a horizontal sum, a scalar exp and a load-and-store of the whole fp32
 // accumulator, so with GQA (4 query heads per page row) it is bound by that work rather than by memory (Zen 4
 // VM, 1 thread, Llama-3.1-8B heads: 11 us per page, 6 GB/s; the H200 host read 26-29 GB/s with 16 threads).
-// Here each KV head's query group is handled together: the page row of K is loaded once for the group, the
-// exps are vectorised over the page's tokens, and the accumulators stay in registers for the whole page.
+// Here each KV head's query group is handled together: a page row of K is loaded once per 4 query heads of the
+// group (2 without AVX512-BF16), the exps are vectorised over the page's tokens, and the accumulators stay in
+// registers for the whole page.
 // Scores use the bf16 dot-product instruction where the CPU has AVX512-BF16, else fp32 FMAs on K rows widened
 // in registers (ISA says which was compiled; the cpu_attention experiment records it).
 namespace bf16_avx512 {
@@ -208,9 +209,10 @@ constexpr const char* ISA = "avx512f";
 #endif
 
 // e^x, |rel. error| ~2e-7 (Cephes' expf polynomial after n = round(x log2 e)); inputs below -87 give ~1e-38,
-// never 0, which is harmless for softmax weights whose largest is 1.
+// never 0, which is harmless for softmax weights whose largest is 1. NaN stays NaN (max_ps returns its second
+// operand when either is NaN), so a corrupted cache shows in the output as it does in the generic item.
 inline __m512 exp_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln 2 in two parts: exact n * hi
@@ -224,6 +226,8 @@ inline __m512 exp_ps(__m512 x) {
   y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
   return _mm512_scalef_ps(y, n);
 }
+
+constexpr size_t kPrefetchMaxPageBytes = 128u << 10;  // K + V of a page; Llama-3.1-8B's 64 KB, OPT-13B's 320 KB
 
 inline __m512 bf16x16_to_ps(const uint16_t* src) {  // bf16 is the top half of a float
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
@@ -244,6 +248,7 @@ inline void item(const CpuDecodeParams& p, int b, int p0, int p1, float* part, f
   const auto* k_pool = static_cast<const uint16_t*>(p.k_pool);
   const auto* v_pool = static_cast<const uint16_t*>(p.v_pool);
   const int Hkv = p.num_kv_heads, ps = p.page_size, row = Hkv * D, len = p.seq_lens[b];
+  const size_t page_kv_bytes = size_t(ps) * row * sizeof(uint16_t) * 2;  // a page's K and V
   init_state(part, p.num_heads, D);
   for (int j = p0; j < p1; ++j) {
     const int n = std::min(ps, len - j * ps);
@@ -253,7 +258,7 @@ inline void item(const CpuDecodeParams& p, int b, int p0, int p1, float* part, f
     // pool, where the hardware prefetchers cannot see it coming. Only for small pages (GQA): measured on the
     // Zen 4 VM (1-2 threads, shuffled pages) +10-25% with Llama-3.1-8B's 64 KB pages, but -10-15% with
     // OPT-13B's 320 KB ones, whether the next page or this page's next head is fetched.
-    const bool more = j + 1 < p1 && (j + 1) * ps < len && size_t(ps) * row * 2 * 2 <= (128u << 10);
+    const bool more = j + 1 < p1 && (j + 1) * ps < len && page_kv_bytes <= kPrefetchMaxPageBytes;
     const size_t next = more ? size_t(p.block_table[size_t(b) * p.table_width + j + 1]) * ps * row : 0;
     for (int g = 0; g < Hkv; ++g) {
       const uint16_t* kg = k_pool + base + size_t(g) * D;
@@ -359,7 +364,7 @@ inline ItemFn pick(int group, int head_dim) {
 #endif
 
 template <class L>
-inline void cpu_decode_attention_t(const CpuDecodeParams& p) {
+inline const char* cpu_decode_attention_t(const CpuDecodeParams& p) {
   const int D = p.head_dim, Hq = p.num_heads;
   const int items = p.item_start[p.batch];
   const size_t item_floats = size_t(Hq) * (D + 2);
@@ -406,6 +411,10 @@ inline void cpu_decode_attention_t(const CpuDecodeParams& p) {
       for (int d = 0; d < D; ++d) o[d] *= inv;
     }
   }
+#if defined(__AVX512F__)
+  if (fast) return bf16_avx512::ISA;
+#endif
+  return "generic";
 }
 
 // Which item a call with these values runs: "avx512bf16" / "avx512f" (the specialised bf16 item, by the ISA it
@@ -418,14 +427,11 @@ inline const char* cpu_decode_attention_path(int dtype, int group, int head_dim)
   return "generic";
 }
 
-inline void cpu_decode_attention(const CpuDecodeParams& p) {
-  if (p.dtype == CPU_BF16) {
-    cpu_decode_attention_t<LoadBf16>(p);
-  } else if (p.dtype == CPU_FP16) {
-    cpu_decode_attention_t<LoadFp16>(p);
-  } else {
-    cpu_decode_attention_t<LoadFp32>(p);
-  }
+// Runs the call; returns the item that ran ("avx512bf16", "avx512f" or "generic"), so tests can tell.
+inline const char* cpu_decode_attention(const CpuDecodeParams& p) {
+  if (p.dtype == CPU_BF16) return cpu_decode_attention_t<LoadBf16>(p);
+  if (p.dtype == CPU_FP16) return cpu_decode_attention_t<LoadFp16>(p);
+  return cpu_decode_attention_t<LoadFp32>(p);
 }
 
 }  // namespace directkv
