@@ -194,7 +194,7 @@ inline void cpu_decode_item(const CpuDecodeParams& p, int b, int p0, int p1, flo
 // bf16 caches on an AVX-512 CPU, for the group sizes and head dims of the served models: the generic item
 // above spends per (query head, token) a horizontal sum, a scalar exp and a load-and-store of the whole fp32
 // accumulator, so with GQA (4 query heads per page row) it is bound by that work rather than by memory (Zen 4
-// VM, 1 thread, Llama-3.1-8B heads: 11 us per page, 6 GB/s; the H200 host read 26-29 GB/s with 16 threads).
+// VM, 1 thread, Llama-3.1-8B heads: 11 us per page, 6 GB/s; the H200 host read 23-29 GB/s with 16 threads).
 // Here each KV head's query group is handled together: a page row of K is loaded once per 4 query heads of the
 // group (2 without AVX512-BF16), the exps are vectorised over the page's tokens, and the accumulators stay in
 // registers for the whole page.

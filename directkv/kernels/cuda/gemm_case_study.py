@@ -35,7 +35,7 @@ stream    : beyond the paper, no kernel of ours: the copy engine moves B a colum
             keeps the column cut with contiguous panels and no C accumulation. Measured on the H200
             (2026-11-29, two runs, 10240^3): split "k" 4.35 / 4.37 ms, HostPanels 4.25 / 4.26, against
             targets of 4.38 / 4.39 (1.15 x the link floor): both meet the GEMM target there; at 4096^3 both
-            stay 1.06-1.12x over it.
+            stay 1.06-1.14x over it.
 
 The k-split plan is host-side arithmetic on the SM count: enough CTAs to fill the GPU in few waves.
 
