@@ -12,7 +12,12 @@ factors a run used). Each factor is a median over the run's points of measured r
              ceiling is a copy, which also writes)
 * attention  tiled prefill with K/V in HBM: the schedule's FLOPs / time over the bf16 peak
 * cpu_mem    cpu_attn's default CPU kernel (cpu_attention rows): K/V bytes / time over the spec's CPU DRAM
-             bandwidth. Those rows name the CPU, not a hardware spec, so their runs need --hardware.
+             bandwidth, from the rows of the smallest query-head group (the least work per byte). Those rows
+             name the CPU, not a hardware spec, so their runs need --hardware.
+* cpu_ns_per_head_token  not a ratio: with rows of a larger group too (another model's heads) that read
+             under 0.9x the smallest group's rate, the time per query head and cached token of those rows
+             (all threads together): the kernel's work, not DRAM, bounds them; else 0 (not modelled). Fitted
+             across every run given, so pass the cpu_attention runs of both models together.
 * dense_us_per_layer  not a ratio: hbm's per-token latency at the rate sweep's lowest rate over the model's
              layers, with the executor's default CUDA graphs. A step there holds one or two requests, whose
              attention in HBM is short, so the time is the layers' dense parts: the floor of one layer's
@@ -72,9 +77,30 @@ def fit(rows: pd.DataFrame, hw: HardwareSpec) -> dict[str, float]:
             effs.append(t.flops / (r["time_ms"] * 1e-3) / (hw.bf16_tflops * 1e12))
         out["attention"] = statistics.median(effs)
     out |= _serving_floors(ok)
-    cpu = ok[(ok["op"] == "cpu_decode") & (ok["variant"] == DEFAULT_CPU_ATTN_KERNEL)]
-    if len(cpu):
-        out["cpu_mem"] = statistics.median(rate(cpu)) / hw.cpu_mem_bw_gbps
+    return out | _cpu_factors(cpu_rows(ok), hw)
+
+
+def cpu_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The measured rows of cpu_attn's default CPU kernel (cpu_attention runs)."""
+    if "op" not in rows or "variant" not in rows:
+        return rows.iloc[:0]
+    ok = rows[(rows["mode"] == "measured") & (rows["status"] == "ok")]
+    return ok[(ok["op"] == "cpu_decode") & (ok["variant"] == DEFAULT_CPU_ATTN_KERNEL)]
+
+
+def _cpu_factors(cpu: pd.DataFrame, hw: HardwareSpec) -> dict[str, float]:
+    """cpu_mem and, where two query-head group sizes were measured, cpu_ns_per_head_token (module docstring)."""
+    if not len(cpu):
+        return {}
+    cpu = cpu.assign(group=cpu["num_heads"] // cpu["num_kv_heads"],
+                     gbps=cpu["kv_bytes"] / (cpu["time_ms"] * 1e-3) / 1e9,
+                     ns=cpu["time_ms"] * 1e6 / (cpu["batch_size"] * cpu["context_len"] * cpu["num_heads"]))
+    groups = sorted(cpu["group"].unique())
+    low, high = cpu[cpu["group"] == groups[0]], cpu[cpu["group"] == groups[-1]]
+    # both always, so that a refit never pairs a new cpu_mem with an older run's work term
+    out = {"cpu_mem": statistics.median(low["gbps"]) / hw.cpu_mem_bw_gbps, "cpu_ns_per_head_token": 0.0}
+    if len(groups) > 1 and statistics.median(high["gbps"]) < 0.9 * statistics.median(low["gbps"]):
+        out["cpu_ns_per_head_token"] = statistics.median(high["ns"])
     return out
 
 
@@ -147,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if a.hardware is not None:
             get_hardware(a.hardware)  # an unknown name: one line listing the valid ones
-        names = set()
+        names, cpu_parts, cpu_sources = set(), [], []
         for run_dir in a.run_dirs:
             rows, manifest = load_results(run_dir)
             names.add(hardware := run_hardware(rows, run_dir, a.hardware))
@@ -157,8 +183,18 @@ def main(argv: list[str] | None = None) -> int:
             fitted |= factors
             commit = manifest.get("code_commit", manifest.get("git_sha"))  # a derived run lists its parts'
             sources |= {k: {"run": str(run_dir), "git_sha": commit, "gpu": manifest.get("gpu")} for k in factors}
+            if len(cpu := cpu_rows(rows)):
+                cpu_parts.append(cpu)
+                cpu_sources.append((str(run_dir), commit, manifest.get("gpu")))
         if len(names) > 1:
             raise ConfigError(f"the runs measured different hardware {sorted(names)}; calibrate one at a time")
+        if len(cpu_parts) > 1:  # the CPU factors need every model's rows at once (their group sizes differ)
+            factors = _cpu_factors(pd.concat(cpu_parts, ignore_index=True), get_hardware(hardware))
+            fitted |= factors
+            gpus = sorted({str(g) for _, _, g in cpu_sources})
+            gpu = gpus[0] if len(gpus) == 1 else gpus
+            sources |= {k: {"run": [r for r, _, _ in cpu_sources], "git_sha": [c for _, c, _ in cpu_sources],
+                            "gpu": gpu} for k in factors}
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

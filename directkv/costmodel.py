@@ -21,6 +21,11 @@ class Efficiency:
     matmul: float = 0.7  # projections / MLP vs bf16 peak
     attention: float = 0.45  # attention FLOPs vs bf16 peak (FlashAttention-2-class kernels on Hopper)
     cpu_mem: float = 0.8  # CPU attention vs CPU DRAM bandwidth
+    # CPU attention's work per query head and cached token (ns, all threads together), where it bounds the
+    # kernel rather than DRAM: with GQA each K/V byte serves several query heads (measured on the H200 host:
+    # the same kernel read Llama-3.1-8B's 4-head groups at 23-29 GB/s, OPT-13B's single heads at 60-74).
+    # 0 (not modelled) unless fitted from cpu_attention runs of two group sizes.
+    cpu_ns_per_head_token: float = 0.0
     dequant_hbm: float = 0.5  # unfused dequantisation kernels (FlexGen-like) vs the HBM ceiling
     # Least time of one layer's dense part (norms, projections, RoPE, MLP: a chain of ~10 kernels) in a small
     # step, where the roofline's weight read is ~0.1 ms but kernel latency and small-GEMM efficiency rule. Not
@@ -84,9 +89,11 @@ class CostModel:
         fitted floor (Efficiency.dense_us_per_layer)."""
         return max(self.time(t, flops_kind="matmul"), self.eff.dense_us_per_layer * 1e-6)
 
-    def cpu_attention_time(self, kv_bytes: float) -> float:
-        """Decode attention on the host CPU: memory-bound on CPU DRAM bandwidth (Neo-like)."""
-        return kv_bytes / (self.hw.cpu_mem_bw_gbps * 1e9 * self.eff.cpu_mem) if kv_bytes else 0.0
+    def cpu_attention_time(self, kv_bytes: float, head_tokens: float = 0.0) -> float:
+        """Decode attention on the host CPU (Neo-like): reading `kv_bytes` from DRAM or its work over
+        `head_tokens` (query heads x cached tokens, Efficiency.cpu_ns_per_head_token), whichever is longer."""
+        memory = kv_bytes / (self.hw.cpu_mem_bw_gbps * 1e9 * self.eff.cpu_mem) if kv_bytes else 0.0
+        return max(memory, head_tokens * self.eff.cpu_ns_per_head_token * 1e-9)
 
 
 def mode_for(hw: HardwareSpec) -> str:

@@ -52,9 +52,10 @@ def _fitted(run: Path):
 
 def test_cpu_mem_is_fitted_from_the_default_cpu_kernel():
     rows, hw, f = _fitted(CPU_RUN)
-    assert set(f) == {"cpu_mem"}
+    assert set(f) == {"cpu_mem", "cpu_ns_per_head_token"}
+    assert f["cpu_ns_per_head_token"] == 0.0  # one group size: nothing tells work from memory
     native = rows[rows["variant"] == "native"]
-    # the H200 host's 16 cores read 27-30 GB/s with the native kernel, of the spec's 80
+    # the H200 host's 16 cores read 23-29 GB/s with the native kernel, of the spec's 80
     assert 25 / hw.cpu_mem_bw_gbps < f["cpu_mem"] < 31 / hw.cpu_mem_bw_gbps
     assert fit(rows[rows["variant"] == "flash"], hw) == {}  # only the kernel serving uses by default
     assert len(native) and fit(native, hw) == f
@@ -74,9 +75,35 @@ def test_cli_needs_hardware_for_cpu_rows_and_merges_into_the_stored_file(tmp_pat
     merged = json.loads((tmp_path / "h200-pcie5.json").read_text())
     # the kernel factors fitted first stay, each with its run; cpu_mem joins with its own
     assert {k: merged["factors"][k] for k in first["fitted"]} == {k: first["factors"][k] for k in first["fitted"]}
-    assert set(merged["fitted"]) == set(first["fitted"]) | {"cpu_mem"}
+    assert set(merged["fitted"]) == set(first["fitted"]) | {"cpu_mem", "cpu_ns_per_head_token"}
     assert merged["sources"]["cpu_mem"]["run"] == str(CPU_RUN) and merged["sources"]["link_sm"]["run"] == str(RUN)
     assert merged["factors"]["cpu_mem"] != Efficiency().cpu_mem
+
+
+OPT_CPU_RUN = CPU_RUN.parent / "20261129-191000"  # OPT-13B's heads: one query head per KV head
+
+
+def test_two_group_sizes_fit_memory_and_work_apart(tmp_path, monkeypatch):
+    """Llama's 4-head groups read 23-29 GB/s, OPT-13B's single heads 60-74: cpu_mem comes from OPT's rows,
+    the work per head and token from Llama's, and the cost model then reproduces both runs' medians."""
+    import directkv.calibration as cal
+
+    monkeypatch.setattr(cal, "DATA", tmp_path)
+    assert main([str(CPU_RUN), str(OPT_CPU_RUN), "--hardware", "h200-pcie5", "--write"]) == 0
+    stored = json.loads((tmp_path / "h200-pcie5.json").read_text())
+    hw = get_hardware("h200-pcie5")
+    f = stored["factors"]
+    assert 60 / hw.cpu_mem_bw_gbps < f["cpu_mem"] < 74 / hw.cpu_mem_bw_gbps
+    assert 3 < f["cpu_ns_per_head_token"] < 7
+    for key in ("cpu_mem", "cpu_ns_per_head_token"):
+        assert stored["sources"][key]["run"] == [str(CPU_RUN), str(OPT_CPU_RUN)]
+        assert stored["sources"][key]["gpu"] == "NVIDIA H200"
+    cm = CostModel(hw, Efficiency(cpu_mem=f["cpu_mem"], cpu_ns_per_head_token=f["cpu_ns_per_head_token"]))
+    for run in (CPU_RUN, OPT_CPU_RUN):
+        rows = pd.read_parquet(run / "results.parquet").query("variant == 'native'")
+        ratio = [cm.cpu_attention_time(r.kv_bytes, r.batch_size * r.context_len * r.num_heads) / (r.time_ms * 1e-3)
+                 for r in rows.itertuples()]
+        assert 0.8 < sorted(ratio)[len(ratio) // 2] < 1.25, (run.name, ratio)
 
 
 RATE_RUN = Path(__file__).resolve().parents[1] / "results" / "h200" / "rate_sweep" / "20261129-155722"

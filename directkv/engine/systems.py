@@ -121,7 +121,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel)
         staging = 2 * stored + (2 * past if name == "flexgen" else 0)
     elif name == "cpu_attn":
         dec_kv = sum(step.decode_kv_lens) * kvl
-        t_cpu = cm.cpu_attention_time(dec_kv)
+        t_cpu = cm.cpu_attention_time(dec_kv, sum(step.decode_kv_lens) * model.num_heads)
         # prefill attention stays on the GPU with its past copied in; Q and O of decodes cross the link
         pre = st.to_hbm(st.attention_traffic(st.only_prefills(step), model, "tiled", policy))
         pre_past = st.past_kv_tokens(st.only_prefills(step)) * kvl
