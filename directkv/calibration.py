@@ -209,10 +209,8 @@ def write(hardware: str, fitted: dict[str, float], sources: dict[str, dict]) -> 
     """Merge newly fitted factors into the hardware's file; factors not refitted keep their value and source."""
     path = path_for(hardware)
     old = json.loads(path.read_text()) if path.exists() else {}
-    old_sources = old.get("sources") or {k: {"run": old.get("source_run"), "git_sha": old.get("source_git_sha"),
-                                             "gpu": old.get("gpu")} for k in old.get("fitted", [])}
     factors = asdict(Efficiency()) | old.get("factors", {}) | fitted
-    all_sources = old_sources | sources
+    all_sources = old.get("sources", {}) | sources
     DATA.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "hardware": hardware, "factors": factors, "fitted": sorted(all_sources), "sources": all_sources,

@@ -89,6 +89,10 @@ class CostModel:
         fitted floor (Efficiency.dense_us_per_layer)."""
         return max(self.time(t, flops_kind="matmul"), self.eff.dense_us_per_layer * 1e-6)
 
+    def layer_overhead(self, system: str) -> float:
+        """Seconds of fixed work per layer `system` ("flexgen" or "cpu_attn") adds to a step (Efficiency)."""
+        return getattr(self.eff, f"{system}_us_per_layer") * 1e-6
+
     def cpu_attention_time(self, kv_bytes: float, head_tokens: float = 0.0) -> float:
         """Decode attention on the host CPU (Neo-like): reading `kv_bytes` from DRAM or its work over
         `head_tokens` (query heads x cached tokens, Efficiency.cpu_ns_per_head_token), whichever is longer."""

@@ -104,25 +104,25 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
     # path sets them for cpu_attn; without this `threads` only shaped flash's work split
     torch.set_num_threads(threads)
     try:
-        _measure(cfg, s, writer, kernels, grid, threads, DTYPES[dtype_name], hardware)
+        _measure(cfg, s, writer, kernels, grid, threads, dtype_name, hardware)
     finally:
         torch.set_num_threads(previous)
 
 
 def _measure(cfg: DictConfig, s: Setup, writer: ResultsWriter, kernels: list[str],
-             grid: list[tuple[str, int, int]], threads: int, dtype: torch.dtype, hardware: str) -> None:
+             grid: list[tuple[str, int, int]], threads: int, dtype_name: str, hardware: str) -> None:
     """Every (page order, decodes, tokens) point of the grid for each kernel, one row each."""
-    m, dtype_name = s.model, str(dtype).removeprefix("torch.")
+    m, dtype = s.model, DTYPES[dtype_name]
     for order, batch, context in progress(cfg, grid, "cpu_attention"):
-        if all(writer.done(variant=k, batch_size=batch, context_len=context, page_order=order) for k in kernels):
+        todo = [k for k in kernels if not writer.done(variant=k, batch_size=batch, context_len=context,
+                                                       page_order=order)]
+        if not todo:
             continue  # a resumed run: no inputs or float64 reference for a point it has
         inputs = make_point(batch, context, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
                             dtype=dtype, page_order=order)
         ref = reference(*inputs)
         kv_bytes = 2 * batch * context * m.num_kv_heads * m.head_dim * inputs[1].element_size()
-        for kernel in kernels:
-            if writer.done(variant=kernel, batch_size=batch, context_len=context, page_order=order):
-                continue
+        for kernel in todo:
             row = base_row(cfg, s, system="cpu_attn", variant=kernel, mode="measured", hardware=hardware) | {
                 "op": "cpu_decode", "batch_size": batch, "context_len": context, "page_order": order,
                 "kv_bytes": float(kv_bytes),

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from directkv.errors import check
 from directkv.kernels import traffic_model as tm
-from directkv.kernels.cuda.gemm_case_study import STREAM_SLOTS, plan_panel_cols, plan_panel_rows
+from directkv.kernels.cuda.gemm_case_study import STREAM_SLOTS, stream_cut
 from directkv.kernels.traffic import Traffic
 from directkv.results import ResultsWriter
 from experiments.common import Setup, base_row, progress, setup
@@ -54,16 +54,16 @@ def simulated_rows(cfg: DictConfig, s: Setup, n: int) -> list[dict]:
     for v in cfg.variants:
         extra = {}
         stream = v.startswith("stream")
-        if stream:  # copy engine on the link, cuBLAS on chip; m = n = k, so a row cut is planned as a column one
-            key = "panel_rows" if v == "stream:k" else "panel_cols"
-            extra[key] = plan_panel_rows(n, n) if v == "stream:k" else plan_panel_cols(n, n)
+        if stream:  # copy engine on the link, cuBLAS on chip
+            extra = stream_cut(n, n, "k" if v == "stream:k" else "n")
             t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant="stream", **extra)
         else:
             t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant=v, **tiles)
         terms = s.cm.terms(t, link="ce" if stream else "sm", flops_kind="matmul")
         on_chip = max(terms["hbm"], terms["compute"])
         if stream:
-            ms = stream_ms(terms["link_read"], on_chip, n, next(iter(extra.values())))
+            (panel,) = extra.values()
+            ms = stream_ms(terms["link_read"], on_chip, n, panel)
         elif v == "tiled":  # load, then compute
             ms = (terms["link_read"] + on_chip) * 1e3
         else:  # naive: many CTAs in flight hide each other; pipelined: the producer warp prefetches

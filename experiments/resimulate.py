@@ -14,6 +14,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import pandas as pd
 from omegaconf import OmegaConf
@@ -55,16 +56,8 @@ def _token_counter(manifest: dict, schedules: Path):
         names = {load_schedule(p).tokenizer for p in schedules.glob("*.parquet")}
     modes = {"approx" if n.startswith("approx") else "llama3" if n.startswith("llama-3") else None for n in names}
     mode = modes.pop() if len(modes) == 1 else None
-    old = os.environ.get(ENV_VAR)
-    if mode:
-        os.environ[ENV_VAR] = mode
-    try:
+    with mock.patch.dict(os.environ, {ENV_VAR: mode} if mode else {}):  # restored whatever happens
         yield
-    finally:
-        if mode and old is None:
-            os.environ.pop(ENV_VAR, None)
-        elif mode:
-            os.environ[ENV_VAR] = old
 
 
 def _check_same_requests(stored: Path, made: Path) -> None:

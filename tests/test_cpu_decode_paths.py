@@ -10,22 +10,16 @@ errors. Seeded random bf16 inputs, shuffled pages, odd lengths, pages of 7, 16 a
 
 from __future__ import annotations
 
+import platform
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from directkv.kernels.cuda.build import BuildError, cxx_path
+from directkv.hostinfo import cpuinfo_field
+from directkv.kernels.cuda.build import CXX_FLAGS, BuildError, cxx_path
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
 
 
 def _cxx() -> str | None:
@@ -35,7 +29,8 @@ def _cxx() -> str | None:
         return None
 
 
-FLAGS = _cpu_flags()
+CXX = _cxx()
+FLAGS = set((cpuinfo_field("flags") or "").split())
 BEST = "avx512bf16" if "avx512_bf16" in FLAGS else "avx512f" if "avx512f" in FLAGS else "generic"
 BUILDS = [  # (extra flags, the item the specialised cases must take)
     ([], BEST),
@@ -44,12 +39,11 @@ BUILDS = [  # (extra flags, the item the specialised cases must take)
 ]
 
 
-@pytest.mark.skipif(_cxx() is None or "x86_64" not in subprocess.run(["uname", "-m"], capture_output=True,
-                    text=True).stdout, reason="needs an x86-64 C++ compiler")
+@pytest.mark.skipif(CXX is None or platform.machine() != "x86_64", reason="needs an x86-64 C++ compiler")
 @pytest.mark.parametrize("extra,item", BUILDS, ids=["native", "no-avx512bf16", "no-avx512f"])
 def test_every_item_matches_float64(extra, item, tmp_path):
     exe = tmp_path / "paths"
-    built = subprocess.run([_cxx(), "-O2", "-std=c++17", "-fopenmp", "-march=native", *extra,
+    built = subprocess.run([CXX, *CXX_FLAGS, *extra,
                             f"-I{REPO / 'csrc' / 'include'}", str(REPO / "tests" / "cpp" / "cpu_decode_paths.cpp"),
                             "-o", str(exe)], capture_output=True, text=True, timeout=300)
     if built.returncode and extra and "unrecognized" in built.stderr:

@@ -26,6 +26,7 @@ from directkv.kernels.cuda.gemm_case_study import (
     host_panels,
     plan_panel_cols,
     plan_panel_rows,
+    stream_cut,
 )
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 from directkv.kernels.reference import gemm as reference_gemm
@@ -51,13 +52,14 @@ def host_b(k: int, n: int) -> torch.Tensor:
     return device_view(pinned)
 
 
-def check_product(a, b, variant, out_dtype, **kwargs):
+def check_product(a, b, variant, out_dtype, *, b_ref=None, **kwargs):
+    """gemm into a NaN-poisoned `out` against float64; b_ref: B as a tensor where b is not one (HostPanels)."""
     out = torch.full((a.shape[0], b.shape[1]), math.nan, dtype=out_dtype, device="cuda")
     c, traffic = gemm(a, b, variant=variant, out=out, **kwargs)
     torch.cuda.synchronize()
     assert c.data_ptr() == out.data_ptr()
     assert not out.isnan().any(), "unwritten or NaN output elements"
-    ref = a.double() @ b.to(a.device).double()
+    ref = a.double() @ (b if b_ref is None else b_ref).to(a.device).double()
     assert float((out.double() - ref).norm() / ref.norm()) < TOL[out_dtype]
     return traffic
 
@@ -211,21 +213,28 @@ def test_simulated_stream_pipeline_by_hand():
     assert stream_ms(3.0, 3.0, 3, 3) == pytest.approx(6e3)  # one panel: nothing overlaps
 
 
+# (gemm keyword arguments, the error it must raise): every option checked before CUDA is touched
+STREAM_OPTION_ERRORS = [
+    ({"variant": "tiled", "panel": 64},
+     "split / panel / copy_streams are options of gemm variant 'stream'; got 'n' / 64 / 1 for 'tiled'"),
+    ({"variant": "naive", "copy_streams": 2}, "got 'n' / None / 2 for 'naive'"),
+    ({"variant": "pipelined", "split": "k"}, "got 'k' / None / 1 for 'pipelined'"),
+    ({"variant": "stream", "split": "m"}, "unknown gemm split 'm'; valid: k, n"),
+    ({"variant": "stream", "copy_streams": 3}, "copy_streams 3 is not supported; valid: 1, 2"),
+    ({"variant": "stream", "panel": 64}, "CUDA tensor"),
+    ({"variant": "stream", "copy": "dma"}, "unknown gemm copy 'dma'; valid: ce, sm"),
+    ({"variant": "tiled", "copy": "sm"}, "copy is an option of gemm variant 'stream'; got 'sm' for 'tiled'"),
+    ({"variant": "stream", "copy_ctas": 8}, "copy_ctas is an option of copy 'sm'; got 8 with 'ce'"),
+    ({"variant": "stream", "copy": "sm", "copy_streams": 2}, "copy 'sm' runs on one side stream; got copy_streams 2"),
+    ({"variant": "stream", "copy": "sm", "copy_ctas": 0}, "copy_ctas must be an int >= 1; got 0"),
+]
+
+
 def test_gemm_rejects_stream_options_outside_stream_before_touching_cuda():
     a = torch.randn(64, 64).half()
-    with pytest.raises(ConfigError, match="split / panel / copy_streams are options of gemm variant 'stream'; got "
-                                          "'n' / 64 / 1 for 'tiled'"):
-        gemm(a, a, variant="tiled", panel=64)
-    with pytest.raises(ConfigError, match="got 'n' / None / 2 for 'naive'"):
-        gemm(a, a, variant="naive", copy_streams=2)
-    with pytest.raises(ConfigError, match="got 'k' / None / 1 for 'pipelined'"):
-        gemm(a, a, variant="pipelined", split="k")
-    with pytest.raises(ConfigError, match="unknown gemm split 'm'; valid: k, n"):
-        gemm(a, a, variant="stream", split="m")
-    with pytest.raises(ConfigError, match="copy_streams 3 is not supported; valid: 1, 2"):
-        gemm(a, a, variant="stream", copy_streams=3)
-    with pytest.raises(ConfigError, match="CUDA tensor"):
-        gemm(a, a, variant="stream", panel=64)
+    for kwargs, message in STREAM_OPTION_ERRORS:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            gemm(a, a, **kwargs)
     panels = host_panels(a, panel_cols=16)  # a CPU tensor a: gemm refuses the call before touching CUDA
     for bad, kwargs in [("'tiled', 'n', panel None", {"variant": "tiled"}),
                         ("'stream', 'k', panel None", {"variant": "stream", "split": "k"}),
@@ -233,16 +242,6 @@ def test_gemm_rejects_stream_options_outside_stream_before_touching_cuda():
         with pytest.raises(ConfigError, match=f"B stored in panels \\(HostPanels of 16 columns\\) takes variant "
                                               f"'stream', split 'n' and its own panel width; got {bad}"):
             gemm(a, panels, **kwargs)
-    with pytest.raises(ConfigError, match="unknown gemm copy 'dma'; valid: ce, sm"):
-        gemm(a, a, variant="stream", copy="dma")
-    with pytest.raises(ConfigError, match="copy is an option of gemm variant 'stream'; got 'sm' for 'tiled'"):
-        gemm(a, a, variant="tiled", copy="sm")
-    with pytest.raises(ConfigError, match="copy_ctas is an option of copy 'sm'; got 8 with 'ce'"):
-        gemm(a, a, variant="stream", copy_ctas=8)
-    with pytest.raises(ConfigError, match="copy 'sm' runs on one side stream; got copy_streams 2"):
-        gemm(a, a, variant="stream", copy="sm", copy_streams=2)
-    with pytest.raises(ConfigError, match="copy_ctas must be an int >= 1; got 0"):
-        gemm(a, a, variant="stream", copy="sm", copy_ctas=0)
 
 
 def stream_b(kind: str, k: int, n: int, panel: int | None = None) -> tuple[torch.Tensor | HostPanels, torch.Tensor]:
@@ -250,7 +249,7 @@ def stream_b(kind: str, k: int, n: int, panel: int | None = None) -> tuple[torch
     panels of `panel` columns in pinned memory; the same values as a plain HBM tensor, for the reference)."""
     if kind == "zero_copy":
         b = host_b(k, n)
-        return b, b.clone()
+        return b, b
     b = torch.randn(k, n, device="cuda").half()
     if kind == "panels":
         return host_panels(b, panel_cols=panel), b
@@ -286,16 +285,9 @@ def test_gemm_stream_matches_float64(shape, panel, out_dtype, b_kind, split, cop
     m, n, k = shape
     a = torch.randn(m, k, device="cuda").half()
     b, b_ref = stream_b(b_kind, k, n, panel)
-    out = torch.full((m, n), math.nan, dtype=out_dtype, device="cuda")
-    c, traffic = gemm(a, b, variant="stream", out=out, split=split, panel=None if b_kind == "panels" else panel,
-                      copy_streams=copy_streams, copy=copy)
-    torch.cuda.synchronize()
-    assert c.data_ptr() == out.data_ptr()
-    assert not out.isnan().any(), "unwritten or NaN output elements"
-    ref = a.double() @ b_ref.double()
-    assert float((out.double() - ref).norm() / ref.norm()) < TOL[out_dtype]
-    cut = ({"panel_cols": plan_panel_cols(k, n, panel_cols=panel)} if split == "n"
-           else {"panel_rows": plan_panel_rows(k, n, panel_rows=panel)})
+    traffic = check_product(a, b, "stream", out_dtype, b_ref=b_ref, split=split,
+                            panel=None if b_kind == "panels" else panel, copy_streams=copy_streams, copy=copy)
+    cut = stream_cut(k, n, split, panel)
     model = gemm_traffic(m, n, k, dtype_bytes=2, variant="stream", b_tier="hbm" if b_kind == "hbm" else "host",
                          c_bytes=out_dtype.itemsize, **cut)
     assert traffic == model

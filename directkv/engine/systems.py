@@ -115,13 +115,13 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel)
         t_gpu = t_lin + cm.time(attn)
         if name == "flexgen":  # unfused dequantisation: read codes, write bf16, in HBM
             t_gpu += cm.time(Traffic(hbm_read_bytes=stored, hbm_write_bytes=past), hbm_eff=cm.eff.dequant_hbm)
-            t_gpu += cm.eff.flexgen_us_per_layer * 1e-6
+            t_gpu += cm.layer_overhead("flexgen")
         layer_t = max(copy_in, copy_out, t_gpu)  # the copy of layer i+1 overlaps the compute of layer i
         layer_traffic = lin + attn + Traffic(link_read_bytes=stored, link_write_bytes=new_stored)
         staging = 2 * stored + (2 * past if name == "flexgen" else 0)
     elif name == "cpu_attn":
-        dec_kv = sum(step.decode_kv_lens) * kvl
-        t_cpu = cm.cpu_attention_time(dec_kv, sum(step.decode_kv_lens) * model.num_heads)
+        dec_tokens = sum(step.decode_kv_lens)
+        t_cpu = cm.cpu_attention_time(dec_tokens * kvl, dec_tokens * model.num_heads)
         # prefill attention stays on the GPU with its past copied in; Q and O of decodes cross the link
         pre = st.to_hbm(st.attention_traffic(st.only_prefills(step), model, "tiled", policy))
         pre_past = st.past_kv_tokens(st.only_prefills(step)) * kvl
@@ -129,7 +129,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel)
         t_gpu = t_lin + cm.time(pre) + cm.copy_time(qo)
         layer_t = max(t_gpu, t_cpu, cm.copy_time(pre_past, "h2d"), cm.copy_time(new_kv, "d2h"))
         if step.decodes:  # the handoffs to and from the CPU sit on the layer's critical path
-            layer_t += cm.eff.cpu_attn_us_per_layer * 1e-6
+            layer_t += cm.layer_overhead("cpu_attn")
         layer_traffic = lin + pre + Traffic(link_read_bytes=pre_past + qo // 2, link_write_bytes=new_kv + qo // 2)
         staging = 2 * pre_past
     else:  # pragma: no cover - SystemPolicy validates names

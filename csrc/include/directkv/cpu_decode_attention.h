@@ -368,15 +368,17 @@ inline const char* cpu_decode_attention_t(const CpuDecodeParams& p) {
   const int D = p.head_dim, Hq = p.num_heads;
   const int items = p.item_start[p.batch];
   const size_t item_floats = size_t(Hq) * (D + 2);
-  const size_t page_floats = size_t(p.page_size) * p.num_kv_heads * D;
+  bool generic = true;  // the generic item, which alone needs the fp32 query and page buffers
 #if defined(__AVX512F__)
   bf16_avx512::ItemFn fast = nullptr;
   if constexpr (std::is_same_v<L, LoadBf16>) fast = bf16_avx512::pick(p.num_heads / p.num_kv_heads, D);
+  generic = fast == nullptr;
 #endif
+  const size_t page_floats = generic ? size_t(p.page_size) * p.num_kv_heads * D : 0;
 #pragma omp parallel num_threads(p.num_threads)
   {
     // per-thread buffers: queries, one page of K and of V in fp32, a page of scores per query head
-    std::vector<float> qf(size_t(Hq) * D), kf(page_floats), vf(page_floats), s(size_t(Hq) * p.page_size);
+    std::vector<float> qf(generic ? size_t(Hq) * D : 0), kf(page_floats), vf(page_floats), s(size_t(Hq) * p.page_size);
 #pragma omp for schedule(dynamic, 1)
     for (int it = 0; it < items; ++it) {
       const int b = int(std::upper_bound(p.item_start, p.item_start + p.batch + 1, it) - p.item_start) - 1;

@@ -43,19 +43,22 @@ class CpuAttnPath(StagedPath):
 
     def begin(self, plan: StepPlan) -> None:
         ZeroCopyPath.begin(self, plan)
-        lists = plan.page_lists(self.kv)
-        pages = lists[: plan.num_decodes]  # each decode's pages; the chunks' are staged like swap's
-        self.chunk_tables = [t.to(self.stager.device) for t in self.stager.plan(lists[plan.num_decodes:])]
+        flash = self.kernel != "native"  # only flash walks each decode's page list; native takes the table
+        lists = plan.page_lists(self.kv, decodes=flash)
+        first_chunk = plan.num_decodes if flash else 0
+        # the chunks' pages are staged like swap's
+        self.chunk_tables = [t.to(self.stager.device) for t in self.stager.plan(lists[first_chunk:])]
         self.staging_bytes = max(self.staging_bytes, self.stager.nbytes)
         ps = self.kv.page_size
         # the decodes' tables (native) or runs of consecutive pages (flash), once per step rather than once per
         # layer (2,048 pages per sequence at 32K context made this Python a few ms per layer, on the thread the
         # GPU launches wait for)
-        if self.kernel == "native" and pages:  # one table per step, checked once; pipelined parts take its rows
-            self.cpu_tables = DecodeTables.check(self.kv.block_table(plan.decode_ids),
-                                                 torch.tensor(plan.decode_lens_host, dtype=torch.int32), page_size=ps)
+        if not flash and plan.num_decodes:  # one table per step, checked once; pipelined parts take its rows
+            self.cpu_tables = DecodeTables.check(plan.decode_table_cpu, plan.decode_lens_cpu, page_size=ps)
+            self._row_tables: dict[tuple[int, int], DecodeTables] = {}  # per part, made on its first layer
         else:
-            self.runs = [sequence_runs(p, n, ps) for p, n in zip(pages, plan.decode_lens_host, strict=True)]
+            self.runs = [sequence_runs(p, n, ps) for p, n in zip(lists[:first_chunk], plan.decode_lens_host,
+                                                                  strict=True)]
         if plan.chunks:
             self.remap = self._slot_remap(plan.slots[plan.num_decodes:])
             self.stager.issue(0)
@@ -123,7 +126,10 @@ class CpuAttnPath(StagedPath):
         k_host, v_host = self.kv.arena.k[layer], self.kv.arena.v[layer]
         rows = rows or slice(0, len(self.plan.decode_ids))
         if self.kernel == "native":
-            return native_cpu_decode_attention(q, k_host, v_host, self.cpu_tables.rows(rows))
+            key = (rows.start, rows.stop)
+            if key not in self._row_tables:
+                self._row_tables[key] = self.cpu_tables.rows(rows)
+            return native_cpu_decode_attention(q, k_host, v_host, self._row_tables[key])
         out = torch.empty(q.shape, dtype=torch.float32)
         for i, runs in enumerate(self.runs[rows]):
             out[i] = torch_decode_attention(q[i], k_host, v_host, runs)

@@ -28,6 +28,9 @@ class StepPlan:
     decode_lens_host: list[int]
     decode_lens: torch.Tensor  # [num_decodes] int32: cached tokens incl. this step's, on device
     decode_table: torch.Tensor  # [num_decodes, width] int32 on device
+    # the same two on the host, as built (cpu_attn's CPU kernel reads them; no copy back from the device)
+    decode_lens_cpu: torch.Tensor
+    decode_table_cpu: torch.Tensor
     chunks: list[ChunkPlan]
     chunk_tables: list[torch.Tensor]  # per chunk [1, width] int32 on device
     slots: torch.Tensor  # [num_tokens] int64 flat slot of each new token in its tier pool, on device
@@ -59,11 +62,14 @@ def plan_step(step: Step, kv: KVCacheManager, device: torch.device) -> StepPlan:
         pos.append(torch.arange(c.past_len, c.past_len + c.chunk_len))
         row += c.chunk_len
     to = dict(device=device, non_blocking=True)
+    lens, table = torch.tensor([c + 1 for c in ctx], dtype=torch.int32), kv.block_table(dec)
     return StepPlan(
         decode_ids=dec,
         decode_lens_host=[c + 1 for c in ctx],
-        decode_lens=torch.tensor([c + 1 for c in ctx], dtype=torch.int32).to(**to),
-        decode_table=kv.block_table(dec).to(**to),
+        decode_lens=lens.to(**to),
+        decode_table=table.to(**to),
+        decode_lens_cpu=lens,
+        decode_table_cpu=table,
         chunks=chunks,
         chunk_tables=[kv.block_table([c.req_id]).to(**to) for c in chunks],
         slots=torch.cat(slots).to(**to),

@@ -17,7 +17,6 @@ from directkv.engine.gpu.plan import plan_step
 from directkv.engine.state import Step
 from directkv.engine.systems import (
     DEFAULT_CPU_ATTN_KERNEL,
-    DEFAULT_DIRECTKV_SIDE_CTAS,
     NO_PIPELINING,
     Pipelining,
     StepCost,
@@ -29,8 +28,7 @@ from directkv.model.runner import ModelRunner
 
 
 def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None = None,
-              cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
-              directkv_side_ctas: int | None = DEFAULT_DIRECTKV_SIDE_CTAS):
+              cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL, directkv_side_ctas: int | None):
     if policy.name in ("directkv", "hbm"):
         if policy.variant == "fused":
             raise ConfigError("directkv variant 'fused' has no GPU kernel yet; valid on the GPU: naive, tiled, stream")

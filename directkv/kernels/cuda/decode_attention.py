@@ -244,15 +244,17 @@ class StreamPlan:
     freed: list[torch.cuda.Event]
 
 
-def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, chunk_pages: int):
+def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, chunk_pages: int, *,
+                    hp: tuple | None = None):
     """Host-side chunking of the host pages a batch uses (CPU tensors in, CPU tensors out).
 
     Used host pages, sorted, are cut into chunks of <= chunk_pages; each chunk's block table keeps every
     sequence's pages in logical order, so a partly filled last page stays last and `lens` counts tokens
     exactly (attention needs no key order otherwise). Returns (tables [P, batch, width], lens [P, batch],
-    copies per chunk, hbm_pass) with P = chunks (+1 for the HBM-page pass).
+    copies per chunk, hbm_pass) with P = chunks (+1 for the HBM-page pass). hp: host_pages of the same
+    arguments, where the caller has it already.
     """
-    table, tokens, host, pages = host_pages(block_table, seq_lens, page_size)
+    table, tokens, host, pages = hp if hp is not None else host_pages(block_table, seq_lens, page_size)
     chunk_of = torch.full((int(pages.max()) + 1 if len(pages) else 1,), -1, dtype=torch.int64)
     pos_of = torch.zeros_like(chunk_of)
     chunk_of[pages] = torch.arange(len(pages)) // chunk_pages
@@ -305,12 +307,13 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     page_bytes = kv.page_size * kv.num_kv_heads * kv.head_dim * kv.host_k.element_size()
     chunk_pages = chunk_bytes // page_bytes
     table, seq_lens = kv.block_table.cpu(), kv.seq_lens.cpu()
-    read = max(len(host_pages(table, seq_lens, kv.page_size)[3]), 1)  # read by this batch, not the arena
+    hp = host_pages(table, seq_lens, kv.page_size)
+    read = max(len(hp[3]), 1)  # pages read by this batch, not the arena
     chunk_pages = min(chunk_pages, max(math.ceil(read / min_chunks), min_chunk_bytes // page_bytes, 1))
     check(chunk_pages >= 1 and num_slots >= 2 and 2 * num_slots * chunk_pages * page_bytes <= MAX_RING_BYTES,
           f"stream ring of {num_slots} slots x 2 x {chunk_bytes} B must hold >= 1 page ({page_bytes} B) per slot, "
           f">= 2 slots and <= {MAX_RING_BYTES} B")
-    tables, lens, copies, hbm_pass = stream_schedule(table, seq_lens, kv.page_size, chunk_pages)
+    tables, lens, copies, hbm_pass = stream_schedule(table, seq_lens, kv.page_size, chunk_pages, hp=hp)
     device = kv.block_table.device
     ring_shape = (num_slots, chunk_pages, *kv.host_k.shape[1:])
     return StreamPlan(

@@ -104,26 +104,36 @@ def plan_panel_cols(k: int, n: int, *, panel_cols: int | None = None) -> int:
     panel_cols is checked against the ring and clipped to n.
     """
     check(min(k, n) >= 1, f"K and N must be >= 1; got {k}, {n}")
-    return _plan_panel(n, k, panel_cols, "K", "column")
+    return _plan_panel(n, k, panel_cols, "K", "column", "rows")
 
 
 def plan_panel_rows(k: int, n: int, *, panel_rows: int | None = None) -> int:
     """B rows per ring panel of the stream variant with split "k": panels `[panel_rows, n]`, planned as
     plan_panel_cols plans columns (the same ring, the same rule with K and N swapped)."""
     check(min(k, n) >= 1, f"K and N must be >= 1; got {k}, {n}")
-    return _plan_panel(k, n, panel_rows, "N", "row")
+    return _plan_panel(k, n, panel_rows, "N", "row", "columns")
 
 
-def _plan_panel(length: int, depth: int, given: int | None, depth_name: str, unit: str) -> int:
-    """Panels cut `length` (B's columns or rows); each panel is `depth` elements deep across the cut."""
+def stream_cut(k: int, n: int, split: str, panel: int | None = None) -> dict[str, int]:
+    """The stream variant's cut of fp16 B `[k, n]` as gemm_traffic takes it: {"panel_cols": ...} (split "n")
+    or {"panel_rows": ...} (split "k"), planned (plan_panel_cols / plan_panel_rows) unless `panel` is given."""
+    if split not in SPLITS:
+        raise unknown_name("gemm split", split, SPLITS)
+    if split == "n":
+        return {"panel_cols": plan_panel_cols(k, n, panel_cols=panel)}
+    return {"panel_rows": plan_panel_rows(k, n, panel_rows=panel)}
+
+
+def _plan_panel(length: int, depth: int, given: int | None, depth_name: str, unit: str, across: str) -> int:
+    """Panels cut `length` (B's columns or rows, `unit`s); each panel is `depth` elements (`across`) deep."""
+    ring_mib = MAX_RING_BYTES >> 20
     fit = MAX_RING_BYTES // (STREAM_SLOTS * depth * 2)  # the widest panel the ring holds
     check(fit >= 1, f"{depth_name}={depth} is too large for the stream variant's ring: one {unit} in {STREAM_SLOTS} "
-          f"slots needs {STREAM_SLOTS * depth * 2} B > {MAX_RING_BYTES} B (64 MiB)")
+          f"slots needs {STREAM_SLOTS * depth * 2} B > {MAX_RING_BYTES} B ({ring_mib} MiB)")
     if given is not None:
         check(isinstance(given, int) and not isinstance(given, bool) and 1 <= given <= fit,
               f"panel {given!r} ({unit}s per panel) must be an int in 1..{fit} ({STREAM_SLOTS} slots x "
-              f"{depth_name}={depth} "
-              f"{'rows' if unit == 'column' else 'columns'} <= 64 MiB)")
+              f"{depth_name}={depth} {across} <= {ring_mib} MiB)")
         return min(given, length)
     if fit < PANEL_ALIGN:
         return min(fit, length)
@@ -268,12 +278,7 @@ def gemm(
     n = b.shape[1]
     check(min(m, n, k) >= 1, f"M, N, K must be >= 1; got {m}, {n}, {k}")
     if variant == "stream":  # planned before out is allocated: fails cheaply
-        if panels:
-            panel = b.panel_cols
-        elif split == "n":
-            panel = plan_panel_cols(k, n, panel_cols=panel)
-        else:
-            panel = plan_panel_rows(k, n, panel_rows=panel)
+        cut = {"panel_cols": b.panel_cols} if panels else stream_cut(k, n, split, panel)
     if out is None:
         out = torch.empty(m, n, dtype=torch.float16, device=a.device)
     check(out.shape == (m, n) and out.dtype in OUT_CODES and out.device == a.device and out.is_contiguous(),
@@ -283,8 +288,8 @@ def gemm(
     check(split == "n" or out.dtype == torch.float16, f"split 'k' accumulates C in place with torch's addmm_, "
           f"which takes fp16 C only across torch versions: out must be float16; got {out.dtype}")
     if variant == "stream":
+        (panel,) = cut.values()
         _run_stream(a, b, out, split, panel, copy_streams, copy, copy_ctas)
-        cut = {"panel_cols": panel} if split == "n" else {"panel_rows": panel}
         return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="stream",
                                  b_tier=b_tier(b_tensor), **cut)
     part, ldp, splits = None, 0, 1

@@ -386,14 +386,16 @@ class StreamPass:
     ring: bool
 
 
-def stream_passes(block_table: torch.Tensor, past_len: int, page_size: int, chunk_pages: int) -> list[StreamPass]:
+def stream_passes(block_table: torch.Tensor, past_len: int, page_size: int, chunk_pages: int, *,
+                  hp: tuple | None = None) -> list[StreamPass]:
     """The passes over the past of one sequence (CPU in, CPU out): ring chunks of <= chunk_pages host pages in
     copy order, then one over the HBM-resident pages if any (decode_attention.stream_schedule, batch 1). A pass
-    with no tokens is dropped (the kernel refuses zero keys); past_len 0 gives none."""
+    with no tokens is dropped (the kernel refuses zero keys); past_len 0 gives none. hp: host_pages of the
+    table's first past_len tokens, where the caller has it already."""
     if past_len == 0:
         return []
     table = block_table.reshape(1, -1)[:, : -(-past_len // page_size)].cpu()
-    tables, lens, copies, _ = stream_schedule(table, torch.tensor([past_len]), page_size, chunk_pages)
+    tables, lens, copies, _ = stream_schedule(table, torch.tensor([past_len]), page_size, chunk_pages, hp=hp)
     passes = []
     for i in range(tables.shape[0]):
         ring = i < len(copies)
@@ -429,9 +431,10 @@ def plan_prefill_stream(kv: PagedKV, *, chunk_bytes: int | None = None, min_chun
     past_len = int(kv.seq_lens[0])
     table = kv.block_table[:1, : -(-past_len // kv.page_size)].cpu()
     page_bytes = math.prod(kv.host_k.shape[1:]) * kv.host_k.element_size()
-    read = len(host_pages(table, torch.tensor([past_len]), kv.page_size)[3])  # the decode plan's count
+    hp = host_pages(table, torch.tensor([past_len]), kv.page_size)
+    read = len(hp[3])  # the decode plan's count
     chunk_pages = stream_chunk_pages(read, page_bytes, chunk_bytes=chunk_bytes, min_chunks=min_chunks)
-    passes = tuple(stream_passes(table, past_len, kv.page_size, chunk_pages))
+    passes = tuple(stream_passes(table, past_len, kv.page_size, chunk_pages, hp=hp))
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     tables = torch.stack([p.table for p in passes]).to(device) if passes else None
     runs = tuple(tuple(sequence_runs((-(p.table[: -(-p.past_len // kv.page_size)].to(torch.int64) + 1)).tolist(),
