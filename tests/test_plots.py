@@ -511,6 +511,25 @@ def test_measured_rows_with_and_without_cuda_graphs_are_separate_series():
     assert [s.label for s in same] == ["SGLang-like (HBM), measured", "SGLang-like (HBM), simulated"]
 
 
+def test_every_pipelining_column_splits_series():
+    """Rows that differ only in a pipelining setting (context_sweep/20261129-192833 and -192902: mixed steps cut
+    or not) are separate series; and every column Pipelining writes is an executor option."""
+    import pandas as pd
+
+    from directkv.engine.systems import Pipelining
+    from plots.figures.common import EXECUTOR_OPTIONS, executor_tags, system_series
+
+    assert set(Pipelining(enabled=True).as_dict()) <= set(EXECUTOR_OPTIONS)
+    rows = pd.DataFrame({"system": ["directkv"] * 3, "variant": ["tiled"] * 3, "context_len": [16384] * 3,
+                         "mode": ["measured"] * 3, "directkv_pipelined": [True, True, False],
+                         "directkv_pipeline_mixed": [True, False, None], "directkv_side_ctas": [64, 32, None],
+                         "directkv_pipeline_min_kv_mb": [32.0, 32.0, None], "tpot_ms": [164.3, 168.4, 172.0],
+                         "status": ["ok"] * 3})
+    assert list(executor_tags(rows)) == ["pipelined, 64 side CTAs, mixed steps cut",
+                                         "pipelined, 32 side CTAs, decode-only cuts", "one batch"]
+    assert sorted(float(s.rows["tpot_ms"].iloc[0]) for s in system_series(rows)) == [164.3, 168.4, 172.0]
+
+
 def test_repeated_runs_at_one_point_are_averaged_and_each_shown():
     """Two runs of one point (rate_sweep/combined-20261129g-rate1: flexgen at Alpaca 1, 53.4 and 40.3 ms): the
     line goes through their mean and both runs are drawn as unjoined markers, so the spread is not hidden."""

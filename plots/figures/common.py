@@ -52,9 +52,19 @@ MODE_ORDER = {"measured": 0, "simulated": 1, "projected": 2}
 
 
 # Measured-executor options that change a system's numbers: when one figure holds rows with several values
-# of one (graphs on and off, say), they become separate series instead of being averaged into one line.
+# of one (graphs on and off, say), they become separate series instead of being averaged into one line. Each
+# maps a value to its label (values not listed show as they are) or is a format for the value. The
+# pipelining columns are those systems.Pipelining.as_dict writes.
 EXECUTOR_OPTIONS = {"cuda_graphs": {True: "graphs", False: "eager"}, "cpu_attn_kernel": {},
-                    "directkv_pipelined": {True: "pipelined", False: "one batch"}}
+                    "directkv_pipelined": {True: "pipelined", False: "one batch"},
+                    "directkv_side_ctas": "{:g} side CTAs", "directkv_pipeline_min_kv_mb": "cut from {:g} MB",
+                    "directkv_pipeline_mixed": {True: "mixed steps cut", False: "decode-only cuts"}}
+
+
+def _option_label(value, names: dict | str) -> str:
+    if pd.isna(value):
+        return ""
+    return str(names.get(value, value)) if isinstance(names, dict) else names.format(value)
 
 
 def executor_tags(rows: pd.DataFrame) -> pd.Series:
@@ -63,7 +73,7 @@ def executor_tags(rows: pd.DataFrame) -> pd.Series:
     for col, names in EXECUTOR_OPTIONS.items():
         if col not in rows.columns or rows[col].dropna().nunique() < 2:
             continue
-        part = rows[col].map(lambda v, names=names: "" if pd.isna(v) else str(names.get(v, v)))
+        part = rows[col].map(lambda v, names=names: _option_label(v, names))
         tags = tags.str.cat(part, sep=", ").str.strip(", ")
     return tags
 
