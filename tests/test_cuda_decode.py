@@ -13,6 +13,7 @@ from directkv.kernels.cuda.decode_attention import (
     heads_per_cta,
     plan_splits,
     plan_stream,
+    prefetch_stream,
     stream_schedule,
     traffic,
 )
@@ -127,6 +128,58 @@ def test_repeated_calls_reuse_counters_and_stream_ring():
     assert all(not torch.isnan(o).any() for o in outs)
 
 
+def _last_pages(kv: PagedKV) -> torch.Tensor:
+    """The page holding each sequence's last token (a serving step's new decode token), host ids only."""
+    table, lens = kv.block_table.cpu().to(torch.int64), kv.seq_lens.cpu().to(torch.int64)
+    last = table[torch.arange(kv.batch), (lens - 1) // kv.page_size]
+    return last[last >= 0]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("chunk_kb", [64, 16 << 10])
+def test_prefetched_stream_sees_writes_to_late_pages(chunk_kb):
+    """prefetch_stream copies the first clean chunks ahead; then the last pages are rewritten (a step's new
+    tokens' store) and the call must see the new values. Many chunks (64 KiB) and one chunk (16 MiB) per ring
+    slot. Without `late` the one-chunk plan prefetches the last pages too and reads them stale, which shows
+    the check can fail."""
+    kv = make_kv([5000, 17, 3000, 64], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16,
+                 hbm_fraction=0.0)
+    late = _last_pages(kv)
+    q = torch.randn(kv.batch, 8, 128, device="cuda").to(kv.dtype)
+
+    def rewrite_late_pages() -> None:
+        for pool in (kv.host_k, kv.host_v):
+            pool[late.cuda()] = torch.randn(pool[late.cuda()].shape, device="cuda").to(pool.dtype)
+
+    errs = {}
+    for with_late in (True, False):
+        plan = plan_stream(kv, chunk_bytes=chunk_kb << 10, late=late if with_late else None)
+        assert plan.clean_chunks == (len(plan.copies) - 1 if with_late else len(plan.copies))
+        issued = prefetch_stream(plan, kv.host_k, kv.host_v)
+        assert issued == min(plan.clean_chunks, 2) and plan.prefetched[2] == issued
+        rewrite_late_pages()  # queued on the current stream after the prefetch, as a serving step's store is
+        out = torch.full_like(q, float("nan"))
+        decode_attention(q, kv, variant="stream", out=out, plan=plan)
+        assert plan.prefetched is None  # consumed
+        ref = dense_reference(q, kv, 1.0 / math.sqrt(128))
+        errs[with_late] = float((out.double() - ref).norm() / ref.norm())
+    assert errs[True] < TOL[torch.bfloat16], errs
+    if len(plan.copies) == 1:  # every page, the last ones too, was prefetched before the rewrite
+        assert errs[False] > 0.05, errs
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_prefetch_of_other_pools_is_redone():
+    """A prefetch of one layer's pools followed by a call over another's: the call copies its own."""
+    kv = make_kv([3000, 700], page_size=16, num_kv_heads=2, head_dim=64, dtype=torch.float16, hbm_fraction=0.0)
+    other = make_kv([3000, 700], page_size=16, num_kv_heads=2, head_dim=64, dtype=torch.float16, hbm_fraction=0.0)
+    plan = plan_stream(kv, chunk_bytes=64 << 10, late=_last_pages(kv))
+    prefetch_stream(plan, other.host_k, other.host_v)
+    run_and_check(kv, 8, "stream", plan=plan)
+
+
 @pytest.mark.gpu
 @needs_gpu
 def test_stream_ring_is_sized_by_the_pages_the_batch_reads():
@@ -174,11 +227,19 @@ def test_heads_per_cta():
 
 
 @pytest.mark.parametrize("chunk_pages", [1, 3, 64])
-def test_stream_schedule_covers_every_token_once(chunk_pages):
+@pytest.mark.parametrize("with_late", [False, True])
+def test_stream_schedule_covers_every_token_once(chunk_pages, with_late):
     lens = [1, 15, 16, 17, 200, 64]
     kv = random_paged_kv(lens, page_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float16, hbm_fraction=0.3,
                          generator=torch.Generator().manual_seed(torch.seed() % 2**31))
-    tables, plens, copies, hbm_pass = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages)
+    last = kv.block_table[torch.arange(len(lens)), (torch.tensor(lens) - 1) // 16].to(torch.int64)
+    late = last[last >= 0] if with_late else None
+    tables, plens, copies, hbm_pass = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages, late=late)
+    if late is not None:  # the late pages fill the last chunks, alone
+        n_late = -(-len(late) // chunk_pages)
+        chunk_pages_of = [{src + i for src, _, n in runs for i in range(n)} for runs in copies]
+        assert set().union(*chunk_pages_of[len(copies) - n_late:]) == set(late.tolist())
+        assert not set().union(*chunk_pages_of[: len(copies) - n_late]) & set(late.tolist())
     used_hbm = any(int(kv.block_table[b, j]) < 0 for b, n in enumerate(lens) for j in range(math.ceil(n / 16)))
     assert hbm_pass == used_hbm and tables.shape[0] == len(copies) + used_hbm
     got: list[list[tuple[int, int]]] = [[] for _ in lens]

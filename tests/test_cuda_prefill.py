@@ -25,7 +25,9 @@ from directkv.kernels.cuda.prefill_attention import (
     STREAM_SLOTS,
     PrefillStreamPlan,
     plan_prefill_stream,
+    prefetch_prefill_stream,
     prefill_attention,
+    prefill_ring,
     stream_chunk_pages,
     stream_passes,
     traffic,
@@ -308,6 +310,35 @@ def test_prefill_stream_plan_reused_across_calls(pass_kernel):
         prefill_attention(*other[:3], other[4], variant="stream", stream_plan=plan)
 
 
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("pass_kernel", PASS_KERNELS)
+def test_prefill_stream_ring_kept_across_calls_and_prefetched(pass_kernel):
+    """A prefill_ring serves calls over two layers' pools (same table, as in a serving step), each call's first
+    chunks copied ahead by prefetch_prefill_stream; a prefetch of the other layer's pools is redone by the call.
+    Outputs poisoned, every call against float64."""
+    q, k_new, v_new, kv_cpu, kv = make_inputs((77, 1001, 8, 2, 128, BF16, 16), hbm_fraction=0.25)
+    other_cpu = PagedKV(torch.randn_like(kv_cpu.host_k.float()).to(BF16), torch.randn_like(kv_cpu.host_v.float()).to(BF16),
+                        kv_cpu.hbm_k, kv_cpu.hbm_v, kv_cpu.block_table, kv_cpu.seq_lens)
+    layers = {"a": (kv_cpu, kv), "b": (other_cpu, to_gpu(other_cpu))}
+    plan = plan_prefill_stream(kv, chunk_bytes=3 * page_bytes_of(kv_cpu))
+    ring = prefill_ring(plan, kv.host_k, "cuda")
+    assert ring.ring_k.shape[:2] == (2, 3) and ring.nbytes == 4 * 3 * page_bytes_of(kv_cpu)
+    for ahead, layer in (("a", "a"), ("b", "b"), ("b", "a"), (None, "b")):
+        if ahead is not None:
+            assert prefetch_prefill_stream(plan, ring, layers[ahead][1].host_k, layers[ahead][1].host_v) == 2
+        cpu, gpu = layers[layer]
+        q = torch.randn_like(q)
+        out = torch.full_like(q, math.nan)
+        prefill_attention(q, k_new, v_new, gpu, variant="stream", out=out, stream_plan=plan, stream_ring=ring,
+                          pass_kernel=pass_kernel)
+        assert ring.prefetched is None
+        assert_matches(out, dense_reference(q, k_new, v_new, cpu, causal=True, scale=1 / math.sqrt(128)))
+    small = prefill_ring(plan_prefill_stream(kv, chunk_bytes=2 * page_bytes_of(kv_cpu)), kv.host_k, "cuda")
+    with pytest.raises(ConfigError, match=r"stream_ring holds 2 pages of torch.bfloat16 per slot; the plan needs 3 of "):
+        prefill_attention(q, k_new, v_new, kv, variant="stream", stream_plan=plan, stream_ring=small)
+
+
 def test_prefill_stream_plan_is_refused_with_other_options():
     """Runs without a GPU: a plan belongs to stream and carries the chunking, so the two are not given together."""
     q = torch.randn(7, 4, 64).to(BF16)
@@ -319,6 +350,8 @@ def test_prefill_stream_plan_is_refused_with_other_options():
         prefill_attention(q, k_new, k_new, kv, variant="tiled", stream_plan=plan)
     with pytest.raises(ConfigError, match=r"got variant 'stream' with chunk_bytes=None, min_chunks=2"):
         prefill_attention(q, k_new, k_new, kv, variant="stream", stream_plan=plan, min_chunks=2)
+    with pytest.raises(ConfigError, match=r"stream_ring is an option of variant 'stream' with a stream_plan"):
+        prefill_attention(q, k_new, k_new, kv, variant="stream", stream_ring=object())
 
 
 def test_stream_chunk_pages_caps_the_ring():

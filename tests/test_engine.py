@@ -95,6 +95,33 @@ def test_directkv_stream_moves_tiled_bytes_by_copy_engine_into_a_small_ring():
     assert stream.gpu_mem_bytes - tiled.gpu_mem_bytes == 64 << 20
 
 
+@pytest.mark.parametrize("context", [1024, 32768])
+@pytest.mark.parametrize("chunk", [False, True])
+def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(context, chunk):
+    """stream's per-layer time is the dense work plus its attention at the copy engine's rate, less the copy of
+    the decodes' and the first prompt chunk's first ring-full of K/V (at most 64 MiB each), which runs during
+    the dense work before it."""
+    from directkv.engine import step_traffic as st
+    from directkv.engine.state import PrefillChunk, Step
+    from directkv.engine.systems import step_cost
+    from directkv.kernels.traffic_model import STREAM_RING_BYTES
+    from workloads.request import Request
+
+    policy = SystemPolicy("directkv", "stream")
+    prompt = (PrefillChunk(ReqState(Request(9, 2 * context, 8), prefilled=context), 256, context),) if chunk else ()
+    step = Step(tuple(ReqState(Request(i, context, 8), prefilled=context, generated=1) for i in range(4)), prompt)
+    t_lin = CM.dense_time(st.linear_layer_traffic(LLAMA, step.num_tokens))
+    t_attn = CM.time(st.attention_traffic(step, LLAMA, "stream", policy), link="ce")
+    t_head = CM.time(st.lm_head_traffic(LLAMA, step.num_logits), flops_kind="matmul")
+    past = sum(step.decode_kv_lens) * LLAMA.kv_bytes_per_token_per_layer()
+    assert (past < STREAM_RING_BYTES) == (context == 1024)  # one case under the ring, one over it
+    chunk_past = context * LLAMA.kv_bytes_per_token_per_layer() if chunk else 0
+    hidden = min(t_lin, CM.copy_time(min(past, STREAM_RING_BYTES) + min(chunk_past, STREAM_RING_BYTES), "h2d"))
+    assert 0 < hidden
+    want = LLAMA.num_layers * (t_lin + t_attn - hidden) + t_head
+    assert step_cost(policy, step, LLAMA, CM).time_s == pytest.approx(want, rel=1e-9)
+
+
 def test_simulation_is_deterministic_and_queues_under_load():
     wl = with_arrivals(synthetic_workload(40, 512, 32, dist="uniform", spread=0.5), rate=20.0, seed=3)
     a = simulate(wl.requests, SystemPolicy("swap"), LLAMA, CM, mem=MEM)

@@ -341,3 +341,58 @@ def test_profiler_refuses_bad_pipelining_in_one_line(capsys):
     assert main(["--system", "directkv", "--pipelined", "--min-kv-mb", "-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: executor.directkv_pipeline_min_kv_mb must be a number >= 0; got -1.0"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("chunk_bytes", [None, 8 << 10])
+def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatch):
+    """directkv stream copies each layer's first decode chunks (and the first prompt chunk's) during the dense
+    work before its attention: every layer's output must equal tiled's over the same pools. The host arena is poisoned, so a prefetch
+    that copied a page before the step's new token was stored into it would give NaN. 8 KiB chunks (two toy
+    pages) make many chunks per layer, so both ring slots are prefetched."""
+    from functools import partial
+
+    import directkv.kernels.cuda.decode_attention as dec
+    import directkv.kernels.cuda.prefill_attention as pre
+    from directkv.engine.gpu.paths import ZeroCopyPath
+
+    if chunk_bytes is not None:
+        monkeypatch.setattr(dec, "plan_stream", partial(dec.plan_stream, chunk_bytes=chunk_bytes))
+    init, attend, prefetch, prefetch_chunk = (ZeroCopyPath.__init__, ZeroCopyPath.attend, dec.prefetch_stream,
+                                              pre.prefetch_prefill_stream)
+    issued, issued_chunk, errors = [], [], []
+
+    def poisoned_init(self, kv, *args, **kwargs):
+        init(self, kv, *args, **kwargs)
+        if kv.arena is not None:
+            for t in (*kv.arena.k, *kv.arena.v):
+                t.fill_(float("nan"))
+
+    def checked_attend(self, layer, q, k, v):
+        out = attend(self, layer, q, k, v)
+        k_pool, v_pool = self.kv.pools(layer, self.tier)
+        self.variant = "tiled"
+        try:
+            again = self.attention(self.plan, self.tier, q, k, v, k_pool, v_pool, self.plan.decode_table,
+                                   self.plan.chunk_tables)
+        finally:
+            self.variant = "stream"
+        errors.append(float("nan") if out.isnan().any() else (out.float() - again.float()).abs().max().item())
+        return out
+
+    monkeypatch.setattr(ZeroCopyPath, "__init__", poisoned_init)
+    monkeypatch.setattr(ZeroCopyPath, "attend", checked_attend)
+    monkeypatch.setattr(dec, "prefetch_stream", lambda *a: issued.append(prefetch(*a)) or issued[-1])
+    monkeypatch.setattr(pre, "prefetch_prefill_stream",
+                        lambda *a: issued_chunk.append(prefetch_chunk(*a)) or issued_chunk[-1])
+    mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
+    try:
+        res, _ = run_gpu(_requests(), SystemPolicy("directkv", "stream"), SPEC, mem=mem, sched_cfg=SCHED,
+                         device="cuda", cuda_graphs=True)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert res.metrics["completed"] == 5
+    assert errors and max(errors) < 2e-2, errors  # NaN fails too
+    assert max(issued) == (2 if chunk_bytes else 1)  # a clean chunk per ring slot was copied ahead
+    assert max(issued_chunk) >= 1  # and prompt chunks' past

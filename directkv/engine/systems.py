@@ -6,7 +6,8 @@ the same policies for real.
 
 * ``hbm``      SGLang-like: all KV in HBM, attention from HBM.
 * ``directkv`` KV in pinned host memory, attention kernels read it zero-copy (variant naive | tiled | fused),
-  or (variant stream, beyond the paper) through <= 64 MiB HBM rings filled by the copy engine.
+  or (variant stream, beyond the paper) through <= 64 MiB HBM rings filled by the copy engine, whose
+  first chunks of a layer are copied during the dense work before it.
 * ``swap``     Pie-like: KV in host memory; each layer's KV is copied by the copy engine into an HBM staging
                buffer (double-buffered) while the previous layer computes.
 * ``cpu_attn`` Neo-like: decode attention runs on the CPU over host KV, overlapped with the GPU's linear
@@ -106,6 +107,10 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel)
         attn = st.attention_traffic(step, model, policy.variant, policy)
         stream = policy.variant == "stream"  # the copy engine moves the bytes, into a ring of bounded size
         layer_t = t_lin + cm.time(attn, link="ce" if stream else "sm")
+        if stream:  # the rings' first chunks (decodes', first prompt chunk's) are copied during the dense work
+            ahead = min(sum(step.decode_kv_lens) * kvl, STREAM_RING_BYTES)
+            ahead += min(step.prefills[0].past_len * kvl, STREAM_RING_BYTES) if step.prefills else 0
+            layer_t -= min(t_lin, cm.copy_time(ahead, "h2d"))
         layer_traffic, staging = lin + attn, STREAM_RING_BYTES if stream else 0
     elif name in ("swap", "flexgen"):
         ratio = policy.kv_bytes_per_token(model) / model.kv_bytes_per_token()  # < 1 for FlexGen's 4-bit KV

@@ -6,7 +6,9 @@ so the same code runs in the CPU tests at toy sizes.
 
 * ``ZeroCopyPath`` — directkv (KV in pinned host pages, read in place by the kernels) and hbm (pages in HBM).
   directkv's variant ``stream`` is the exception beyond the paper: its kernels' copy engine stages the
-  pages through rings of <= 64 MiB on a side stream (decode and prefill ``stream`` variants).
+  pages through rings of <= 64 MiB on a side stream (decode and prefill ``stream`` variants); the decode
+  ring's first chunks of layer L+1 are copied during the dense work before its attention (prefetch_stream),
+  as swap's copies overlap compute, but into the small ring instead of a whole layer's staging.
   With ``executor.directkv_pipelined`` a step runs as two parts (``attend_async``): halves of a decode-only
   step, or decodes | prompt chunks of a mixed one; one part's zero-copy attention runs on a side stream
   while the other part's dense layers run on the main one.
@@ -57,25 +59,37 @@ class ZeroCopyPath:
         self._parts: dict[tuple[int, int], tuple] = {}  # attend_async: (block table, lens) of each half, per step
         if self.variant == "stream":
             self._plan_streams(plan)
+            self._prefetch(0)
 
     def _plan_streams(self, p: StepPlan) -> None:
         """stream: the step's copy schedules, made once (one host read of each block table) and reused by every
         layer, whose pools differ but whose block tables do not."""
         from directkv.kernels.cuda.decode_attention import plan_stream
-        from directkv.kernels.cuda.prefill_attention import plan_prefill_stream
+        from directkv.kernels.cuda.prefill_attention import plan_prefill_stream, prefill_ring
 
         k0, v0 = self.kv.pools(0, self.tier)
         self.decode_plan = None
         if p.num_decodes:
-            self.decode_plan = plan_stream(self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens))
-            ring = self.decode_plan.ring_k
-            self.staging_bytes = max(self.staging_bytes, 2 * ring.numel() * ring.element_size())
+            # the pages that take this step's new decode tokens are written (store) after the layer's prefetch:
+            # copied last, in chunks of their own
+            rows = torch.arange(p.num_decodes)
+            late = p.decode_table_cpu[rows, (p.decode_lens_cpu.to(torch.int64) - 1) // self.kv.page_size]
+            self.decode_plan = plan_stream(self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens), late=late)
         self.chunk_plans = [
             plan_prefill_stream(self._paged(self.tier, k0, v0, t, torch.tensor([c.past_len], dtype=torch.int32)),
                                 device=t.device)
             for c, t in zip(p.chunks, p.chunk_tables, strict=True)]
-        for cp in self.chunk_plans:  # 2 slots x (K, V) of chunk_pages pages, allocated per call
-            self.staging_bytes = max(self.staging_bytes, 4 * cp.chunk_pages * cp.page_bytes)
+        # the first chunk's ring is kept for the step, so each layer's first chunks can be prefetched like the
+        # decodes'; any further chunk (a prompt ending inside the step's token budget) gets one per call
+        first = self.chunk_plans[0] if self.chunk_plans else None
+        self.chunk_ring = (prefill_ring(first, k0, p.chunk_tables[0].device)
+                           if first is not None and any(ps.ring for ps in first.passes) else None)
+        # HBM rings held at once: the decodes', the first chunk's, and the largest of the per-call ones
+        ring = [4 * cp.chunk_pages * cp.page_bytes if any(ps.ring for ps in cp.passes) else 0 for cp in self.chunk_plans]
+        held = sum(ring[:1]) + max(ring[1:], default=0)
+        if self.decode_plan is not None:
+            held += 2 * self.decode_plan.ring_k.numel() * self.decode_plan.ring_k.element_size()
+        self.staging_bytes = max(self.staging_bytes, held)
 
     @staticmethod
     def _paged(tier: str, k_pool, v_pool, table, lens) -> PagedKV:
@@ -98,8 +112,27 @@ class ZeroCopyPath:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_pool, v_pool = self.store(layer, k, v)
-        return self.attention(self.plan, self.tier, q, k, v, k_pool, v_pool, self.plan.decode_table,
-                              self.plan.chunk_tables)
+        out = self.attention(self.plan, self.tier, q, k, v, k_pool, v_pool, self.plan.decode_table,
+                             self.plan.chunk_tables)
+        if self.variant == "stream" and layer + 1 < self.kv.model.num_layers:
+            self._prefetch(layer + 1)
+        return out
+
+    def _prefetch(self, layer: int) -> None:
+        """stream: start copying the first ring chunks of `layer`'s K/V (the decodes' and the first prompt
+        chunk's past) now, so the copy engine works while the GPU runs the dense work before that layer's
+        attention (the previous layer's output projection and MLP, this one's norm and QKV); the rest is
+        copied during its attention."""
+        if self.tier != "host":
+            return
+        from directkv.kernels.cuda.decode_attention import prefetch_stream
+        from directkv.kernels.cuda.prefill_attention import prefetch_prefill_stream
+
+        pools = self.kv.pools(layer, self.tier)
+        if self.decode_plan is not None:
+            prefetch_stream(self.decode_plan, *pools)
+        if self.chunk_ring is not None:
+            prefetch_prefill_stream(self.chunk_plans[0], self.chunk_ring, *pools)
 
     def attention(self, p: StepPlan, tier: str, q, k, v, k_pool, v_pool, decode_table, chunk_tables
                   ) -> torch.Tensor:
@@ -122,8 +155,9 @@ class ZeroCopyPath:
         for i, (c, table) in enumerate(zip(p.chunks, chunk_tables, strict=True)):
             rows = slice(c.start - base, c.start - base + c.length)
             lens = torch.tensor([c.past_len], dtype=torch.int32)  # host-side: the kernel takes past_len as an int, no sync
+            opts = {"stream_plan": self.chunk_plans[i], "stream_ring": self.chunk_ring if i == 0 else None} if stream else {}
             o, t = self.prefill(q[rows], k[rows], v[rows], self._paged(tier, k_pool, v_pool, table, lens),
-                                variant=variant, causal=True, **({"stream_plan": self.chunk_plans[i]} if stream else {}))
+                                variant=variant, causal=True, **opts)
             out[rows] = o
             self.traffic = self.traffic + t
 

@@ -231,6 +231,10 @@ class StreamPlan:
     lens : [num_passes, batch] int32 CUDA, tokens of each sequence in each pass.
     copies : per chunk, the (first host page, first ring position, pages) runs to copy.
     ring_k, ring_v : [num_slots, chunk_pages, page_size, num_kv_heads, head_dim] HBM rings.
+    clean_chunks : the leading chunks with none of the plan's `late` pages: prefetch_stream may copy them
+        before the caller's stores to those pages.
+    prefetched : (host K pointer, host V pointer, chunks) that prefetch_stream copied ahead, which the next
+        call over those pools skips; None when nothing is in flight.
     """
 
     passes: torch.Tensor
@@ -242,32 +246,38 @@ class StreamPlan:
     side: torch.cuda.Stream
     filled: list[torch.cuda.Event]
     freed: list[torch.cuda.Event]
+    clean_chunks: int = 0
+    prefetched: tuple[int, int, int] | None = None
 
 
 def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, chunk_pages: int, *,
-                    hp: tuple | None = None):
+                    hp: tuple | None = None, late: torch.Tensor | None = None):
     """Host-side chunking of the host pages a batch uses (CPU tensors in, CPU tensors out).
 
     Used host pages, sorted, are cut into chunks of <= chunk_pages; each chunk's block table keeps every
     sequence's pages in logical order, so a partly filled last page stays last and `lens` counts tokens
     exactly (attention needs no key order otherwise). Returns (tables [P, batch, width], lens [P, batch],
     copies per chunk, hbm_pass) with P = chunks (+1 for the HBM-page pass). hp: host_pages of the same
-    arguments, where the caller has it already.
+    arguments, where the caller has it already. late: host page ids that go into chunks of their own after
+    all others (the pages a step writes before its attention, so the chunks before them may be copied early).
     """
     table, tokens, host, pages = hp if hp is not None else host_pages(block_table, seq_lens, page_size)
+    is_late = (torch.isin(pages, torch.as_tensor(late, dtype=torch.int64)) if late is not None
+               else torch.zeros(len(pages), dtype=torch.bool))
     chunk_of = torch.full((int(pages.max()) + 1 if len(pages) else 1,), -1, dtype=torch.int64)
     pos_of = torch.zeros_like(chunk_of)
-    chunk_of[pages] = torch.arange(len(pages)) // chunk_pages
-    pos_of[pages] = torch.arange(len(pages)) % chunk_pages
     copies = []
-    for start in range(0, len(pages), chunk_pages):
-        runs: list[tuple[int, int, int]] = []
-        for i, p in enumerate(pages[start : start + chunk_pages].tolist()):
-            if runs and runs[-1][0] + runs[-1][2] == p:
-                runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-            else:
-                runs.append((p, i, 1))
-        copies.append(runs)
+    for group in (pages[~is_late], pages[is_late]):
+        chunk_of[group] = len(copies) + torch.arange(len(group)) // chunk_pages
+        pos_of[group] = torch.arange(len(group)) % chunk_pages
+        for start in range(0, len(group), chunk_pages):
+            runs: list[tuple[int, int, int]] = []
+            for i, p in enumerate(group[start : start + chunk_pages].tolist()):
+                if runs and runs[-1][0] + runs[-1][2] == p:
+                    runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+                else:
+                    runs.append((p, i, 1))
+            copies.append(runs)
     safe = table.clamp(0, len(chunk_of) - 1)  # unused columns may hold anything
     masks = [host & (chunk_of[safe] == c) for c in range(len(copies))]
     entries = [-(pos_of[safe] + 1)] * len(copies)
@@ -295,10 +305,11 @@ def host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
 
 
 def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2, min_chunks: int = 1,
-                min_chunk_bytes: int = 2 << 20) -> StreamPlan:
+                min_chunk_bytes: int = 2 << 20, late: torch.Tensor | None = None) -> StreamPlan:
     """Plan the stream variant for `kv` (reads its block table once); the HBM ring is
     2 * num_slots * chunk_bytes (K and V), at most 64 MiB, and no more than the host pages the batch reads
-    (or min_chunk_bytes per slot) need.
+    (or min_chunk_bytes per slot) need. late: host page ids the caller writes between a prefetch_stream and
+    the call it serves (a serving step's new tokens); they are copied last, in chunks of their own.
 
     min_chunks > 1 cuts small caches into that many chunks (of >= min_chunk_bytes) so copy and math overlap;
     it is off by default because each chunk costs ~0.1 ms of Python launches: on the H200 a 16 MiB cache
@@ -313,7 +324,8 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     check(chunk_pages >= 1 and num_slots >= 2 and 2 * num_slots * chunk_pages * page_bytes <= MAX_RING_BYTES,
           f"stream ring of {num_slots} slots x 2 x {chunk_bytes} B must hold >= 1 page ({page_bytes} B) per slot, "
           f">= 2 slots and <= {MAX_RING_BYTES} B")
-    tables, lens, copies, hbm_pass = stream_schedule(table, seq_lens, kv.page_size, chunk_pages, hp=hp)
+    tables, lens, copies, hbm_pass = stream_schedule(table, seq_lens, kv.page_size, chunk_pages, hp=hp, late=late)
+    late_pages = int(torch.isin(hp[3], torch.as_tensor(late, dtype=torch.int64)).sum()) if late is not None else 0
     device = kv.block_table.device
     ring_shape = (num_slots, chunk_pages, *kv.host_k.shape[1:])
     return StreamPlan(
@@ -322,29 +334,61 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
         ring_v=torch.empty(ring_shape, dtype=kv.dtype, device=device),
         side=torch.cuda.Stream(device), filled=[torch.cuda.Event() for _ in range(num_slots)],
         freed=[torch.cuda.Event() for _ in range(num_slots)],
+        clean_chunks=-(-(len(hp[3]) - late_pages) // chunk_pages),
     )  # fmt: skip
+
+
+def prefetch_stream(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor) -> int:
+    """Start copying the plan's first chunks of the pools (host_k, host_v) into its ring now, on its side
+    stream; the next decode_attention call with this plan over the same pools skips those copies. The copy
+    engine then works during whatever the current stream runs in between (a serving step: the next layer's
+    norms and projections, which swap overlaps with its copies the same way). At most one chunk per ring slot,
+    and only clean ones (none of the plan's late pages, which the caller may still write). Returns the number
+    of chunks issued."""
+    main = torch.cuda.current_stream(plan.ring_k.device)
+    n = min(plan.clean_chunks, plan.ring_k.shape[0])
+    # after what the current stream has queued: the kernels still reading the ring (the previous call's) and
+    # every earlier store into the pools
+    plan.side.wait_stream(main)
+    _copy_chunks(plan, host_k, host_v, range(n))
+    plan.prefetched = (host_k.data_ptr(), host_v.data_ptr(), n)
+    return n
+
+
+def _copy_chunks(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor, chunks) -> None:
+    """Queue the copies of `chunks` (ascending) into their ring slots on the side stream; chunk c waits
+    until the kernels of chunk c - num_slots (same slot) are done with it."""
+    num_slots = plan.ring_k.shape[0]
+    page_bytes = plan.ring_k[0, 0].numel() * plan.ring_k.element_size()
+    copy_runs = _module().copy_runs_async
+    for c in chunks:
+        slot = c % num_slots
+        if c >= num_slots:
+            plan.side.wait_event(plan.freed[slot])
+        copy_runs([plan.ring_k[slot].data_ptr(), plan.ring_v[slot].data_ptr()], [host_k.data_ptr(), host_v.data_ptr()],
+                  plan.copies[c], page_bytes, plan.side.cuda_stream)
+        plan.filled[slot].record(plan.side)
 
 
 def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_splits) -> None:
     if plan.passes.shape[1] != q.shape[0]:
         raise ConfigError(f"stream plan is for batch {plan.passes.shape[1]}, q has batch {q.shape[0]}")
-    mod, main = _module(), torch.cuda.current_stream(q.device)
-    num_slots, chunk_pages = plan.ring_k.shape[:2]
-    page_bytes = plan.ring_k[0, 0].numel() * plan.ring_k.element_size()
-    host_k, host_v = kv.host_k.data_ptr(), kv.host_v.data_ptr()
+    main = torch.cuda.current_stream(q.device)
+    num_slots = plan.ring_k.shape[0]
+    ahead, plan.prefetched = plan.prefetched, None
+    # chunks prefetch_stream already copied from these pools; copies of other pools are simply redone after
+    # them (same side stream, so in order)
+    skip = ahead[2] if ahead is not None and ahead[:2] == (kv.host_k.data_ptr(), kv.host_v.data_ptr()) else 0
     o_parts = torch.empty((plan.passes.shape[0], *q.shape), dtype=torch.float32, device=q.device)
     lse_parts = torch.empty(plan.passes.shape[:2] + q.shape[1:2], dtype=torch.float32, device=q.device)
     kwargs = dict(variant="tiled", tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits)
     plan.side.wait_stream(main)  # q, pools and the ring's previous readers come first
-    for c, runs in enumerate(plan.copies):
+    for c in range(len(plan.copies)):
         slot = c % num_slots
-        if c >= num_slots:
-            plan.side.wait_event(plan.freed[slot])
-        ring_k, ring_v = plan.ring_k[slot], plan.ring_v[slot]
-        mod.copy_runs_async([ring_k.data_ptr(), ring_v.data_ptr()], [host_k, host_v], runs, page_bytes,
-                            plan.side.cuda_stream)
-        plan.filled[slot].record(plan.side)
+        if c >= skip:
+            _copy_chunks(plan, kv.host_k, kv.host_v, (c,))
         main.wait_event(plan.filled[slot])
+        ring_k, ring_v = plan.ring_k[slot], plan.ring_v[slot]
         _launch(q, ring_k, ring_v, ring_k, ring_v, plan.passes[c], plan.lens[c], out_f32=o_parts[c],
                 lse_out=lse_parts[c], **kwargs)
         plan.freed[slot].record(main)

@@ -234,6 +234,7 @@ def prefill_attention(
     pass_kernel: str = "flash",
     state_dtype: str = "float32",
     stream_plan: PrefillStreamPlan | None = None,
+    stream_ring: PrefillRing | None = None,
 ) -> tuple[torch.Tensor, Traffic]:
     """Attention of q_len new tokens over the past_len = kv.seq_lens[0] cached tokens and themselves.
 
@@ -267,6 +268,8 @@ def prefill_attention(
         table and past (every layer of a serving step; the benchmark's repeats); made per call when None,
         which reads the block table on the CPU (a device sync when it lives on the GPU) and costs ~ms of
         host work at 16K past tokens. chunk_bytes / min_chunks are then the plan's.
+    stream_ring : stream with a stream_plan only: a `prefill_ring(stream_plan)` kept across calls instead of a
+        ring allocated per call, so `prefetch_prefill_stream` can copy the next call's first chunks ahead.
 
     Returns
     -------
@@ -285,6 +288,8 @@ def prefill_attention(
     check(stream_plan is None or (variant == "stream" and chunk_bytes is None and min_chunks == 1),
           f"stream_plan is an option of variant 'stream' and carries its chunking; got variant {variant!r} with "
           f"chunk_bytes={chunk_bytes!r}, min_chunks={min_chunks!r}")
+    check(stream_ring is None or stream_plan is not None, "stream_ring is an option of variant 'stream' with a "
+          "stream_plan (the ring is sized by the plan); got no stream_plan")
     _check_inputs(q, k_new, v_new, kv, variant, tile_q, tile_kv, out, host_load, chunk_bytes, min_chunks)
     q_len, num_heads, head_dim = q.shape
     past_len = int(kv.seq_lens[0])
@@ -303,7 +308,8 @@ def prefill_attention(
     if variant == "stream":
         if stream_plan is None:
             stream_plan = plan_prefill_stream(kv, chunk_bytes=chunk_bytes, min_chunks=min_chunks, device=q.device)
-        _run_stream(q, k_new, v_new, kv, out, stream_plan, tiled_opts=tiled_opts, pass_kernel=pass_kernel, **launch)
+        _run_stream(q, k_new, v_new, kv, out, stream_plan, tiled_opts=tiled_opts, pass_kernel=pass_kernel,
+                    ring=stream_ring, **launch)
     else:
         table = kv.block_table[0]
         if table.device != q.device or table.dtype != torch.int32:
@@ -442,13 +448,65 @@ def plan_prefill_stream(kv: PagedKV, *, chunk_bytes: int | None = None, min_chun
     return PrefillStreamPlan(past_len, chunk_pages, page_bytes, passes, tables, runs)
 
 
+@dataclass
+class PrefillRing:
+    """The stream variant's HBM ring kept across calls (every layer of a serving step), with its own copy stream
+    and events: ring_k, ring_v `[STREAM_SLOTS, chunk_pages, page_size, num_kv_heads, head_dim]`. prefetched:
+    (host K pointer, host V pointer, passes) that prefetch_prefill_stream copied ahead; None when none."""
+
+    ring_k: torch.Tensor
+    ring_v: torch.Tensor
+    side: torch.cuda.Stream
+    filled: list[torch.cuda.Event]
+    freed: list[torch.cuda.Event]
+    prefetched: tuple[int, int, int] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.ring_k.numel() * self.ring_k.element_size()
+
+
+def prefill_ring(plan: PrefillStreamPlan, pool: torch.Tensor, device: torch.device | str) -> PrefillRing:
+    """A ring on `device` for the calls `plan` serves, over host pools shaped like `pool`
+    `[num_pages, page_size, num_kv_heads, head_dim]`."""
+    shape = (STREAM_SLOTS, plan.chunk_pages, *pool.shape[1:])
+    return PrefillRing(*(torch.empty(shape, dtype=pool.dtype, device=device) for _ in range(2)), torch.cuda.Stream(device),
+                       [torch.cuda.Event() for _ in range(STREAM_SLOTS)], [torch.cuda.Event() for _ in range(STREAM_SLOTS)])
+
+
+def prefetch_prefill_stream(plan: PrefillStreamPlan, ring: PrefillRing, host_k: torch.Tensor,
+                            host_v: torch.Tensor) -> int:
+    """Start copying the plan's first ring chunks of the pools (host_k, host_v) into `ring` now, on its copy
+    stream (one chunk per slot at most); the next prefill_attention call with this plan and ring over the same
+    pools skips those copies (decode_attention.prefetch_stream does the same for decodes). The past pages a
+    prompt chunk attends to are complete before its step, so any of them may be copied early. Returns the
+    chunks issued."""
+    n = min(sum(p.ring for p in plan.passes), STREAM_SLOTS)  # ring passes come first
+    ring.side.wait_stream(torch.cuda.current_stream(ring.ring_k.device))  # the ring's readers, the pools' writers
+    for c in range(n):
+        _copy_pass(plan, ring.ring_k, ring.ring_v, ring.side, ring.filled, ring.freed, host_k, host_v, c)
+    ring.prefetched = (host_k.data_ptr(), host_v.data_ptr(), n)
+    return n
+
+
+def _copy_pass(plan: PrefillStreamPlan, ring_k, ring_v, side, filled, freed, host_k, host_v, c: int) -> None:
+    """Queue ring pass c's copies into slot c % STREAM_SLOTS on `side`, after the passes of c - STREAM_SLOTS."""
+    slot = c % STREAM_SLOTS
+    if c >= STREAM_SLOTS:
+        side.wait_event(freed[slot])  # the passes of chunk c - STREAM_SLOTS are done with the slot
+    build.load("decode_attention").copy_runs_async([ring_k[slot].data_ptr(), ring_v[slot].data_ptr()],
+                                                   [host_k.data_ptr(), host_v.data_ptr()], list(plan.passes[c].copies),
+                                                   plan.page_bytes, side.cuda_stream)
+    filled[slot].record(side)
+
+
 def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, tiled_opts: dict, pass_kernel: str,
-                **launch) -> None:
+                ring: PrefillRing | None = None, **launch) -> None:
     """The new tokens' pass first (it needs no ring), then the ring passes (copy on the side stream, attend on
     the current one) and the HBM-page pass; each gives O and its LSE, merged by merge_passes. No host sync per
     chunk."""
     q_len, num_heads, _ = q.shape
-    passes, tables, chunk_pages, page_bytes = plan.passes, plan.tables, plan.chunk_pages, plan.page_bytes
+    passes, tables, chunk_pages = plan.passes, plan.tables, plan.chunk_pages
     flash = pass_kernel == "flash"
     parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (O [q_len, Hq, D], LSE [q_len, Hq]), views allowed
 
@@ -461,14 +519,22 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
         parts.append((o, lse))
 
     main = torch.cuda.current_stream(q.device)
+    skip = 0  # ring passes a prefetch already copied from these pools
     if any(p.ring for p in passes):
-        ring_shape = (STREAM_SLOTS, chunk_pages, *kv.host_k.shape[1:])
-        ring_k = torch.empty(ring_shape, dtype=q.dtype, device=q.device)
-        ring_v = torch.empty(ring_shape, dtype=q.dtype, device=q.device)
-        side, filled, freed = side_stream(q.device, STREAM_SLOTS)
+        if ring is None:
+            ring_shape = (STREAM_SLOTS, chunk_pages, *kv.host_k.shape[1:])
+            ring_k = torch.empty(ring_shape, dtype=q.dtype, device=q.device)
+            ring_v = torch.empty(ring_shape, dtype=q.dtype, device=q.device)
+            side, filled, freed = side_stream(q.device, STREAM_SLOTS)
+        else:
+            check(ring.ring_k.shape[1] == chunk_pages and ring.ring_k.dtype == q.dtype,
+                  f"stream_ring holds {ring.ring_k.shape[1]} pages of {ring.ring_k.dtype} per slot; the plan needs "
+                  f"{chunk_pages} of {q.dtype}")
+            ring_k, ring_v, side, filled, freed = ring.ring_k, ring.ring_v, ring.side, ring.filled, ring.freed
+            ahead, ring.prefetched = ring.prefetched, None
+            if ahead is not None and ahead[:2] == (kv.host_k.data_ptr(), kv.host_v.data_ptr()):
+                skip = ahead[2]  # a prefetch of other pools is simply redone after it (same stream, in order)
         side.wait_stream(main)  # the ring's previous users and the pools' writers come first
-        copy_runs = build.load("decode_attention").copy_runs_async
-        host = (kv.host_k.data_ptr(), kv.host_v.data_ptr())
         q_fold = _fold_gqa(q, kv.num_kv_heads) if flash else None
     # The new tokens' pass needs no ring, so it goes first (after side.wait_stream above, which must not wait
     # for it): it computes while the copy engine fills the first chunk, whose copy nothing overlapped before.
@@ -482,11 +548,9 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
             tiled_pass((kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), tables[c], ps.past_len, False)
             continue
         slot = c % STREAM_SLOTS  # ring chunks come first in stream_passes, so c counts them
-        if c >= STREAM_SLOTS:
-            side.wait_event(freed[slot])  # the passes of chunk c - STREAM_SLOTS are done with the slot
+        if c >= skip:
+            _copy_pass(plan, ring_k, ring_v, side, filled, freed, kv.host_k, kv.host_v, c)
         rings = (ring_k[slot], ring_v[slot])
-        copy_runs([r.data_ptr() for r in rings], list(host), list(ps.copies), page_bytes, side.cuda_stream)
-        filled[slot].record(side)
         main.wait_event(filled[slot])
         if flash:
             for start, n in plan.runs[c]:
