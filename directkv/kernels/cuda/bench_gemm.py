@@ -29,7 +29,7 @@ from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 
 # name -> extra keyword arguments of gemm (variant is the part before ':'); "_b": "hbm" runs the kernel with
 # B in HBM: its on-chip time with no link in the way; "_b": "panels" gives it the same pinned B stored in
-# column panels (host_panels, made once before timing).
+# column panels (host_panels, made once before timing); "_panels": N cuts B into N panels (panel = size / N).
 KERNELS = {
     "naive": {},
     "tiled": {},
@@ -47,6 +47,12 @@ KERNELS = {
     "stream:sm132": {"copy": "sm", "copy_ctas": 132},  # one per SM: most loads in flight, most contention
     "stream:k": {"split": "k"},  # row panels: one contiguous copy each, C accumulated over them (beta = 1)
     "stream:panels": {"_b": "panels"},  # B stored column panel by panel on the host: one contiguous copy each
+    # narrower panels than the default plan's >= 8: the first panel's copy and the last panel's product, which
+    # nothing overlaps, shrink with the panel, while each panel adds a cuBLAS call and a copy
+    "stream:panels16": {"_b": "panels", "_panels": 16},
+    "stream:panels32": {"_b": "panels", "_panels": 32},
+    "stream:k16": {"split": "k", "_panels": 16},
+    "stream:k32": {"split": "k", "_panels": 32},
 }
 ANCHORS = ("cublas_hbm", "cublas_zero_copy")
 SLOW = ("naive", "cublas_zero_copy")  # B re-read across the link per row tile: fewer repeats
@@ -97,14 +103,19 @@ def _size_rows(m: int, n: int, k: int, base: dict, kernels, anchors, warmup: int
     b_pin = pinned_empty((k, n), torch.float16)
     b_pin.copy_(b_hbm)
     b_view = device_view(b_pin)
-    # a second pinned copy of B (200 MiB at 10240): only when a row reads it
-    b_panels = host_panels(b_pin) if any(KERNELS[x].get("_b") == "panels" for x in kernels) else None
+    # pinned copies of B in panel order (200 MiB each at 10240), one per panel width a row reads, made before
+    # any timing
+    panels = {x: n // KERNELS[x]["_panels"] if "_panels" in KERNELS[x] else None for x in kernels}
+    b_panels = {panels[x]: host_panels(b_pin, panel_cols=panels[x]) for x in kernels if KERNELS[x].get("_b") == "panels"}
     out = torch.empty(m, n, dtype=torch.float16, device="cuda")
     reference = (a @ b_hbm).double()
 
     def kernel(name: str) -> Callable[[], object]:
         kwargs = dict(KERNELS[name], variant=name.split(":")[0])
-        b = {"hbm": b_hbm, "panels": b_panels, "host": b_view}[kwargs.pop("_b", "host")]
+        home = kwargs.pop("_b", "host")
+        b = {"hbm": b_hbm, "host": b_view}[home] if home != "panels" else b_panels[panels[name]]
+        if kwargs.pop("_panels", None) is not None and home != "panels":  # HostPanels carry their own cut
+            kwargs["panel"] = panels[name]
         return lambda: gemm(a, b, out=out, **kwargs)
 
     methods = {name: (kernel(name), None) for name in kernels}
