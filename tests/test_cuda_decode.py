@@ -128,45 +128,45 @@ def test_repeated_calls_reuse_counters_and_stream_ring():
     assert all(not torch.isnan(o).any() for o in outs)
 
 
-def _last_pages(kv: PagedKV) -> torch.Tensor:
-    """The page holding each sequence's last token (a serving step's new decode token), host ids only."""
+def _last_slots(kv: PagedKV) -> torch.Tensor:
+    """Each sequence's last token as a row of its host pool viewed `[-1, num_kv_heads, head_dim]` (all host)."""
     table, lens = kv.block_table.cpu().to(torch.int64), kv.seq_lens.cpu().to(torch.int64)
-    last = table[torch.arange(kv.batch), (lens - 1) // kv.page_size]
-    return last[last >= 0]
+    pages = table[torch.arange(kv.batch), (lens - 1) // kv.page_size]
+    assert (pages >= 0).all()
+    return (pages * kv.page_size + (lens - 1) % kv.page_size).cuda()
 
 
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("chunk_kb", [64, 16 << 10])
-def test_prefetched_stream_sees_writes_to_late_pages(chunk_kb):
-    """prefetch_stream copies the first clean chunks ahead; then the last pages are rewritten (a step's new
-    tokens' store) and the call must see the new values. Many chunks (64 KiB) and one chunk (16 MiB) per ring
-    slot. Without `late` the one-chunk plan prefetches the last pages too and reads them stale, which shows
-    the check can fail."""
+def test_prefetched_stream_sees_the_last_tokens_stored_after_it(chunk_kb):
+    """prefetch_stream copies the first chunks ahead; then each sequence's last token is stored into the pools
+    (a serving step's new tokens) and given to the call as last_kv, which must see them. The slots held NaN
+    when the prefetch copied them, so without last_kv the call reads NaN where a last page was prefetched:
+    the check can fail. Many chunks (64 KiB) and one chunk (16 MiB, one pass with no merge)."""
     kv = make_kv([5000, 17, 3000, 64], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16,
                  hbm_fraction=0.0)
-    late = _last_pages(kv)
+    slots = _last_slots(kv)
     q = torch.randn(kv.batch, 8, 128, device="cuda").to(kv.dtype)
-
-    def rewrite_late_pages() -> None:
-        for pool in (kv.host_k, kv.host_v):
-            pool[late.cuda()] = torch.randn(pool[late.cuda()].shape, device="cuda").to(pool.dtype)
-
     errs = {}
-    for with_late in (True, False):
-        plan = plan_stream(kv, chunk_bytes=chunk_kb << 10, late=late if with_late else None)
-        assert plan.clean_chunks == (len(plan.copies) - 1 if with_late else len(plan.copies))
-        issued = prefetch_stream(plan, kv.host_k, kv.host_v)
-        assert issued == min(plan.clean_chunks, 2) and plan.prefetched[2] == issued
-        rewrite_late_pages()  # queued on the current stream after the prefetch, as a serving step's store is
+    for give in (True, False):
+        plan = plan_stream(kv, chunk_bytes=chunk_kb << 10)
+        assert len(plan.last_rows) >= (kv.batch if len(plan.copies) == 1 else 0)
+        new = []
+        for pool in (kv.host_k, kv.host_v):
+            pool.view(-1, 2, 128)[slots] = float("nan")
+        assert prefetch_stream(plan, kv.host_k, kv.host_v) == min(len(plan.copies), 2) == plan.prefetched[2]
+        for pool in (kv.host_k, kv.host_v):  # queued after the prefetch, as a serving step's store is
+            new.append(torch.randn(kv.batch, 2, 128, device="cuda").to(kv.dtype))
+            pool.view(-1, 2, 128)[slots] = new[-1]
         out = torch.full_like(q, float("nan"))
-        decode_attention(q, kv, variant="stream", out=out, plan=plan)
+        decode_attention(q, kv, variant="stream", out=out, plan=plan, last_kv=tuple(new) if give else None)
         assert plan.prefetched is None  # consumed
         ref = dense_reference(q, kv, 1.0 / math.sqrt(128))
-        errs[with_late] = float((out.double() - ref).norm() / ref.norm())
+        errs[give] = float((out.double() - ref).norm() / ref.norm())
     assert errs[True] < TOL[torch.bfloat16], errs
-    if len(plan.copies) == 1:  # every page, the last ones too, was prefetched before the rewrite
-        assert errs[False] > 0.05, errs
+    if len(plan.last_rows):  # a last page was prefetched: without last_kv its token is the stale NaN
+        assert not errs[False] < TOL[torch.bfloat16], errs
 
 
 @pytest.mark.gpu
@@ -175,7 +175,7 @@ def test_prefetch_of_other_pools_is_redone():
     """A prefetch of one layer's pools followed by a call over another's: the call copies its own."""
     kv = make_kv([3000, 700], page_size=16, num_kv_heads=2, head_dim=64, dtype=torch.float16, hbm_fraction=0.0)
     other = make_kv([3000, 700], page_size=16, num_kv_heads=2, head_dim=64, dtype=torch.float16, hbm_fraction=0.0)
-    plan = plan_stream(kv, chunk_bytes=64 << 10, late=_last_pages(kv))
+    plan = plan_stream(kv, chunk_bytes=64 << 10)
     prefetch_stream(plan, other.host_k, other.host_v)
     run_and_check(kv, 8, "stream", plan=plan)
 
@@ -227,19 +227,11 @@ def test_heads_per_cta():
 
 
 @pytest.mark.parametrize("chunk_pages", [1, 3, 64])
-@pytest.mark.parametrize("with_late", [False, True])
-def test_stream_schedule_covers_every_token_once(chunk_pages, with_late):
+def test_stream_schedule_covers_every_token_once(chunk_pages):
     lens = [1, 15, 16, 17, 200, 64]
     kv = random_paged_kv(lens, page_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float16, hbm_fraction=0.3,
                          generator=torch.Generator().manual_seed(torch.seed() % 2**31))
-    last = kv.block_table[torch.arange(len(lens)), (torch.tensor(lens) - 1) // 16].to(torch.int64)
-    late = last[last >= 0] if with_late else None
-    tables, plens, copies, hbm_pass = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages, late=late)
-    if late is not None:  # the late pages fill the last chunks, alone
-        n_late = -(-len(late) // chunk_pages)
-        chunk_pages_of = [{src + i for src, _, n in runs for i in range(n)} for runs in copies]
-        assert set().union(*chunk_pages_of[len(copies) - n_late:]) == set(late.tolist())
-        assert not set().union(*chunk_pages_of[: len(copies) - n_late]) & set(late.tolist())
+    tables, plens, copies, hbm_pass = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages)
     used_hbm = any(int(kv.block_table[b, j]) < 0 for b, n in enumerate(lens) for j in range(math.ceil(n / 16)))
     assert hbm_pass == used_hbm and tables.shape[0] == len(copies) + used_hbm
     got: list[list[tuple[int, int]]] = [[] for _ in lens]
@@ -283,3 +275,22 @@ def test_bad_arguments_raise_config_error():
         decode_attention(q, kv, variant="tiled", tile_kv=48)
     with pytest.raises(ConfigError, match="CUDA"):
         decode_attention(q, kv, variant="tiled")  # CPU tensors
+
+
+@pytest.mark.parametrize("chunk_pages", [1, 3, 64])
+def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages):
+    """The ring rows a call writes last_kv to: the row holding the last token's copy, for exactly the sequences
+    whose last page one of the first two chunks (the ones prefetch_stream copies ahead) holds."""
+    from directkv.kernels.cuda.decode_attention import _last_token_slots
+
+    lens = [1, 15, 16, 17, 200, 64, 0]
+    kv = random_paged_kv(lens, page_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float16, hbm_fraction=0.3,
+                         generator=torch.Generator().manual_seed(torch.seed() % 2**31))
+    _, _, copies, _ = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages)
+    rows, slots = _last_token_slots(kv.block_table, kv.seq_lens, 16, copies[:2], chunk_pages)
+    ring = {c * chunk_pages + dst + i: src + i for c, runs in enumerate(copies[:2]) for src, dst, n in runs
+            for i in range(n)}  # ring page -> host page
+    want = [b for b, n in enumerate(lens) if n and int(kv.block_table[b, (n - 1) // 16]) in ring.values()]
+    assert rows.tolist() == want
+    for b, s in zip(rows.tolist(), slots.tolist(), strict=True):
+        assert ring[s // 16] == int(kv.block_table[b, (lens[b] - 1) // 16]) and s % 16 == (lens[b] - 1) % 16

@@ -70,11 +70,7 @@ class ZeroCopyPath:
         k0, v0 = self.kv.pools(0, self.tier)
         self.decode_plan = None
         if p.num_decodes:
-            # the pages that take this step's new decode tokens are written (store) after the layer's prefetch:
-            # copied last, in chunks of their own
-            rows = torch.arange(p.num_decodes)
-            late = p.decode_table_cpu[rows, (p.decode_lens_cpu.to(torch.int64) - 1) // self.kv.page_size]
-            self.decode_plan = plan_stream(self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens), late=late)
+            self.decode_plan = plan_stream(self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens))
         self.chunk_plans = [
             plan_prefill_stream(self._paged(self.tier, k0, v0, t, torch.tensor([c.past_len], dtype=torch.int32)),
                                 device=t.device)
@@ -140,10 +136,13 @@ class ZeroCopyPath:
         out = torch.empty_like(q)
         variant = self.variant  # naive | tiled | stream (make_path refuses the rest; the staged systems are tiled)
         stream = variant == "stream"
-        if p.num_decodes:
-            o, t = self.decode(q[: p.num_decodes], self._paged(tier, k_pool, v_pool, decode_table, p.decode_lens),
-                               variant=variant, **({"plan": self.decode_plan} if stream else {}))
-            out[: p.num_decodes] = o
+        nd = p.num_decodes
+        if nd:
+            # stream: the decodes' new K/V were stored after this layer's prefetch, so they go into its ring too
+            opts = {"plan": self.decode_plan, "last_kv": (k[:nd], v[:nd])} if stream else {}
+            o, t = self.decode(q[:nd], self._paged(tier, k_pool, v_pool, decode_table, p.decode_lens),
+                               variant=variant, **opts)
+            out[:nd] = o
             self.traffic = self.traffic + t
         self._chunks(p, tier, variant, q, k, v, k_pool, v_pool, chunk_tables, out, stream=stream)
         return out

@@ -187,6 +187,7 @@ def decode_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     plan: StreamPlan | None = None,
+    last_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, Traffic]:
     """Attention of each sequence's one query token over its kv.seq_lens[b] cached tokens.
 
@@ -202,6 +203,9 @@ def decode_attention(
     out : optional `[batch, num_heads, head_dim]` output buffer (q's dtype).
     num_splits : force the split count per sequence (naive/tiled, and each chunk of stream); None plans it.
     plan : stream only: a `plan_stream(kv)` result reused across calls (made per call when None).
+    last_kv : stream with a plan only: (K, V) `[batch, num_kv_heads, head_dim]` of each sequence's last token,
+        which the caller stored into the pools after a prefetch_stream (a serving step's new tokens): the
+        prefetched chunks were copied before that store, so the call writes the tokens into them too.
 
     Returns
     -------
@@ -209,10 +213,14 @@ def decode_attention(
     to read it, later calls reuse it)
     """
     _check_inputs(q, kv, variant, tile_kv, out)
+    want = (q.shape[0], *kv.host_k.shape[2:])
+    check(last_kv is None or (variant == "stream" and plan is not None and all(t.shape == want for t in last_kv)),
+          f"last_kv is an option of variant 'stream' with a plan: (K, V) of shape {want}; got variant {variant!r}, "
+          f"plan {'given' if plan is not None else 'None'}, shapes {[tuple(t.shape) for t in last_kv or ()]}")
     out = torch.empty_like(q) if out is None else out
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[2])
     if variant == "stream":
-        _run_stream(q, kv, plan if plan is not None else plan_stream(kv), out, tile_kv, scale, num_splits)
+        _run_stream(q, kv, plan if plan is not None else plan_stream(kv), out, tile_kv, scale, num_splits, last_kv)
     else:
         _launch(q, kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v, kv.block_table, kv.seq_lens, variant=variant,
                 tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits, out=out)
@@ -231,8 +239,9 @@ class StreamPlan:
     lens : [num_passes, batch] int32 CUDA, tokens of each sequence in each pass.
     copies : per chunk, the (first host page, first ring position, pages) runs to copy.
     ring_k, ring_v : [num_slots, chunk_pages, page_size, num_kv_heads, head_dim] HBM rings.
-    clean_chunks : the leading chunks with none of the plan's `late` pages: prefetch_stream may copy them
-        before the caller's stores to those pages.
+    last_rows, last_slots : [n] int64 CUDA: the sequences whose last token's page is in one of the first
+        num_slots chunks (those prefetch_stream copies ahead), and that token's row in the ring
+        `ring_k.view(-1, num_kv_heads, head_dim)`; a call given last_kv writes the token there too.
     prefetched : (host K pointer, host V pointer, chunks) that prefetch_stream copied ahead, which the next
         call over those pools skips; None when nothing is in flight.
     """
@@ -246,38 +255,35 @@ class StreamPlan:
     side: torch.cuda.Stream
     filled: list[torch.cuda.Event]
     freed: list[torch.cuda.Event]
-    clean_chunks: int = 0
+    last_rows: torch.Tensor
+    last_slots: torch.Tensor
     prefetched: tuple[int, int, int] | None = None
 
 
 def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, chunk_pages: int, *,
-                    hp: tuple | None = None, late: torch.Tensor | None = None):
+                    hp: tuple | None = None):
     """Host-side chunking of the host pages a batch uses (CPU tensors in, CPU tensors out).
 
     Used host pages, sorted, are cut into chunks of <= chunk_pages; each chunk's block table keeps every
     sequence's pages in logical order, so a partly filled last page stays last and `lens` counts tokens
     exactly (attention needs no key order otherwise). Returns (tables [P, batch, width], lens [P, batch],
     copies per chunk, hbm_pass) with P = chunks (+1 for the HBM-page pass). hp: host_pages of the same
-    arguments, where the caller has it already. late: host page ids that go into chunks of their own after
-    all others (the pages a step writes before its attention, so the chunks before them may be copied early).
+    arguments, where the caller has it already.
     """
     table, tokens, host, pages = hp if hp is not None else host_pages(block_table, seq_lens, page_size)
-    is_late = (torch.isin(pages, torch.as_tensor(late, dtype=torch.int64)) if late is not None
-               else torch.zeros(len(pages), dtype=torch.bool))
     chunk_of = torch.full((int(pages.max()) + 1 if len(pages) else 1,), -1, dtype=torch.int64)
     pos_of = torch.zeros_like(chunk_of)
+    chunk_of[pages] = torch.arange(len(pages)) // chunk_pages
+    pos_of[pages] = torch.arange(len(pages)) % chunk_pages
     copies = []
-    for group in (pages[~is_late], pages[is_late]):
-        chunk_of[group] = len(copies) + torch.arange(len(group)) // chunk_pages
-        pos_of[group] = torch.arange(len(group)) % chunk_pages
-        for start in range(0, len(group), chunk_pages):
-            runs: list[tuple[int, int, int]] = []
-            for i, p in enumerate(group[start : start + chunk_pages].tolist()):
-                if runs and runs[-1][0] + runs[-1][2] == p:
-                    runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-                else:
-                    runs.append((p, i, 1))
-            copies.append(runs)
+    for start in range(0, len(pages), chunk_pages):
+        runs: list[tuple[int, int, int]] = []
+        for i, p in enumerate(pages[start : start + chunk_pages].tolist()):
+            if runs and runs[-1][0] + runs[-1][2] == p:
+                runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+            else:
+                runs.append((p, i, 1))
+        copies.append(runs)
     safe = table.clamp(0, len(chunk_of) - 1)  # unused columns may hold anything
     masks = [host & (chunk_of[safe] == c) for c in range(len(copies))]
     entries = [-(pos_of[safe] + 1)] * len(copies)
@@ -305,11 +311,10 @@ def host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
 
 
 def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2, min_chunks: int = 1,
-                min_chunk_bytes: int = 2 << 20, late: torch.Tensor | None = None) -> StreamPlan:
+                min_chunk_bytes: int = 2 << 20) -> StreamPlan:
     """Plan the stream variant for `kv` (reads its block table once); the HBM ring is
     2 * num_slots * chunk_bytes (K and V), at most 64 MiB, and no more than the host pages the batch reads
-    (or min_chunk_bytes per slot) need. late: host page ids the caller writes between a prefetch_stream and
-    the call it serves (a serving step's new tokens); they are copied last, in chunks of their own.
+    (or min_chunk_bytes per slot) need.
 
     min_chunks > 1 cuts small caches into that many chunks (of >= min_chunk_bytes) so copy and math overlap;
     it is off by default because each chunk costs ~0.1 ms of Python launches: on the H200 a 16 MiB cache
@@ -324,8 +329,8 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     check(chunk_pages >= 1 and num_slots >= 2 and 2 * num_slots * chunk_pages * page_bytes <= MAX_RING_BYTES,
           f"stream ring of {num_slots} slots x 2 x {chunk_bytes} B must hold >= 1 page ({page_bytes} B) per slot, "
           f">= 2 slots and <= {MAX_RING_BYTES} B")
-    tables, lens, copies, hbm_pass = stream_schedule(table, seq_lens, kv.page_size, chunk_pages, hp=hp, late=late)
-    late_pages = int(torch.isin(hp[3], torch.as_tensor(late, dtype=torch.int64)).sum()) if late is not None else 0
+    tables, lens, copies, hbm_pass = stream_schedule(table, seq_lens, kv.page_size, chunk_pages, hp=hp)
+    last_rows, last_slots = _last_token_slots(table, seq_lens, kv.page_size, copies[:num_slots], chunk_pages)
     device = kv.block_table.device
     ring_shape = (num_slots, chunk_pages, *kv.host_k.shape[1:])
     return StreamPlan(
@@ -334,19 +339,31 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
         ring_v=torch.empty(ring_shape, dtype=kv.dtype, device=device),
         side=torch.cuda.Stream(device), filled=[torch.cuda.Event() for _ in range(num_slots)],
         freed=[torch.cuda.Event() for _ in range(num_slots)],
-        clean_chunks=-(-(len(hp[3]) - late_pages) // chunk_pages),
+        last_rows=last_rows.to(device), last_slots=last_slots.to(device),
     )  # fmt: skip
+
+
+def _last_token_slots(table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, chunks, chunk_pages: int):
+    """(sequences, ring token rows) of the last tokens whose pages the given leading chunks copy (CPU)."""
+    rows, slots = [], []
+    ring_pos = {src + i: c * chunk_pages + dst + i for c, runs in enumerate(chunks) for src, dst, n in runs
+                for i in range(n)}  # host page -> ring page, for the leading chunks only
+    for b, n in enumerate(seq_lens.tolist()):
+        if n > 0 and (pos := ring_pos.get(int(table[b, (n - 1) // page_size]))) is not None:
+            rows.append(b)
+            slots.append(pos * page_size + (n - 1) % page_size)
+    return torch.tensor(rows, dtype=torch.int64), torch.tensor(slots, dtype=torch.int64)
 
 
 def prefetch_stream(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor) -> int:
     """Start copying the plan's first chunks of the pools (host_k, host_v) into its ring now, on its side
     stream; the next decode_attention call with this plan over the same pools skips those copies. The copy
     engine then works during whatever the current stream runs in between (a serving step: the next layer's
-    norms and projections, which swap overlaps with its copies the same way). At most one chunk per ring slot,
-    and only clean ones (none of the plan's late pages, which the caller may still write). Returns the number
-    of chunks issued."""
+    norms and projections, which swap overlaps with its copies the same way). At most one chunk per ring slot.
+    A token the caller stores into the pools afterwards must reach the call as last_kv. Returns the number of
+    chunks issued."""
     main = torch.cuda.current_stream(plan.ring_k.device)
-    n = min(plan.clean_chunks, plan.ring_k.shape[0])
+    n = min(len(plan.copies), plan.ring_k.shape[0])
     # after what the current stream has queued: the kernels still reading the ring (the previous call's) and
     # every earlier store into the pools
     plan.side.wait_stream(main)
@@ -370,32 +387,40 @@ def _copy_chunks(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor, c
         plan.filled[slot].record(plan.side)
 
 
-def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_splits) -> None:
+def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_splits, last_kv=None) -> None:
     if plan.passes.shape[1] != q.shape[0]:
         raise ConfigError(f"stream plan is for batch {plan.passes.shape[1]}, q has batch {q.shape[0]}")
     main = torch.cuda.current_stream(q.device)
     num_slots = plan.ring_k.shape[0]
     ahead, plan.prefetched = plan.prefetched, None
     # chunks prefetch_stream already copied from these pools; copies of other pools are simply redone after
-    # them (same side stream, so in order)
+    # them (same side stream, so in order) and then hold every store
     skip = ahead[2] if ahead is not None and ahead[:2] == (kv.host_k.data_ptr(), kv.host_v.data_ptr()) else 0
-    o_parts = torch.empty((plan.passes.shape[0], *q.shape), dtype=torch.float32, device=q.device)
-    lse_parts = torch.empty(plan.passes.shape[:2] + q.shape[1:2], dtype=torch.float32, device=q.device)
+    if skip and last_kv is not None and len(plan.last_rows):
+        for slot in range(skip):
+            main.wait_event(plan.filled[slot])  # the copy must not land on top of the tokens written next
+        for ring, new in zip((plan.ring_k, plan.ring_v), last_kv, strict=True):
+            ring.view(-1, *ring.shape[-2:])[plan.last_slots] = new[plan.last_rows]
     kwargs = dict(variant="tiled", tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits)
     plan.side.wait_stream(main)  # q, pools and the ring's previous readers come first
+    single = len(plan.copies) == 1 and not plan.hbm_pass  # one pass: the kernel writes out, no merge
+    if not single:
+        o_parts = torch.empty((plan.passes.shape[0], *q.shape), dtype=torch.float32, device=q.device)
+        lse_parts = torch.empty(plan.passes.shape[:2] + q.shape[1:2], dtype=torch.float32, device=q.device)
     for c in range(len(plan.copies)):
         slot = c % num_slots
         if c >= skip:
             _copy_chunks(plan, kv.host_k, kv.host_v, (c,))
         main.wait_event(plan.filled[slot])
         ring_k, ring_v = plan.ring_k[slot], plan.ring_v[slot]
-        _launch(q, ring_k, ring_v, ring_k, ring_v, plan.passes[c], plan.lens[c], out_f32=o_parts[c],
-                lse_out=lse_parts[c], **kwargs)
+        dest = dict(out=out) if single else dict(out_f32=o_parts[c], lse_out=lse_parts[c])
+        _launch(q, ring_k, ring_v, ring_k, ring_v, plan.passes[c], plan.lens[c], **dest, **kwargs)
         plan.freed[slot].record(main)
     if plan.hbm_pass:
         _launch(q, kv.hbm_k, kv.hbm_v, kv.hbm_k, kv.hbm_v, plan.passes[-1], plan.lens[-1], out_f32=o_parts[-1],
                 lse_out=lse_parts[-1], **kwargs)
-    merge_passes(list(zip(o_parts, lse_parts, strict=True)), out)  # a pass without a sequence's tokens: weight 0
+    if not single:
+        merge_passes(list(zip(o_parts, lse_parts, strict=True)), out)  # a pass without a sequence's tokens: weight 0
 
 
 def merge_passes(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor) -> None:
