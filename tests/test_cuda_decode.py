@@ -11,6 +11,7 @@ from directkv.errors import ConfigError
 from directkv.kernels.cuda.decode_attention import (
     decode_attention,
     heads_per_cta,
+    host_pages,
     plan_splits,
     plan_stream,
     prefetch_stream,
@@ -286,8 +287,9 @@ def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages)
     lens = [1, 15, 16, 17, 200, 64, 0]
     kv = random_paged_kv(lens, page_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float16, hbm_fraction=0.3,
                          generator=torch.Generator().manual_seed(torch.seed() % 2**31))
-    _, _, copies, _ = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages)
-    rows, slots = _last_token_slots(kv.block_table, kv.seq_lens, 16, copies[:2], chunk_pages)
+    hp = host_pages(kv.block_table, kv.seq_lens, 16)
+    _, _, copies, _ = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages, hp=hp)
+    rows, slots = _last_token_slots(kv.block_table, kv.seq_lens, 16, hp[3], 2 * chunk_pages)
     ring = {c * chunk_pages + dst + i: src + i for c, runs in enumerate(copies[:2]) for src, dst, n in runs
             for i in range(n)}  # ring page -> host page
     want = [b for b, n in enumerate(lens) if n and int(kv.block_table[b, (n - 1) // 16]) in ring.values()]

@@ -273,17 +273,18 @@ def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size
     table, tokens, host, pages = hp if hp is not None else host_pages(block_table, seq_lens, page_size)
     chunk_of = torch.full((int(pages.max()) + 1 if len(pages) else 1,), -1, dtype=torch.int64)
     pos_of = torch.zeros_like(chunk_of)
-    chunk_of[pages] = torch.arange(len(pages)) // chunk_pages
-    pos_of[pages] = torch.arange(len(pages)) % chunk_pages
-    copies = []
-    for start in range(0, len(pages), chunk_pages):
-        runs: list[tuple[int, int, int]] = []
-        for i, p in enumerate(pages[start : start + chunk_pages].tolist()):
-            if runs and runs[-1][0] + runs[-1][2] == p:
-                runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-            else:
-                runs.append((p, i, 1))
-        copies.append(runs)
+    index = torch.arange(len(pages))
+    chunk_of[pages], pos_of[pages] = index // chunk_pages, index % chunk_pages
+    # runs of consecutive page ids within a chunk, found with tensor ops: a Python loop over every page cost
+    # ~1 ms per thousand pages on each step's critical path
+    first = torch.ones(len(pages), dtype=torch.bool)
+    first[1:] = (pages[1:] != pages[:-1] + 1) | (index[1:] % chunk_pages == 0)
+    starts = index[first]
+    lengths = torch.diff(starts, append=torch.tensor([len(pages)]))
+    copies: list[list[tuple[int, int, int]]] = [[] for _ in range(-(-len(pages) // chunk_pages))]
+    for p, c, pos, n in zip(pages[starts].tolist(), (starts // chunk_pages).tolist(), (starts % chunk_pages).tolist(),
+                            lengths.tolist(), strict=True):
+        copies[c].append((p, pos, n))
     safe = table.clamp(0, len(chunk_of) - 1)  # unused columns may hold anything
     masks = [host & (chunk_of[safe] == c) for c in range(len(copies))]
     entries = [-(pos_of[safe] + 1)] * len(copies)
@@ -330,7 +331,7 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
           f"stream ring of {num_slots} slots x 2 x {chunk_bytes} B must hold >= 1 page ({page_bytes} B) per slot, "
           f">= 2 slots and <= {MAX_RING_BYTES} B")
     tables, lens, copies, hbm_pass = stream_schedule(table, seq_lens, kv.page_size, chunk_pages, hp=hp)
-    last_rows, last_slots = _last_token_slots(table, seq_lens, kv.page_size, copies[:num_slots], chunk_pages)
+    last_rows, last_slots = _last_token_slots(table, seq_lens, kv.page_size, hp[3], num_slots * chunk_pages)
     device = kv.block_table.device
     ring_shape = (num_slots, chunk_pages, *kv.host_k.shape[1:])
     return StreamPlan(
@@ -343,16 +344,17 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     )  # fmt: skip
 
 
-def _last_token_slots(table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, chunks, chunk_pages: int):
-    """(sequences, ring token rows) of the last tokens whose pages the given leading chunks copy (CPU)."""
-    rows, slots = [], []
-    ring_pos = {src + i: c * chunk_pages + dst + i for c, runs in enumerate(chunks) for src, dst, n in runs
-                for i in range(n)}  # host page -> ring page, for the leading chunks only
-    for b, n in enumerate(seq_lens.tolist()):
-        if n > 0 and (pos := ring_pos.get(int(table[b, (n - 1) // page_size]))) is not None:
-            rows.append(b)
-            slots.append(pos * page_size + (n - 1) % page_size)
-    return torch.tensor(rows, dtype=torch.int64), torch.tensor(slots, dtype=torch.int64)
+def _last_token_slots(table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, pages: torch.Tensor,
+                      ring_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequences, ring token rows) of the last tokens whose pages are among the first `ring_pages` of the
+    sorted host pages `pages` (CPU): stream_schedule puts page i at ring page i there (chunk i // chunk_pages
+    in slot i // chunk_pages, position i % chunk_pages)."""
+    lens = seq_lens.to(torch.int64)
+    rows = torch.nonzero(lens > 0).flatten()
+    last = table.to(torch.int64)[rows, (lens[rows] - 1) // page_size]
+    i = torch.searchsorted(pages, last).clamp(max=max(len(pages) - 1, 0))
+    keep = (last >= 0) & (i < ring_pages) & (pages[i] == last if len(pages) else torch.zeros_like(last, dtype=torch.bool))
+    return rows[keep], i[keep] * page_size + (lens[rows[keep]] - 1) % page_size
 
 
 def prefetch_stream(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor) -> int:
