@@ -139,20 +139,22 @@ def _last_slots(kv: PagedKV) -> torch.Tensor:
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("chunk_kb", [64, 16 << 10])
-def test_prefetched_stream_sees_the_last_tokens_stored_after_it(chunk_kb):
+@pytest.mark.parametrize("chunk_kb,reuse", [(64, False), (16 << 10, False), (64, True)])
+def test_prefetched_stream_sees_the_last_tokens_stored_after_it(chunk_kb, reuse):
     """prefetch_stream copies the first chunks ahead; then each sequence's last token is stored into the pools
     (a serving step's new tokens) and given to the call as last_kv, which must see them. The slots held NaN
     when the prefetch copied them, so without last_kv the call reads NaN where a last page was prefetched:
-    the check can fail. Many chunks (64 KiB) and one chunk (16 MiB, one pass with no merge)."""
+    the check can fail. Many chunks (64 KiB) and one chunk (16 MiB, one pass with no merge); and many chunks in
+    a ring taken over from a plan with bigger chunks (slots hold more pages than the chunks use)."""
     kv = make_kv([5000, 17, 3000, 64], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16,
                  hbm_fraction=0.0)
     slots = _last_slots(kv)
     q = torch.randn(kv.batch, 8, 128, device="cuda").to(kv.dtype)
     errs = {}
     for give in (True, False):
-        plan = plan_stream(kv, chunk_bytes=chunk_kb << 10)
+        plan = plan_stream(kv, chunk_bytes=chunk_kb << 10, reuse=plan_stream(kv) if reuse else None)
         assert len(plan.last_rows) >= (kv.batch if len(plan.copies) == 1 else 0)
+        assert (plan.ring_k.shape[1] > 8) == reuse or chunk_kb > 64  # 64 KiB: 8 pages of 8 KiB per chunk
         new = []
         for pool in (kv.host_k, kv.host_v):
             pool.view(-1, 2, 128)[slots] = float("nan")
@@ -168,6 +170,23 @@ def test_prefetched_stream_sees_the_last_tokens_stored_after_it(chunk_kb):
     assert errs[True] < TOL[torch.bfloat16], errs
     if len(plan.last_rows):  # a last page was prefetched: without last_kv its token is the stale NaN
         assert not errs[False] < TOL[torch.bfloat16], errs
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_stream_plan_takes_over_an_earlier_ring_or_grows_it():
+    """plan_stream(reuse=...) keeps an earlier plan's ring (and stream, events) when it holds enough pages per
+    slot, else allocates one at least a quarter larger; results stay exact either way."""
+    big = make_kv([3000, 2000], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, hbm_fraction=0.0)
+    small = make_kv([100, 37], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, hbm_fraction=0.0)
+    first = plan_stream(big, chunk_bytes=64 << 10, min_chunk_bytes=64 << 10)  # 8 pages of 8 KiB per slot
+    run_and_check(big, 8, "stream", plan=first)
+    grown = plan_stream(big, chunk_bytes=80 << 10, min_chunk_bytes=64 << 10, reuse=first)  # needs 10 > 8
+    assert grown.ring_k.shape[1] == 10 and first.ring_k is None
+    run_and_check(big, 8, "stream", plan=grown)
+    kept = plan_stream(small, chunk_bytes=64 << 10, min_chunk_bytes=64 << 10, reuse=grown)
+    assert kept.ring_k is grown.ring_k and kept.side is grown.side and len(kept.copies) > 1
+    run_and_check(small, 8, "stream", plan=kept)
 
 
 @pytest.mark.gpu
@@ -279,9 +298,11 @@ def test_bad_arguments_raise_config_error():
 
 
 @pytest.mark.parametrize("chunk_pages", [1, 3, 64])
-def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages):
+@pytest.mark.parametrize("spare", [0, 5])
+def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages, spare):
     """The ring rows a call writes last_kv to: the row holding the last token's copy, for exactly the sequences
-    whose last page one of the first two chunks (the ones prefetch_stream copies ahead) holds."""
+    whose last page one of the first two chunks (the ones prefetch_stream copies ahead) holds; also in a ring
+    with `spare` pages more per slot than the chunks use (taken over from an earlier plan)."""
     from directkv.kernels.cuda.decode_attention import _last_token_slots
 
     lens = [1, 15, 16, 17, 200, 64, 0]
@@ -289,8 +310,9 @@ def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages)
                          generator=torch.Generator().manual_seed(torch.seed() % 2**31))
     hp = host_pages(kv.block_table, kv.seq_lens, 16)
     _, _, copies, _ = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages, hp=hp)
-    rows, slots = _last_token_slots(kv.block_table, kv.seq_lens, 16, hp[3], 2 * chunk_pages)
-    ring = {c * chunk_pages + dst + i: src + i for c, runs in enumerate(copies[:2]) for src, dst, n in runs
+    slot_pages = chunk_pages + spare
+    rows, slots = _last_token_slots(kv.block_table, kv.seq_lens, 16, hp[3], chunk_pages, 2, slot_pages)
+    ring = {c * slot_pages + dst + i: src + i for c, runs in enumerate(copies[:2]) for src, dst, n in runs
             for i in range(n)}  # ring page -> host page
     want = [b for b, n in enumerate(lens) if n and int(kv.block_table[b, (n - 1) // 16]) in ring.values()]
     assert rows.tolist() == want

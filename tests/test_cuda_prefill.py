@@ -334,9 +334,18 @@ def test_prefill_stream_ring_kept_across_calls_and_prefetched(pass_kernel):
                           pass_kernel=pass_kernel)
         assert ring.prefetched is None
         assert_matches(out, dense_reference(q, k_new, v_new, cpu, causal=True, scale=1 / math.sqrt(128)))
-    small = prefill_ring(plan_prefill_stream(kv, chunk_bytes=2 * page_bytes_of(kv_cpu)), kv.host_k, "cuda")
+    two = plan_prefill_stream(kv, chunk_bytes=2 * page_bytes_of(kv_cpu))
+    small = prefill_ring(two, kv.host_k, "cuda")
     with pytest.raises(ConfigError, match=r"stream_ring holds 2 pages of torch.bfloat16 per slot; the plan needs 3 of "):
         prefill_attention(q, k_new, v_new, kv, variant="stream", stream_plan=plan, stream_ring=small)
+    # reuse: a ring with room is kept (and serves a plan of smaller chunks), one without is replaced
+    assert prefill_ring(two, kv.host_k, "cuda", reuse=ring) is ring
+    out = torch.full_like(q, math.nan)
+    prefill_attention(q, k_new, v_new, kv, variant="stream", out=out, stream_plan=two, stream_ring=ring,
+                      pass_kernel=pass_kernel)
+    assert_matches(out, dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(128)))
+    grown = prefill_ring(plan, kv.host_k, "cuda", reuse=small)
+    assert grown.ring_k.shape[1] == 3 and small.ring_k is None
 
 
 def test_prefill_stream_plan_is_refused_with_other_options():

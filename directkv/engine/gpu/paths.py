@@ -53,6 +53,7 @@ class ZeroCopyPath:
         self.prefill = get_op("prefill_attention", backend)
         self.traffic = Traffic()  # link / HBM bytes this path caused, added to in place
         self.staging_bytes = 0
+        self._kept: dict[str, object] = {"decode": None, "chunk": None}  # stream: rings kept across steps
 
     def begin(self, plan: StepPlan) -> None:
         self.plan = plan
@@ -68,9 +69,13 @@ class ZeroCopyPath:
         from directkv.kernels.cuda.prefill_attention import plan_prefill_stream, prefill_ring
 
         k0, v0 = self.kv.pools(0, self.tier)
+        # the rings (and their copy streams) are kept from step to step (plan_stream / prefill_ring's reuse):
+        # a ring of a new size every step cost a few ms per step on the H200 in the steps after a prompt
         self.decode_plan = None
         if p.num_decodes:
-            self.decode_plan = plan_stream(self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens))
+            self.decode_plan = plan_stream(self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens),
+                                           reuse=self._kept["decode"], host_table=(p.decode_table_cpu, p.decode_lens_cpu))
+            self._kept["decode"] = self.decode_plan
         self.chunk_plans = [
             plan_prefill_stream(self._paged(self.tier, k0, v0, t, torch.tensor([c.past_len], dtype=torch.int32)),
                                 device=t.device)
@@ -78,13 +83,15 @@ class ZeroCopyPath:
         # the first chunk's ring is kept for the step, so each layer's first chunks can be prefetched like the
         # decodes'; any further chunk (a prompt ending inside the step's token budget) gets one per call
         first = self.chunk_plans[0] if self.chunk_plans else None
-        self.chunk_ring = (prefill_ring(first, k0, p.chunk_tables[0].device)
-                           if first is not None and any(ps.ring for ps in first.passes) else None)
-        # HBM rings held at once: the decodes', the first chunk's, and the largest of the per-call ones
+        self.chunk_ring = None
+        if first is not None and any(ps.ring for ps in first.passes):
+            self.chunk_ring = self._kept["chunk"] = prefill_ring(first, k0, p.chunk_tables[0].device,
+                                                                 reuse=self._kept["chunk"])
+        # HBM rings held at once: the kept decode and first-chunk rings, and the largest per-call one
         ring = [4 * cp.chunk_pages * cp.page_bytes if any(ps.ring for ps in cp.passes) else 0 for cp in self.chunk_plans]
-        held = sum(ring[:1]) + max(ring[1:], default=0)
-        if self.decode_plan is not None:
-            held += 2 * self.decode_plan.ring_k.numel() * self.decode_plan.ring_k.element_size()
+        held = max(ring[1:], default=0) + (self._kept["chunk"].nbytes if self._kept["chunk"] is not None else 0)
+        if self._kept["decode"] is not None:
+            held += 2 * self._kept["decode"].ring_k.numel() * self._kept["decode"].ring_k.element_size()
         self.staging_bytes = max(self.staging_bytes, held)
 
     @staticmethod

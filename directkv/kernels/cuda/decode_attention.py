@@ -238,10 +238,12 @@ class StreamPlan:
         plus a last one over HBM-resident pages (original entries) when any exist.
     lens : [num_passes, batch] int32 CUDA, tokens of each sequence in each pass.
     copies : per chunk, the (first host page, first ring position, pages) runs to copy.
-    ring_k, ring_v : [num_slots, chunk_pages, page_size, num_kv_heads, head_dim] HBM rings.
+    ring_k, ring_v : [num_slots, >= chunk_pages, page_size, num_kv_heads, head_dim] HBM rings.
     last_rows, last_slots : [n] int64 CUDA: the sequences whose last token's page is in one of the first
         num_slots chunks (those prefetch_stream copies ahead), and that token's row in the ring
         `ring_k.view(-1, num_kv_heads, head_dim)`; a call given last_kv writes the token there too.
+    A ring taken over from an earlier plan (plan_stream's reuse) may hold more than chunk_pages pages per slot;
+    chunks use the first ones.
     prefetched : (host K pointer, host V pointer, chunks) that prefetch_stream copied ahead, which the next
         call over those pools skips; None when nothing is in flight.
     """
@@ -312,49 +314,74 @@ def host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
 
 
 def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2, min_chunks: int = 1,
-                min_chunk_bytes: int = 2 << 20) -> StreamPlan:
+                min_chunk_bytes: int = 2 << 20, reuse: StreamPlan | None = None,
+                host_table: tuple[torch.Tensor, torch.Tensor] | None = None) -> StreamPlan:
     """Plan the stream variant for `kv` (reads its block table once); the HBM ring is
     2 * num_slots * chunk_bytes (K and V), at most 64 MiB, and no more than the host pages the batch reads
     (or min_chunk_bytes per slot) need.
+
+    reuse : an earlier plan (a serving path's previous step) whose ring, copy stream and events this one
+        takes over when its ring holds enough pages per slot for the same page shape; a ring too small is
+        replaced by one a quarter larger at least (up to chunk_bytes), so growing contexts do not allocate a
+        ring of a new size every step. The earlier plan must not be used afterwards.
+    host_table : (block table, seq_lens) as CPU tensors equal to kv's, where the caller has them: reading
+        kv's from the GPU is a device sync.
 
     min_chunks > 1 cuts small caches into that many chunks (of >= min_chunk_bytes) so copy and math overlap;
     it is off by default because each chunk costs ~0.1 ms of Python launches: on the H200 a 16 MiB cache
     took 0.63 ms as four 2 MiB chunks and 0.36 ms as one.
     """
     page_bytes = kv.page_size * kv.num_kv_heads * kv.head_dim * kv.host_k.element_size()
-    chunk_pages = chunk_bytes // page_bytes
-    table, seq_lens = kv.block_table.cpu(), kv.seq_lens.cpu()
+    most = chunk_bytes // page_bytes
+    table, seq_lens = host_table if host_table is not None else (kv.block_table.cpu(), kv.seq_lens.cpu())
     hp = host_pages(table, seq_lens, kv.page_size)
     read = max(len(hp[3]), 1)  # pages read by this batch, not the arena
-    chunk_pages = min(chunk_pages, max(math.ceil(read / min_chunks), min_chunk_bytes // page_bytes, 1))
+    chunk_pages = min(most, max(math.ceil(read / min_chunks), min_chunk_bytes // page_bytes, 1))
     check(chunk_pages >= 1 and num_slots >= 2 and 2 * num_slots * chunk_pages * page_bytes <= MAX_RING_BYTES,
           f"stream ring of {num_slots} slots x 2 x {chunk_bytes} B must hold >= 1 page ({page_bytes} B) per slot, "
           f">= 2 slots and <= {MAX_RING_BYTES} B")
     tables, lens, copies, hbm_pass = stream_schedule(table, seq_lens, kv.page_size, chunk_pages, hp=hp)
-    last_rows, last_slots = _last_token_slots(table, seq_lens, kv.page_size, hp[3], num_slots * chunk_pages)
     device = kv.block_table.device
-    ring_shape = (num_slots, chunk_pages, *kv.host_k.shape[1:])
+    page_shape = tuple(kv.host_k.shape[1:])
+    fits = (reuse is not None and reuse.ring_k.shape[0] == num_slots and tuple(reuse.ring_k.shape[2:]) == page_shape
+            and reuse.ring_k.dtype == kv.dtype and reuse.ring_k.device == device)
+    if fits and reuse.ring_k.shape[1] >= chunk_pages:
+        ring_k, ring_v, side, filled, freed = reuse.ring_k, reuse.ring_v, reuse.side, reuse.filled, reuse.freed
+    else:
+        if fits:  # grow: a ring of a new size every step would allocate (and fragment torch's cache) every step
+            chunk_pages_held = min(most, max(chunk_pages, reuse.ring_k.shape[1] * 5 // 4))
+        else:
+            chunk_pages_held = chunk_pages
+        ring_shape = (num_slots, chunk_pages_held, *page_shape)
+        if fits:
+            reuse.ring_k = reuse.ring_v = None  # the old pair is freed before the new one is made
+        ring_k, ring_v = (torch.empty(ring_shape, dtype=kv.dtype, device=device) for _ in range(2))
+        side, filled, freed = (torch.cuda.Stream(device), [torch.cuda.Event() for _ in range(num_slots)],
+                               [torch.cuda.Event() for _ in range(num_slots)])
+    last_rows, last_slots = _last_token_slots(table, seq_lens, kv.page_size, hp[3], chunk_pages, num_slots,
+                                              ring_k.shape[1])
     return StreamPlan(
         passes=tables.to(device), lens=lens.to(device), copies=copies, hbm_pass=hbm_pass,
-        ring_k=torch.empty(ring_shape, dtype=kv.dtype, device=device),
-        ring_v=torch.empty(ring_shape, dtype=kv.dtype, device=device),
-        side=torch.cuda.Stream(device), filled=[torch.cuda.Event() for _ in range(num_slots)],
-        freed=[torch.cuda.Event() for _ in range(num_slots)],
+        ring_k=ring_k, ring_v=ring_v, side=side, filled=filled, freed=freed,
         last_rows=last_rows.to(device), last_slots=last_slots.to(device),
     )  # fmt: skip
 
 
 def _last_token_slots(table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, pages: torch.Tensor,
-                      ring_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sequences, ring token rows) of the last tokens whose pages are among the first `ring_pages` of the
-    sorted host pages `pages` (CPU): stream_schedule puts page i at ring page i there (chunk i // chunk_pages
-    in slot i // chunk_pages, position i % chunk_pages)."""
+                      chunk_pages: int, num_slots: int, slot_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequences, ring token rows) of the last tokens whose pages are in the first num_slots chunks (CPU).
+    stream_schedule cuts the sorted host pages `pages` into chunks of chunk_pages, so page i is chunk
+    i // chunk_pages at position i % chunk_pages, and chunk c < num_slots sits in slot c of a ring of
+    slot_pages pages per slot."""
     lens = seq_lens.to(torch.int64)
     rows = torch.nonzero(lens > 0).flatten()
     last = table.to(torch.int64)[rows, (lens[rows] - 1) // page_size]
     i = torch.searchsorted(pages, last).clamp(max=max(len(pages) - 1, 0))
-    keep = (last >= 0) & (i < ring_pages) & (pages[i] == last if len(pages) else torch.zeros_like(last, dtype=torch.bool))
-    return rows[keep], i[keep] * page_size + (lens[rows[keep]] - 1) % page_size
+    found = pages[i] == last if len(pages) else torch.zeros_like(last, dtype=torch.bool)
+    keep = (last >= 0) & (i < num_slots * chunk_pages) & found
+    i, rows = i[keep], rows[keep]
+    ring_page = i // chunk_pages * slot_pages + i % chunk_pages
+    return rows, ring_page * page_size + (lens[rows] - 1) % page_size
 
 
 def prefetch_stream(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor) -> int:

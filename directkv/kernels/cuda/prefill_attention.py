@@ -451,7 +451,7 @@ def plan_prefill_stream(kv: PagedKV, *, chunk_bytes: int | None = None, min_chun
 @dataclass
 class PrefillRing:
     """The stream variant's HBM ring kept across calls (every layer of a serving step), with its own copy stream
-    and events: ring_k, ring_v `[STREAM_SLOTS, chunk_pages, page_size, num_kv_heads, head_dim]`. prefetched:
+    and events: ring_k, ring_v `[STREAM_SLOTS, >= chunk_pages, page_size, num_kv_heads, head_dim]`. prefetched:
     (host K pointer, host V pointer, passes) that prefetch_prefill_stream copied ahead; None when none."""
 
     ring_k: torch.Tensor
@@ -466,10 +466,22 @@ class PrefillRing:
         return 2 * self.ring_k.numel() * self.ring_k.element_size()
 
 
-def prefill_ring(plan: PrefillStreamPlan, pool: torch.Tensor, device: torch.device | str) -> PrefillRing:
+def prefill_ring(plan: PrefillStreamPlan, pool: torch.Tensor, device: torch.device | str, *,
+                 reuse: PrefillRing | None = None) -> PrefillRing:
     """A ring on `device` for the calls `plan` serves, over host pools shaped like `pool`
-    `[num_pages, page_size, num_kv_heads, head_dim]`."""
-    shape = (STREAM_SLOTS, plan.chunk_pages, *pool.shape[1:])
+    `[num_pages, page_size, num_kv_heads, head_dim]`. reuse: an earlier ring, returned as it is when it holds
+    enough pages per slot for the same page shape, else replaced by one a quarter larger at least (up to
+    STREAM_CHUNK_BYTES per slot), so growing contexts do not allocate a ring of a new size every step."""
+    page_shape, device = tuple(pool.shape[1:]), torch.device(device)
+    fits = (reuse is not None and tuple(reuse.ring_k.shape[2:]) == page_shape and reuse.ring_k.dtype == pool.dtype
+            and reuse.ring_k.device == device)
+    if fits and reuse.ring_k.shape[1] >= plan.chunk_pages:
+        return reuse
+    pages = plan.chunk_pages
+    if fits:
+        pages = min(max(pages, reuse.ring_k.shape[1] * 5 // 4), max(STREAM_CHUNK_BYTES // plan.page_bytes, pages))
+        reuse.ring_k = reuse.ring_v = None  # the old pair is freed before the new one is made
+    shape = (STREAM_SLOTS, pages, *page_shape)
     return PrefillRing(*(torch.empty(shape, dtype=pool.dtype, device=device) for _ in range(2)), torch.cuda.Stream(device),
                        [torch.cuda.Event() for _ in range(STREAM_SLOTS)], [torch.cuda.Event() for _ in range(STREAM_SLOTS)])
 
@@ -527,7 +539,7 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
             ring_v = torch.empty(ring_shape, dtype=q.dtype, device=q.device)
             side, filled, freed = side_stream(q.device, STREAM_SLOTS)
         else:
-            check(ring.ring_k.shape[1] == chunk_pages and ring.ring_k.dtype == q.dtype,
+            check(ring.ring_k.shape[1] >= chunk_pages and ring.ring_k.dtype == q.dtype,
                   f"stream_ring holds {ring.ring_k.shape[1]} pages of {ring.ring_k.dtype} per slot; the plan needs "
                   f"{chunk_pages} of {q.dtype}")
             ring_k, ring_v, side, filled, freed = ring.ring_k, ring.ring_v, ring.side, ring.filled, ring.freed
