@@ -473,6 +473,8 @@ def prefill_ring(plan: PrefillStreamPlan, pool: torch.Tensor, device: torch.devi
     enough pages per slot for the same page shape, else replaced by one a quarter larger at least (up to
     STREAM_CHUNK_BYTES per slot), so growing contexts do not allocate a ring of a new size every step."""
     page_shape, device = tuple(pool.shape[1:]), torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" names the current device; tensors say cuda:N
+        device = torch.device("cuda", torch.cuda.current_device())
     fits = (reuse is not None and tuple(reuse.ring_k.shape[2:]) == page_shape and reuse.ring_k.dtype == pool.dtype
             and reuse.ring_k.device == device)
     if fits and reuse.ring_k.shape[1] >= plan.chunk_pages:
