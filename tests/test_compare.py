@@ -10,6 +10,7 @@ import pytest
 
 from directkv.errors import ConfigError
 from plots.compare import compare_table, main
+from workloads.datafiles import find_sample
 
 
 def _rows() -> pd.DataFrame:
@@ -61,16 +62,10 @@ def test_measured_rows_differing_in_graphs_get_one_line_each():
 H200 = Path(__file__).resolve().parents[1] / "results" / "h200" / "rate_sweep"
 
 
-def _samples_found() -> bool:
-    from workloads.datafiles import sample_candidates
-
-    return all(any(p.is_file() for p in sample_candidates(d, f)) for d, f in
-               (("alpaca", "alpaca_5000.json"), ("sharegpt", "sharegpt_sample_2000.json")))
-
-
 # the kept rate sweeps were made from the ShareGPT / Alpaca samples; resimulating them needs the same files
-needs_samples = pytest.mark.skipif(not _samples_found(), reason="ShareGPT/Alpaca samples (../shared/data or "
-                                   "$DIRECTKV_DATA_DIR) not found")
+needs_samples = pytest.mark.skipif(
+    find_sample("alpaca", "alpaca_5000.json") is None or find_sample("sharegpt", "sharegpt_sample_2000.json") is None,
+    reason="ShareGPT/Alpaca samples (../shared/data or $DIRECTKV_DATA_DIR) not found")
 
 
 @needs_samples

@@ -31,11 +31,10 @@ from workloads.request import Request, Workload
 from workloads.sharegpt import parse_sharegpt_text, read_sharegpt
 from workloads.tokenizer import ApproxTokenCounter
 
-SHAREGPT_SAMPLE = datafiles.REPO_ROOT.parent / "shared" / "data" / "sharegpt" / "sharegpt_sample_2000.json"
-ALPACA_SAMPLE = datafiles.REPO_ROOT.parent / "shared" / "data" / "alpaca" / "alpaca_5000.json"
-needs_samples = pytest.mark.skipif(
-    not (SHAREGPT_SAMPLE.is_file() and ALPACA_SAMPLE.is_file()), reason="bundled data samples not present"
-)
+SHAREGPT_SAMPLE = datafiles.find_sample("sharegpt", "sharegpt_sample_2000.json")
+ALPACA_SAMPLE = datafiles.find_sample("alpaca", "alpaca_5000.json")
+needs_samples = pytest.mark.skipif(SHAREGPT_SAMPLE is None or ALPACA_SAMPLE is None,
+                                   reason="ShareGPT/Alpaca samples (../shared/data or $DIRECTKV_DATA_DIR) not found")
 needs_llama3 = pytest.mark.skipif(tokenizer._load_llama3() is None, reason="Llama-3 tokenizer not installed")
 
 

@@ -34,6 +34,11 @@ def sample_candidates(subdir: str, filename: str) -> list[Path]:
     return [root / subdir / filename for root in roots]
 
 
+def find_sample(subdir: str, filename: str) -> Path | None:
+    """The first existing ``sample_candidates`` file, or None."""
+    return next((p for p in sample_candidates(subdir, filename) if p.is_file()), None)
+
+
 def resolve_data_file(
     dataset: str,
     path: str | os.PathLike | None,
