@@ -129,6 +129,18 @@ def test_repeated_calls_reuse_counters_and_stream_ring():
     assert all(not torch.isnan(o).any() for o in outs)
 
 
+def _last_page_lowest(kv: PagedKV, seq: int) -> PagedKV:
+    """The same cache with the block-table entries of `seq`'s last page and of the lowest host page swapped, so
+    that sequence's last page sorts first (stream copies host pages in id order)."""
+    table, lens = kv.block_table.cpu(), kv.seq_lens.cpu()
+    col = (int(lens[seq]) - 1) // kv.page_size
+    used = torch.arange(table.shape[1])[None, :] < -(-lens[:, None] // kv.page_size)  # columns holding tokens
+    low = int(table[used & (table >= 0)].min())
+    where = (used & (table == low)).nonzero()[0]
+    table[where[0], where[1]], table[seq, col] = table[seq, col].clone(), low
+    return PagedKV(kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v, table.cuda(), kv.seq_lens)
+
+
 def _last_slots(kv: PagedKV) -> torch.Tensor:
     """Each sequence's last token as a row of its host pool viewed `[-1, num_kv_heads, head_dim]` (all host)."""
     table, lens = kv.block_table.cpu().to(torch.int64), kv.seq_lens.cpu().to(torch.int64)
@@ -146,14 +158,15 @@ def test_prefetched_stream_sees_the_last_tokens_stored_after_it(chunk_kb, reuse)
     when the prefetch copied them, so without last_kv the call reads NaN where a last page was prefetched:
     the check can fail. Many chunks (64 KiB) and one chunk (16 MiB, one pass with no merge); and many chunks in
     a ring taken over from a plan with bigger chunks (slots hold more pages than the chunks use)."""
-    kv = make_kv([5000, 17, 3000, 64], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16,
-                 hbm_fraction=0.0)
+    kv = _last_page_lowest(make_kv([5000, 17, 3000, 64], page_size=16, num_kv_heads=2, head_dim=128,
+                                   dtype=torch.bfloat16, hbm_fraction=0.0), seq=1)
     slots = _last_slots(kv)
     q = torch.randn(kv.batch, 8, 128, device="cuda").to(kv.dtype)
     errs = {}
     for give in (True, False):
         plan = plan_stream(kv, chunk_bytes=chunk_kb << 10, reuse=plan_stream(kv) if reuse else None)
-        assert len(plan.last_rows) >= (kv.batch if len(plan.copies) == 1 else 0)
+        # sequence 1's last page is the lowest host page, so the first (prefetched) chunk holds it
+        assert 1 in plan.last_rows.tolist() and len(plan.last_rows) >= (kv.batch if len(plan.copies) == 1 else 1)
         assert (plan.ring_k.shape[1] > 8) == reuse or chunk_kb > 64  # 64 KiB: 8 pages of 8 KiB per chunk
         new = []
         for pool in (kv.host_k, kv.host_v):
@@ -168,8 +181,7 @@ def test_prefetched_stream_sees_the_last_tokens_stored_after_it(chunk_kb, reuse)
         ref = dense_reference(q, kv, 1.0 / math.sqrt(128))
         errs[give] = float((out.double() - ref).norm() / ref.norm())
     assert errs[True] < TOL[torch.bfloat16], errs
-    if len(plan.last_rows):  # a last page was prefetched: without last_kv its token is the stale NaN
-        assert not errs[False] < TOL[torch.bfloat16], errs
+    assert not errs[False] < TOL[torch.bfloat16], errs  # without last_kv a prefetched last token is the stale NaN
 
 
 @pytest.mark.gpu
@@ -181,8 +193,9 @@ def test_stream_plan_takes_over_an_earlier_ring_or_grows_it():
     small = make_kv([100, 37], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, hbm_fraction=0.0)
     first = plan_stream(big, chunk_bytes=64 << 10, min_chunk_bytes=64 << 10)  # 8 pages of 8 KiB per slot
     run_and_check(big, 8, "stream", plan=first)
-    grown = plan_stream(big, chunk_bytes=80 << 10, min_chunk_bytes=64 << 10, reuse=first)  # needs 10 > 8
-    assert grown.ring_k.shape[1] == 10 and first.ring_k is None
+    # 313 host pages in 35 chunks: 9 pages each, one more than the ring holds; it grows by a quarter, to 10
+    grown = plan_stream(big, min_chunks=35, min_chunk_bytes=8 << 10, reuse=first)
+    assert sum(n for _, _, n in grown.copies[0]) == 9 and grown.ring_k.shape[1] == 10 and first.ring_k is None
     run_and_check(big, 8, "stream", plan=grown)
     kept = plan_stream(small, chunk_bytes=64 << 10, min_chunk_bytes=64 << 10, reuse=grown)
     assert kept.ring_k is grown.ring_k and kept.side is grown.side and len(kept.copies) > 1
@@ -299,15 +312,16 @@ def test_bad_arguments_raise_config_error():
 
 @pytest.mark.parametrize("chunk_pages", [1, 3, 64])
 @pytest.mark.parametrize("spare", [0, 5])
-def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages, spare):
+@pytest.mark.parametrize("seed,hbm_fraction", [(0, 0.3), (1, 0.3), (2, 0.0), (3, 1.0)])
+def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages, spare, seed, hbm_fraction):
     """The ring rows a call writes last_kv to: the row holding the last token's copy, for exactly the sequences
     whose last page one of the first two chunks (the ones prefetch_stream copies ahead) holds; also in a ring
     with `spare` pages more per slot than the chunks use (taken over from an earlier plan)."""
     from directkv.kernels.cuda.decode_attention import _last_token_slots
 
     lens = [1, 15, 16, 17, 200, 64, 0]
-    kv = random_paged_kv(lens, page_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float16, hbm_fraction=0.3,
-                         generator=torch.Generator().manual_seed(torch.seed() % 2**31))
+    kv = random_paged_kv(lens, page_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float16,
+                         hbm_fraction=hbm_fraction, generator=torch.Generator().manual_seed(seed))
     hp = host_pages(kv.block_table, kv.seq_lens, 16)
     _, _, copies, _ = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages, hp=hp)
     slot_pages = chunk_pages + spare

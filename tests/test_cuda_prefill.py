@@ -344,8 +344,11 @@ def test_prefill_stream_ring_kept_across_calls_and_prefetched(pass_kernel):
     prefill_attention(q, k_new, v_new, kv, variant="stream", out=out, stream_plan=two, stream_ring=ring,
                       pass_kernel=pass_kernel)
     assert_matches(out, dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(128)))
-    grown = prefill_ring(plan, kv.host_k, "cuda", reuse=small)
+    grown = prefill_ring(plan, kv.host_k, "cuda", reuse=small)  # needs 3 > 2: max(3, 2 * 5 // 4)
     assert grown.ring_k.shape[1] == 3 and small.ring_k is None
+    eight = prefill_ring(plan_prefill_stream(kv, chunk_bytes=8 * page_bytes_of(kv_cpu)), kv.host_k, "cuda")
+    nine = plan_prefill_stream(kv, chunk_bytes=9 * page_bytes_of(kv_cpu))
+    assert prefill_ring(nine, kv.host_k, "cuda", reuse=eight).ring_k.shape[1] == 10  # grown by a quarter
 
 
 def test_prefill_stream_plan_is_refused_with_other_options():

@@ -107,11 +107,11 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel)
         attn = st.attention_traffic(step, model, policy.variant, policy)
         stream = policy.variant == "stream"  # the copy engine moves the bytes, into a ring of bounded size
         layer_t = t_lin + cm.time(attn, link="ce" if stream else "sm")
+        layer_traffic, staging = lin + attn, 0
         if stream:  # the rings' first chunks (decodes', first prompt chunk's) are copied during the dense work
-            ahead = min(sum(step.decode_kv_lens) * kvl, STREAM_RING_BYTES)
-            ahead += min(step.prefills[0].past_len * kvl, STREAM_RING_BYTES) if step.prefills else 0
-            layer_t -= min(t_lin, cm.copy_time(ahead, "h2d"))
-        layer_traffic, staging = lin + attn, STREAM_RING_BYTES if stream else 0
+            rings = [sum(step.decode_kv_lens) * kvl, step.prefills[0].past_len * kvl if step.prefills else 0]
+            layer_t -= min(t_lin, cm.copy_time(sum(min(r, STREAM_RING_BYTES) for r in rings), "h2d"))
+            staging = STREAM_RING_BYTES * sum(r > 0 for r in rings)  # each ring <= 64 MiB, kept for the step
     elif name in ("swap", "flexgen"):
         ratio = policy.kv_bytes_per_token(model) / model.kv_bytes_per_token()  # < 1 for FlexGen's 4-bit KV
         stored, new_stored = int(past * ratio), int(new_kv * ratio)

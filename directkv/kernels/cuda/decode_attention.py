@@ -5,7 +5,8 @@ Variants
 naive  : one query head per CTA, zero-copy: each K/V byte is read once per query head of its GQA group.
 tiled  : all query heads of a KV head in one CTA, zero-copy: each K/V byte crosses the link once.
 stream : beyond the paper: the copy engine moves host pages into a small HBM ring on a side stream while
-         the tiled kernel consumes the previous chunk; partial (O, lse) per chunk merged at the end.
+         the tiled kernel consumes the previous chunk; partial (O, lse) per chunk merged at the end (one
+         chunk and no HBM pages: one pass straight into the output).
 
 Both zero-copy variants split each sequence over CTAs (flash-decoding) when there are too few
 (sequence, head group) pairs to fill the GPU; the split plan is host-side arithmetic on the SM count,
@@ -214,9 +215,11 @@ def decode_attention(
     """
     _check_inputs(q, kv, variant, tile_kv, out)
     want = (q.shape[0], *kv.host_k.shape[2:])
-    check(last_kv is None or (variant == "stream" and plan is not None and all(t.shape == want for t in last_kv)),
-          f"last_kv is an option of variant 'stream' with a plan: (K, V) of shape {want}; got variant {variant!r}, "
-          f"plan {'given' if plan is not None else 'None'}, shapes {[tuple(t.shape) for t in last_kv or ()]}")
+    check(last_kv is None or (variant == "stream" and plan is not None and all(
+        t.shape == want and t.dtype == kv.dtype and t.device == q.device for t in last_kv)),
+          f"last_kv is an option of variant 'stream' with a plan: (K, V) of shape {want}, {kv.dtype}, on {q.device}; "
+          f"got variant {variant!r}, plan {'given' if plan is not None else 'None'}, "
+          f"{[(tuple(t.shape), t.dtype, str(t.device)) for t in last_kv or ()]}")
     out = torch.empty_like(q) if out is None else out
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[2])
     if variant == "stream":
@@ -232,7 +235,8 @@ def decode_attention(
 
 @dataclass
 class StreamPlan:
-    """Copy schedule of the stream variant, made once per block table (host-side, syncs once).
+    """Copy schedule of the stream variant, made once per block table (host-side; reads the block table
+    from the GPU once unless plan_stream is given its host copy).
 
     passes : [num_passes, batch, width] int32 CUDA block tables, one per chunk (entries -(ring_pos + 1)),
         plus a last one over HBM-resident pages (original entries) when any exist.
@@ -246,6 +250,7 @@ class StreamPlan:
     chunks use the first ones.
     prefetched : (host K pointer, host V pointer, chunks) that prefetch_stream copied ahead, which the next
         call over those pools skips; None when nothing is in flight.
+    page_bytes : bytes of one page of K (V the same).
     """
 
     passes: torch.Tensor
@@ -259,6 +264,7 @@ class StreamPlan:
     freed: list[torch.cuda.Event]
     last_rows: torch.Tensor
     last_slots: torch.Tensor
+    page_bytes: int
     prefetched: tuple[int, int, int] | None = None
 
 
@@ -294,6 +300,9 @@ def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size
     if bool(hbm.any()):
         masks.append(hbm)
         entries.append(table)
+    if not masks:  # no sequence has a token: no pass
+        batch = table.shape[0]
+        return torch.zeros((0, batch, 1), dtype=torch.int32), torch.zeros((0, batch), dtype=torch.int32), copies, False
     width = max([int(m.sum(1).max()) for m in masks] + [1])
     out_tables, out_lens = [], []
     for mask, ent in zip(masks, entries, strict=True):
@@ -317,13 +326,13 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
                 min_chunk_bytes: int = 2 << 20, reuse: StreamPlan | None = None,
                 host_table: tuple[torch.Tensor, torch.Tensor] | None = None) -> StreamPlan:
     """Plan the stream variant for `kv` (reads its block table once); the HBM ring is
-    2 * num_slots * chunk_bytes (K and V), at most 64 MiB, and no more than the host pages the batch reads
-    (or min_chunk_bytes per slot) need.
+    2 * num_slots * chunk_bytes (K and V), at most 64 MiB, and a new ring holds no more than the host pages the
+    batch reads (or min_chunk_bytes per slot) need.
 
     reuse : an earlier plan (a serving path's previous step) whose ring, copy stream and events this one
         takes over when its ring holds enough pages per slot for the same page shape; a ring too small is
-        replaced by one a quarter larger at least (up to chunk_bytes), so growing contexts do not allocate a
-        ring of a new size every step. The earlier plan must not be used afterwards.
+        replaced by one a quarter larger at least (up to chunk_bytes and the 64 MiB of all slots), so growing
+        contexts do not allocate a ring of a new size every step. The earlier plan must not be used afterwards.
     host_table : (block table, seq_lens) as CPU tensors equal to kv's, where the caller has them: reading
         kv's from the GPU is a device sync.
 
@@ -348,14 +357,12 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     if fits and reuse.ring_k.shape[1] >= chunk_pages:
         ring_k, ring_v, side, filled, freed = reuse.ring_k, reuse.ring_v, reuse.side, reuse.filled, reuse.freed
     else:
-        if fits:  # grow: a ring of a new size every step would allocate (and fragment torch's cache) every step
-            chunk_pages_held = min(most, max(chunk_pages, reuse.ring_k.shape[1] * 5 // 4))
-        else:
-            chunk_pages_held = chunk_pages
-        ring_shape = (num_slots, chunk_pages_held, *page_shape)
-        if fits:
-            reuse.ring_k = reuse.ring_v = None  # the old pair is freed before the new one is made
-        ring_k, ring_v = (torch.empty(ring_shape, dtype=kv.dtype, device=device) for _ in range(2))
+        # grow: a ring of a new size every step would allocate (and fragment torch's cache) every step
+        held = grown_pages(chunk_pages, reuse.ring_k.shape[1] if fits else 0,
+                           min(most, MAX_RING_BYTES // (2 * num_slots * page_bytes)))
+        if reuse is not None:
+            release_ring(reuse, device)
+        ring_k, ring_v = (torch.empty((num_slots, held, *page_shape), dtype=kv.dtype, device=device) for _ in range(2))
         side, filled, freed = (torch.cuda.Stream(device), [torch.cuda.Event() for _ in range(num_slots)],
                                [torch.cuda.Event() for _ in range(num_slots)])
     last_rows, last_slots = _last_token_slots(table, seq_lens, kv.page_size, hp[3], chunk_pages, num_slots,
@@ -363,8 +370,23 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     return StreamPlan(
         passes=tables.to(device), lens=lens.to(device), copies=copies, hbm_pass=hbm_pass,
         ring_k=ring_k, ring_v=ring_v, side=side, filled=filled, freed=freed,
-        last_rows=last_rows.to(device), last_slots=last_slots.to(device),
+        last_rows=last_rows.to(device), last_slots=last_slots.to(device), page_bytes=page_bytes,
     )  # fmt: skip
+
+
+def grown_pages(need: int, held: int, most: int) -> int:
+    """Pages per slot of a ring replacing one of `held` pages (0: none) that cannot hold `need`: a quarter
+    more than it held at least, at most `most` (never below `need`)."""
+    return max(need, min(most, held * 5 // 4))
+
+
+def release_ring(owner, device: torch.device) -> None:
+    """Drop `owner`'s ring (a StreamPlan or a PrefillRing) so a new one can take its memory: the allocator
+    may hand the blocks out as soon as the current stream reaches this point, so that stream first waits for
+    any copy still running on the ring's side stream (a prefetch no call consumed)."""
+    if owner.ring_k is not None:
+        torch.cuda.current_stream(device).wait_stream(owner.side)
+    owner.ring_k = owner.ring_v = None
 
 
 def _last_token_slots(table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, pages: torch.Tensor,
@@ -404,21 +426,24 @@ def prefetch_stream(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor
 def _copy_chunks(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor, chunks) -> None:
     """Queue the copies of `chunks` (ascending) into their ring slots on the side stream; chunk c waits
     until the kernels of chunk c - num_slots (same slot) are done with it."""
-    num_slots = plan.ring_k.shape[0]
-    page_bytes = plan.ring_k[0, 0].numel() * plan.ring_k.element_size()
+    num_slots, slot_bytes = plan.ring_k.shape[0], plan.ring_k[0].numel() * plan.ring_k.element_size()
+    ring_k, ring_v, host = plan.ring_k.data_ptr(), plan.ring_v.data_ptr(), [host_k.data_ptr(), host_v.data_ptr()]
     copy_runs = _module().copy_runs_async
     for c in chunks:
         slot = c % num_slots
         if c >= num_slots:
             plan.side.wait_event(plan.freed[slot])
-        copy_runs([plan.ring_k[slot].data_ptr(), plan.ring_v[slot].data_ptr()], [host_k.data_ptr(), host_v.data_ptr()],
-                  plan.copies[c], page_bytes, plan.side.cuda_stream)
+        copy_runs([ring_k + slot * slot_bytes, ring_v + slot * slot_bytes], host, plan.copies[c], plan.page_bytes,
+                  plan.side.cuda_stream)
         plan.filled[slot].record(plan.side)
 
 
 def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_splits, last_kv=None) -> None:
     if plan.passes.shape[1] != q.shape[0]:
         raise ConfigError(f"stream plan is for batch {plan.passes.shape[1]}, q has batch {q.shape[0]}")
+    if plan.passes.shape[0] == 0:  # no sequence has a token
+        out.zero_()
+        return
     main = torch.cuda.current_stream(q.device)
     num_slots = plan.ring_k.shape[0]
     ahead, plan.prefetched = plan.prefetched, None

@@ -43,7 +43,14 @@ import torch
 
 from directkv.errors import check, unknown_name
 from directkv.kernels.cuda import build
-from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES, host_pages, merge_passes, stream_schedule
+from directkv.kernels.cuda.decode_attention import (
+    MAX_RING_BYTES,
+    grown_pages,
+    host_pages,
+    merge_passes,
+    release_ring,
+    stream_schedule,
+)
 from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.paged import PagedKV, check_queries, sequence_runs
 from directkv.kernels.traffic import Traffic
@@ -268,8 +275,9 @@ def prefill_attention(
         table and past (every layer of a serving step; the benchmark's repeats); made per call when None,
         which reads the block table on the CPU (a device sync when it lives on the GPU) and costs ~ms of
         host work at 16K past tokens. chunk_bytes / min_chunks are then the plan's.
-    stream_ring : stream with a stream_plan only: a `prefill_ring(stream_plan)` kept across calls instead of a
-        ring allocated per call, so `prefetch_prefill_stream` can copy the next call's first chunks ahead.
+    stream_ring : stream with a stream_plan only: a `prefill_ring(stream_plan, pool, device)` kept across calls
+        instead of a ring allocated per call, so `prefetch_prefill_stream` can copy the next call's first
+        chunks ahead.
 
     Returns
     -------
@@ -452,14 +460,15 @@ def plan_prefill_stream(kv: PagedKV, *, chunk_bytes: int | None = None, min_chun
 class PrefillRing:
     """The stream variant's HBM ring kept across calls (every layer of a serving step), with its own copy stream
     and events: ring_k, ring_v `[STREAM_SLOTS, >= chunk_pages, page_size, num_kv_heads, head_dim]`. prefetched:
-    (host K pointer, host V pointer, passes) that prefetch_prefill_stream copied ahead; None when none."""
+    (the plan, host K pointer, host V pointer, passes) that prefetch_prefill_stream copied ahead; None when
+    none."""
 
     ring_k: torch.Tensor
     ring_v: torch.Tensor
     side: torch.cuda.Stream
     filled: list[torch.cuda.Event]
     freed: list[torch.cuda.Event]
-    prefetched: tuple[int, int, int] | None = None
+    prefetched: tuple[PrefillStreamPlan, int, int, int] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -479,10 +488,9 @@ def prefill_ring(plan: PrefillStreamPlan, pool: torch.Tensor, device: torch.devi
             and reuse.ring_k.device == device)
     if fits and reuse.ring_k.shape[1] >= plan.chunk_pages:
         return reuse
-    pages = plan.chunk_pages
-    if fits:
-        pages = min(max(pages, reuse.ring_k.shape[1] * 5 // 4), max(STREAM_CHUNK_BYTES // plan.page_bytes, pages))
-        reuse.ring_k = reuse.ring_v = None  # the old pair is freed before the new one is made
+    pages = grown_pages(plan.chunk_pages, reuse.ring_k.shape[1] if fits else 0, STREAM_CHUNK_BYTES // plan.page_bytes)
+    if reuse is not None:
+        release_ring(reuse, device)
     shape = (STREAM_SLOTS, pages, *page_shape)
     return PrefillRing(*(torch.empty(shape, dtype=pool.dtype, device=device) for _ in range(2)), torch.cuda.Stream(device),
                        [torch.cuda.Event() for _ in range(STREAM_SLOTS)], [torch.cuda.Event() for _ in range(STREAM_SLOTS)])
@@ -499,7 +507,7 @@ def prefetch_prefill_stream(plan: PrefillStreamPlan, ring: PrefillRing, host_k: 
     ring.side.wait_stream(torch.cuda.current_stream(ring.ring_k.device))  # the ring's readers, the pools' writers
     for c in range(n):
         _copy_pass(plan, ring.ring_k, ring.ring_v, ring.side, ring.filled, ring.freed, host_k, host_v, c)
-    ring.prefetched = (host_k.data_ptr(), host_v.data_ptr(), n)
+    ring.prefetched = (plan, host_k.data_ptr(), host_v.data_ptr(), n)
     return n
 
 
@@ -508,10 +516,15 @@ def _copy_pass(plan: PrefillStreamPlan, ring_k, ring_v, side, filled, freed, hos
     slot = c % STREAM_SLOTS
     if c >= STREAM_SLOTS:
         side.wait_event(freed[slot])  # the passes of chunk c - STREAM_SLOTS are done with the slot
-    build.load("decode_attention").copy_runs_async([ring_k[slot].data_ptr(), ring_v[slot].data_ptr()],
-                                                   [host_k.data_ptr(), host_v.data_ptr()], list(plan.passes[c].copies),
-                                                   plan.page_bytes, side.cuda_stream)
+    slot_bytes = ring_k[0].numel() * ring_k.element_size()
+    _copy_runs()([ring_k.data_ptr() + slot * slot_bytes, ring_v.data_ptr() + slot * slot_bytes],
+                 [host_k.data_ptr(), host_v.data_ptr()], list(plan.passes[c].copies), plan.page_bytes, side.cuda_stream)
     filled[slot].record(side)
+
+
+@cache
+def _copy_runs():
+    return build.load("decode_attention").copy_runs_async
 
 
 def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, tiled_opts: dict, pass_kernel: str,
@@ -541,13 +554,14 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
             ring_v = torch.empty(ring_shape, dtype=q.dtype, device=q.device)
             side, filled, freed = side_stream(q.device, STREAM_SLOTS)
         else:
-            check(ring.ring_k.shape[1] >= chunk_pages and ring.ring_k.dtype == q.dtype,
-                  f"stream_ring holds {ring.ring_k.shape[1]} pages of {ring.ring_k.dtype} per slot; the plan needs "
-                  f"{chunk_pages} of {q.dtype}")
+            got = (ring.ring_k.shape[1], tuple(ring.ring_k.shape[2:]), ring.ring_k.dtype, ring.ring_k.device)
+            check(got[0] >= chunk_pages and got[1:] == (tuple(kv.host_k.shape[1:]), q.dtype, q.device),
+                  f"stream_ring holds {got[0]} pages of {got[1]} {got[2]} per slot on {got[3]}; the plan needs "
+                  f"{chunk_pages} of {tuple(kv.host_k.shape[1:])} {q.dtype} on {q.device}")
             ring_k, ring_v, side, filled, freed = ring.ring_k, ring.ring_v, ring.side, ring.filled, ring.freed
             ahead, ring.prefetched = ring.prefetched, None
-            if ahead is not None and ahead[:2] == (kv.host_k.data_ptr(), kv.host_v.data_ptr()):
-                skip = ahead[2]  # a prefetch of other pools is simply redone after it (same stream, in order)
+            if ahead is not None and ahead[0] is plan and ahead[1:3] == (kv.host_k.data_ptr(), kv.host_v.data_ptr()):
+                skip = ahead[3]  # a prefetch of other pools or for another plan is redone after it (same stream)
         side.wait_stream(main)  # the ring's previous users and the pools' writers come first
         q_fold = _fold_gqa(q, kv.num_kv_heads) if flash else None
     # The new tokens' pass needs no ring, so it goes first (after side.wait_stream above, which must not wait
