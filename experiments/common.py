@@ -36,7 +36,7 @@ class Setup:
     sim_mode: str  # label of simulated rows on this hardware: simulated | projected
     cuda_graphs: bool = False  # measured serving: the runner's dense layer parts replayed as CUDA graphs
     cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL  # measured cpu_attn: one native OpenMP call, or torch's flash loop
-    pipelining: Pipelining = NO_PIPELINING  # measured directkv: steps as two parts, one part's attention on a side stream
+    pipelining: Pipelining = NO_PIPELINING  # directkv: steps as two parts, one part's attention on a side stream (simulated too)
 
 
 def resolve_device(requested: str) -> str:
@@ -80,8 +80,8 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
         raise unknown_name("executor.cpu_attn_kernel", cpu_kernel, CPU_ATTN_KERNELS)
     pipelining = Pipelining.from_config(executor)
     pipelining.check_system(SystemPolicy("directkv", directkv_variant(cfg)))
-    # graphs and pipelining are properties of the measured executor; the simulation has no kernel launches
-    # or streams
+    # graphs are a property of the measured executor (the simulation has no kernel launches); directkv's
+    # pipelining is simulated too (systems.pipelined_step_cost)
     return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda",
                  cpu_kernel, pipelining)
 

@@ -58,8 +58,10 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
                                  cuda_graphs=s.cuda_graphs, cpu_attn_kernel=s.cpu_attn_kernel,
                                  pipelining=s.pipelining)
             return _fill(row, res, s, extra)
-        return _fill(row, simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup),
-                     s, {})
+        res = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
+                       pipelining=s.pipelining)
+        # a pipelined directkv row is simulated pipelined too, and says so like its measured row
+        return _fill(row, res, s, s.pipelining.as_dict() if policy.name == "directkv" and s.pipelining.enabled else {})
     except KVCapacityError as e:
         return row | {"status": "oom", "error": str(e)}
     except ConfigError:

@@ -44,10 +44,14 @@ def compare_table(df: pd.DataFrame, exp: str, metric: str = "tpot_ms") -> str:
     tags = executor_tags(df)  # measured rows of one point that differ in an executor option: one line each
     show = lambda c: "-" if c is None else (c if isinstance(c, str) else _fmt(c))  # noqa: E731
     for point, group in df.groupby([*keys, "label"], sort=True, dropna=False):
-        sim = _cell(group[group["mode"] == "simulated"], metric)
+        sims = group[group["mode"] == "simulated"]
         measured = group[group["mode"] == "measured"]
         names = [_fmt(v) if isinstance(v, float) else str(v) for v in point]
         for tag in sorted(tags[measured.index].unique()) or [""]:
+            # the simulation of the same options (a pipelined directkv row is simulated pipelined), else the
+            # one without any (runs simulated before the simulation knew the option)
+            same = sims[tags[sims.index] == tag]
+            sim = _cell(same if not same.empty else sims[tags[sims.index] == ""], metric)
             m = _cell(measured[tags[measured.index] == tag], metric)
             ratio = m / sim if isinstance(m, float) and isinstance(sim, float) and sim else float("nan")
             label = names[-1] + (f" [{tag}]" if tag else "")

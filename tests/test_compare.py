@@ -59,6 +59,18 @@ def test_measured_rows_differing_in_graphs_get_one_line_each():
     assert lines == ["| m | 1024 | 4 | hbm [eager] | 37.7 | 5.8 | 6.5 |", "| m | 1024 | 4 | hbm [graphs] | 15.5 | 5.8 | 2.67 |"]
 
 
+def test_pipelined_measured_rows_pair_with_the_pipelined_simulation():
+    """A combined table holds one batch (measured, and simulated before the simulation knew pipelining: no
+    column) and pipelined (measured and simulated pipelined): each measured row meets its own simulation."""
+    df = pd.DataFrame({"model": ["m"] * 4, "context_len": [4096] * 4, "batch_size": [4] * 4, "system": ["directkv"] * 4,
+                       "variant": ["tiled"] * 4, "mode": ["measured", "simulated", "measured", "simulated"],
+                       "directkv_pipelined": [False, None, True, True], "status": ["ok"] * 4,
+                       "tpot_ms": [56.0, 50.0, 51.0, 40.0]})
+    lines = compare_table(df, "context_sweep").splitlines()[2:]
+    assert lines == ["| m | 4096 | 4 | directkv (tiled) [one batch] | 56 | 50 | 1.12 |",
+                     "| m | 4096 | 4 | directkv (tiled) [pipelined] | 51 | 40 | 1.27 |"]
+
+
 H200 = Path(__file__).resolve().parents[1] / "results" / "h200" / "rate_sweep"
 
 

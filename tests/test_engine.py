@@ -124,6 +124,62 @@ def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(conte
     assert step_cost(policy, step, LLAMA, CM).time_s == pytest.approx(want, rel=1e-9)
 
 
+def _decodes(n: int, context: int, first_id: int = 0) -> tuple:
+    from workloads.request import Request
+
+    return tuple(ReqState(Request(first_id + i, context, 8), prefilled=context, generated=1) for i in range(n))
+
+
+def test_pipelining_cuts_the_steps_the_measured_executor_cuts():
+    """Pipelining.cut, shared by GPUStepper.split and the simulation: halves of decode-only steps, decodes |
+    chunks of mixed ones (directkv with mixed on), none below the host K/V guard (directkv only)."""
+    from dataclasses import replace
+
+    from directkv.engine.state import PrefillChunk, Step
+    from directkv.engine.systems import NO_PIPELINING, Pipelining
+    from workloads.request import Request
+
+    on, dkv, cpu = Pipelining(True), SystemPolicy("directkv", "tiled"), SystemPolicy("cpu_attn")
+    kvl = LLAMA.kv_bytes_per_token_per_layer()  # 4 KiB: the 32 MB guard is ~7800 tokens
+    chunk = (PrefillChunk(ReqState(Request(99, 4096, 8)), 2048, 0),)
+    assert on.cut(dkv, Step(_decodes(5, 4096), ()), kvl) == 2
+    assert on.cut(dkv, Step(_decodes(5, 4096), chunk), kvl) == 5
+    assert replace(on, mixed=False).cut(dkv, Step(_decodes(5, 4096), chunk), kvl) is None
+    assert on.cut(dkv, Step(_decodes(1, 16384), ()), kvl) is None  # one decode: nothing to cut
+    assert on.cut(dkv, Step(_decodes(4, 1024), ()), kvl) is None  # 16 MB per layer: under the guard
+    assert on.cut(cpu, Step(_decodes(4, 1024), ()), kvl) == 2  # cpu_attn: always, decode-only steps only
+    assert on.cut(cpu, Step(_decodes(4, 1024), chunk), kvl) is None
+    assert NO_PIPELINING.cut(dkv, Step(_decodes(4, 4096), ()), kvl) is None
+    assert NO_PIPELINING.cut(cpu, Step(_decodes(4, 4096), ()), kvl) == 2  # Neo's pipeline is cpu_attn's own
+
+
+@pytest.mark.parametrize("mixed_step", [False, True])
+def test_pipelined_directkv_step_overlaps_one_part_attention_with_the_other_part_dense_work(mixed_step):
+    """A cut directkv step: per layer the longest of both parts' dense work, both parts' attention, and each
+    part's own dense + attention; every part reads the weights again. Slower parts than one batch show up too:
+    the second weight read is paid."""
+    from directkv.engine import step_traffic as st
+    from directkv.engine.state import PrefillChunk, Step
+    from directkv.engine.systems import Pipelining, step_cost
+    from workloads.request import Request
+
+    policy = SystemPolicy("directkv", "tiled")
+    chunk = (PrefillChunk(ReqState(Request(99, 8192, 8)), 2048, 4096),) if mixed_step else ()
+    step = Step(_decodes(4, 4096), chunk)
+    parts = [Step(step.decodes, ()), Step((), chunk)] if mixed_step else [Step(step.decodes[:2], ()), Step(step.decodes[2:], ())]
+    dense = [CM.dense_time(st.linear_layer_traffic(LLAMA, p.num_tokens)) for p in parts]
+    attn = [CM.time(st.attention_traffic(p, LLAMA, "tiled", policy), link="sm") for p in parts]
+    layer = max(dense[0] + dense[1], attn[0] + attn[1], dense[0] + attn[0], dense[1] + attn[1])
+    head = CM.time(st.lm_head_traffic(LLAMA, step.num_logits), flops_kind="matmul")
+    piped = step_cost(policy, step, LLAMA, CM, Pipelining(True))
+    assert piped.time_s == pytest.approx(LLAMA.num_layers * layer + head, rel=1e-9)
+    one = step_cost(policy, step, LLAMA, CM)
+    assert piped.time_s < one.time_s  # here the overlap wins
+    weights = LLAMA.layer_params() * LLAMA.dtype_bytes * LLAMA.num_layers
+    assert piped.traffic.hbm_read_bytes - one.traffic.hbm_read_bytes == pytest.approx(weights, rel=1e-6)
+    assert step_cost(policy, step, LLAMA, CM, Pipelining(False)) == one
+
+
 def test_simulation_is_deterministic_and_queues_under_load():
     wl = with_arrivals(synthetic_workload(40, 512, 32, dist="uniform", spread=0.5), rate=20.0, seed=3)
     a = simulate(wl.requests, SystemPolicy("swap"), LLAMA, CM, mem=MEM)

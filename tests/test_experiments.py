@@ -182,3 +182,19 @@ def test_rate_sweep_leaves_warm_up_requests_out_of_the_metrics(tmp_path):
                     "datasets=[alpaca]", "rates=[5]", "num_requests=6", "warmup_requests=3", "system.names=[hbm]"])
     df = pd.read_parquet(run_experiment(cfg, tmp_path))
     assert (df["num_requests"] == 6).all() and (df["warmup_requests"] == 3).all() and (df["completed"] == 6).all()
+
+
+def test_pipelined_directkv_is_simulated_pipelined_and_says_so(tmp_path):
+    """executor.directkv_pipelined: the simulated directkv rows run Pipelining's cuts too and carry the same
+    columns as measured ones, so plots.compare pairs them; other systems' rows do not."""
+    cfg = _compose(["+exp=context_sweep", "run_id=t", "progress=false", "render=false", "device=cpu",
+                    "contexts=[16384]", "batch_size=4", "output_len=4", "system.names=[directkv,hbm]",
+                    "executor.directkv_pipelined=true"])
+    df = pd.read_parquet(run_experiment(cfg, tmp_path)).set_index("system")
+    assert bool(df.loc["directkv", "directkv_pipelined"]) and bool(df.loc["directkv", "directkv_pipeline_mixed"])
+    assert pd.isna(df.loc["hbm", "directkv_pipelined"])
+    one = _compose(["+exp=context_sweep", "run_id=u", "progress=false", "render=false", "device=cpu",
+                    "contexts=[16384]", "batch_size=4", "output_len=4", "system.names=[directkv]"])
+    base = pd.read_parquet(run_experiment(one, tmp_path / "one")).set_index("system")
+    assert "directkv_pipelined" not in base.columns
+    assert df.loc["directkv", "tpot_ms"] != base.loc["directkv", "tpot_ms"]  # its mixed steps were cut

@@ -12,7 +12,14 @@ from directkv.costmodel import CostModel
 from directkv.engine.loop import ServeResult, activation_bytes, serve
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.state import Step
-from directkv.engine.systems import StepCost, SystemPolicy, gpu_memory_bytes, step_cost
+from directkv.engine.systems import (
+    NO_PIPELINING,
+    Pipelining,
+    StepCost,
+    SystemPolicy,
+    gpu_memory_bytes,
+    step_cost,
+)
 from directkv.errors import KVCapacityError
 from directkv.memory import KVCacheManager
 from directkv.specs import ModelSpec
@@ -43,20 +50,23 @@ class CostModelStepper:
     policy: SystemPolicy
     model: ModelSpec
     cm: CostModel
+    pipelining: Pipelining = NO_PIPELINING
 
     def run_step(self, step: Step) -> StepCost:
-        return step_cost(self.policy, step, self.model, self.cm)
+        return step_cost(self.policy, step, self.model, self.cm, self.pipelining)
 
 
 def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm: CostModel, *,
-             mem: MemoryConfig, sched_cfg: SchedulerConfig | None = None, warmup: int = 0) -> ServeResult:
-    """Serve `requests` with `policy` on the cost model; raises KVCapacityError if weights alone don't fit."""
+             mem: MemoryConfig, sched_cfg: SchedulerConfig | None = None, warmup: int = 0,
+             pipelining: Pipelining = NO_PIPELINING) -> ServeResult:
+    """Serve `requests` with `policy` on the cost model; raises KVCapacityError if weights alone don't fit.
+    pipelining: directkv's two-part steps as the measured executor would run them (systems.pipelined_step_cost)."""
     sched_cfg = sched_cfg or SchedulerConfig()
     hbm_kv, host_kv = kv_budgets(policy, model, mem, sched_cfg)
     kv = KVCacheManager(model, page_size=mem.page_size, hbm_budget_bytes=hbm_kv, host_budget_bytes=host_kv,
                         bytes_per_token=policy.kv_bytes_per_token(model))
-    res = serve(requests, CostModelStepper(policy, model, cm), kv, policy.kv_tier, model, sched_cfg=sched_cfg,
-                warmup=warmup)
+    res = serve(requests, CostModelStepper(policy, model, cm, pipelining), kv, policy.kv_tier, model,
+                sched_cfg=sched_cfg, warmup=warmup)
     res.gpu_mem_bytes = gpu_memory_bytes(model, kv_hbm_peak=res.kv_hbm_peak_bytes,
                                          staging_peak=res.staging_peak_bytes,
                                          activation_peak=res.activation_peak_bytes,

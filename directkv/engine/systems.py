@@ -87,8 +87,15 @@ class StepCost:
     staging_bytes: int  # HBM staging buffer this step needed (swap / flexgen / cpu_attn prefill)
 
 
-def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel) -> StepCost:
-    """Time of one engine step for `policy`, by layer: linear work + the system's attention path."""
+def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
+              pipelining: Pipelining | None = None) -> StepCost:
+    """Time of one engine step for `policy`, by layer: linear work + the system's attention path. With
+    `pipelining` enabled, directkv's steps that the measured executor cuts run as two parts
+    (pipelined_step_cost)."""
+    if pipelining is not None and policy.name == "directkv":
+        cut = pipelining.cut(policy, step, model.kv_bytes_per_token_per_layer())
+        if cut is not None:
+            return pipelined_step_cost(policy, step, cut, model, cm)
     L = model.num_layers
     lin = st.linear_layer_traffic(model, step.num_tokens)
     t_lin = cm.dense_time(lin)
@@ -142,6 +149,27 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel)
     return StepCost(L * layer_t + t_head, layer_traffic.scaled(L) + head, staging)
 
 
+def pipelined_step_cost(policy: SystemPolicy, step: Step, cut: int, model: ModelSpec, cm: CostModel) -> StepCost:
+    """directkv's step as two parts, rows [0, cut) and the rest (Pipelining.cut): each part's projections and
+    MLP (reading all the weights again) run on the main stream while the other part's zero-copy attention runs
+    on a side stream. Per layer the main stream does both parts' dense work, the link both parts' attention,
+    and each part waits for its own attention before its next dense work, so a layer takes the longest of
+    those four sums."""
+    if step.prefills:  # Pipelining.cut cuts a mixed step between its decodes and its chunks
+        parts = [Step(step.decodes, ()), Step((), step.prefills)]
+    else:
+        parts = [Step(step.decodes[:cut], ()), Step(step.decodes[cut:], ())]
+    dense = [cm.dense_time(st.linear_layer_traffic(model, p.num_tokens)) for p in parts]
+    attn = [st.attention_traffic(p, model, policy.variant, policy) for p in parts]
+    t_attn = [cm.time(a, link="sm") for a in attn]
+    layer_t = max(sum(dense), sum(t_attn), dense[0] + t_attn[0], dense[1] + t_attn[1])
+    head = st.lm_head_traffic(model, step.num_logits)
+    t_head = cm.time(head, flops_kind="matmul")
+    lin = st.linear_layer_traffic(model, parts[0].num_tokens) + st.linear_layer_traffic(model, parts[1].num_tokens)
+    layer_traffic = lin + attn[0] + attn[1]
+    return StepCost(model.num_layers * layer_t + t_head, layer_traffic.scaled(model.num_layers) + head, 0)
+
+
 def gpu_memory_bytes(model: ModelSpec, *, kv_hbm_peak: int, staging_peak: int,
                      activation_peak: int, runtime_overhead: int) -> int:
     """GPU memory a system holds: weights + KV in HBM + staging buffers + activations + runtime."""
@@ -188,6 +216,26 @@ class Pipelining:
         """Pipelining runs directkv's zero-copy kernels; the stream variant has its own side stream."""
         check(not (self.enabled and policy.name == "directkv" and policy.variant not in ("naive", "tiled", "")),
               f"executor.directkv_pipelined runs directkv variants naive and tiled; got variant {policy.variant!r}")
+
+    def cut(self, policy: SystemPolicy, step: Step, kv_bytes_per_token_per_layer: int) -> int | None:
+        """Row where the measured executor cuts `step` into two software-pipelined parts, or None to run it as
+        one batch (GPUStepper.split, and the simulation of the same steps).
+
+        cpu_attn, and directkv when enabled, cut decode-only steps of >= 2 sequences in halves. directkv also
+        cuts steps that mix decodes and prompt chunks into decodes | chunks (unless `mixed` is off): the
+        decodes' link-bound attention then overlaps the chunks' dense layers, which dominate such steps; and it
+        cuts only steps whose decodes read at least min_kv_mb of host K/V per layer: below that the second
+        pass over the weights costs more than it hides.
+        """
+        if not self.runs_parts(policy):
+            return None
+        directkv = policy.name == "directkv"
+        if directkv and sum(step.decode_kv_lens) * kv_bytes_per_token_per_layer < self.min_kv_mb * 1e6:
+            return None
+        d = len(step.decodes)
+        if not step.prefills:
+            return d // 2 if d >= 2 else None
+        return d if d and directkv and self.mixed else None
 
     def runs_parts(self, policy: SystemPolicy) -> bool:
         """Whether the measured executor may run this system's steps as two parts (GPUStepper.split):

@@ -27,7 +27,6 @@ from directkv.memory import KVCacheManager
 class CpuAttnPath(StagedPath):
     """Neo-like: decode attention on the CPU over the pinned pages; prompt chunks attend on the GPU (staged)."""
 
-    pipelines_chunks = False  # attend_async is CPU decode attention only
 
     def __init__(self, kv: KVCacheManager, *, threads: int | None = None, kernel: str = DEFAULT_CPU_ATTN_KERNEL):
         super().__init__(kv)

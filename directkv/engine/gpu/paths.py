@@ -41,8 +41,6 @@ def kernel_backend() -> str:
 class ZeroCopyPath:
     """Attention kernels read the pages where they are: zero-copy from host, or HBM."""
 
-    # attend_async also serves a step's prompt chunks as one part, so mixed steps can be pipelined
-    pipelines_chunks = True
 
     def __init__(self, kv: KVCacheManager, tier: str, variant: str, *, side_ctas: int | None = None):
         """side_ctas: attend_async's kernels are split to about this many CTAs (None: the kernel's own plan,

@@ -49,13 +49,8 @@ class GPUStepper:
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
         pipelining.check_system(policy)
         self.pipelining = pipelining
-        self.parts = pipelining.runs_parts(policy)
         self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
                               directkv_side_ctas=pipelining.side_ctas)
-        # directkv's decodes attending to fewer tokens than this (Pipelining.min_kv_mb of host K/V per layer, in
-        # tokens) are not worth a cut
-        self.min_cut_tokens = (pipelining.min_kv_mb * 1e6 / runner.spec.kv_bytes_per_token_per_layer()
-                               if policy.name == "directkv" else 0.0)
         self.gen = torch.Generator().manual_seed(seed)
         self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
         self.outputs: dict[int, list[int]] = {}  # request -> generated ids (tests compare systems on them)
@@ -74,20 +69,9 @@ class GPUStepper:
         return torch.tensor(ids, dtype=torch.int64), torch.tensor(rows, dtype=torch.int64)
 
     def split(self, step: Step) -> int | None:
-        """Row where a software-pipelined step is cut into its two parts, or None to run it as one batch.
-
-        cpu_attn, and directkv with directkv_pipelined, cut decode-only steps of >= 2 sequences in halves.
-        A path whose attend_async serves prompt chunks (directkv's) also cuts steps that mix decodes and
-        chunks into decodes | chunks (unless Pipelining.mixed is off): the decodes' link-bound attention then overlaps the chunks' dense
-        layers, which dominate such steps. directkv cuts only steps whose decodes attend to at least
-        min_cut_tokens tokens: below that the second pass over the weights costs more than it hides.
-        """
-        if not self.parts or sum(step.decode_kv_lens) < self.min_cut_tokens:
-            return None
-        d = len(step.decodes)
-        if not step.prefills:
-            return d // 2 if d >= 2 else None
-        return d if d and self.path.pipelines_chunks and self.pipelining.mixed else None
+        """Row where a software-pipelined step is cut into its two parts, or None to run it as one batch
+        (Pipelining.cut: the simulation cuts the same steps)."""
+        return self.pipelining.cut(self.policy, step, self.runner.spec.kv_bytes_per_token_per_layer())
 
     def run_step(self, step: Step) -> StepCost:
         ids, rows = self._tokens(step)
