@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from directkv.errors import ConfigError, check
-from plots.figures.common import executor_tags
+from plots.figures.common import EXECUTOR_OPTIONS, executor_tags
 from plots.load import find_run_dirs, load_run
 
 # experiment -> the columns that name a point (besides system / variant)
@@ -48,15 +48,29 @@ def compare_table(df: pd.DataFrame, exp: str, metric: str = "tpot_ms") -> str:
         measured = group[group["mode"] == "measured"]
         names = [_fmt(v) if isinstance(v, float) else str(v) for v in point]
         for tag in sorted(tags[measured.index].unique()) or [""]:
-            # the simulation of the same options (a pipelined directkv row is simulated pipelined), else the
-            # one without any (runs simulated before the simulation knew the option)
-            same = sims[tags[sims.index] == tag]
-            sim = _cell(same if not same.empty else sims[tags[sims.index] == ""], metric)
-            m = _cell(measured[tags[measured.index] == tag], metric)
+            rows = measured[tags[measured.index] == tag]
+            sim = _cell(_twin(sims, rows.iloc[0] if len(rows) else None), metric)
+            m = _cell(rows, metric)
             ratio = m / sim if isinstance(m, float) and isinstance(sim, float) and sim else float("nan")
             label = names[-1] + (f" [{tag}]" if tag else "")
             lines.append("| " + " | ".join([*names[:-1], label, show(m), show(sim), _fmt(ratio)]) + " |")
     return "\n".join(lines)
+
+
+def _twin(sims: pd.DataFrame, measured: pd.Series | None) -> pd.DataFrame:
+    """The simulated row of a point that ran the measured row's options: of those whose executor options (the
+    ones a simulated row carries, e.g. directkv's pipelining; never graphs) all equal the measured row's, the
+    one carrying the most; rows from before the simulation knew an option carry none and match anything."""
+    if measured is None or sims.empty:
+        return sims.iloc[:1]
+    cols = [c for c in EXECUTOR_OPTIONS if c in sims.columns]
+    best, best_n = sims.iloc[:0], -1
+    for i in range(len(sims)):
+        row = sims.iloc[i]
+        carried = [c for c in cols if not pd.isna(row[c])]
+        if all(c in measured.index and measured[c] == row[c] for c in carried) and len(carried) > best_n:
+            best, best_n = sims.iloc[i : i + 1], len(carried)
+    return best
 
 
 def _cell(rows: pd.DataFrame, metric: str) -> float | str | None:

@@ -69,6 +69,13 @@ def test_pipelined_measured_rows_pair_with_the_pipelined_simulation():
     lines = compare_table(df, "context_sweep").splitlines()[2:]
     assert lines == ["| m | 4096 | 4 | directkv (tiled) [one batch] | 56 | 50 | 1.12 |",
                      "| m | 4096 | 4 | directkv (tiled) [pipelined] | 51 | 40 | 1.27 |"]
+    # graphs on and off measured too: simulated rows never carry cuda_graphs, and still find their twin
+    both = pd.concat([df.assign(cuda_graphs=[True, None, True, None]),
+                      df[df["mode"] == "measured"].assign(cuda_graphs=False, tpot_ms=[70.0, 65.0])], ignore_index=True)
+    lines = compare_table(both, "context_sweep").splitlines()[2:]
+    assert [(line.split(" | ")[3], line.split(" | ")[-2]) for line in lines] == [
+        ("directkv (tiled) [eager, one batch]", "50"), ("directkv (tiled) [eager, pipelined]", "40"),
+        ("directkv (tiled) [graphs, one batch]", "50"), ("directkv (tiled) [graphs, pipelined]", "40")], lines
 
 
 H200 = Path(__file__).resolve().parents[1] / "results" / "h200" / "rate_sweep"

@@ -332,3 +332,37 @@ def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages,
     assert rows.tolist() == want
     for b, s in zip(rows.tolist(), slots.tolist(), strict=True):
         assert ring[s // 16] == int(kv.block_table[b, (lens[b] - 1) // 16]) and s % 16 == (lens[b] - 1) % 16
+
+
+def test_stream_schedule_of_no_tokens_has_no_pass():
+    """Every sequence empty: no copies and no pass (the call then writes zeros), not a stack of nothing."""
+    tables, lens, copies, hbm_pass = stream_schedule(torch.tensor([[3, 4], [5, 0]], dtype=torch.int32),
+                                                     torch.zeros(2, dtype=torch.int32), 16, 8)
+    assert tables.shape == (0, 2, 1) and lens.shape == (0, 2) and copies == [] and not hbm_pass
+
+
+def test_merge_passes_gives_zeros_to_a_row_no_pass_saw():
+    """A sequence of length 0 in a call of several passes has -inf LSEs in all of them: its output is 0, not
+    the NaN of a softmax over nothing; the other rows merge as before."""
+    from directkv.kernels.cuda.decode_attention import merge_passes
+
+    o = [torch.randn(2, 4, 8), torch.randn(2, 4, 8)]
+    lse = [torch.randn(2, 4), torch.randn(2, 4)]
+    for t in lse:
+        t[1] = -math.inf
+    out = torch.full((2, 4, 8), math.nan)
+    merge_passes(list(zip(o, lse, strict=True)), out)
+    w = torch.softmax(torch.stack(lse)[:, 0], dim=0)
+    assert torch.equal(out[1], torch.zeros(4, 8))
+    torch.testing.assert_close(out[0], w[0, :, None] * o[0][0] + w[1, :, None] * o[1][0])
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_last_kv_of_the_wrong_dtype_is_one_line():
+    kv = make_kv([40, 70], page_size=16, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16, hbm_fraction=0.0)
+    q = torch.randn(2, 4, 64, device="cuda").to(torch.bfloat16)
+    bad = torch.randn(2, 2, 64, device="cuda")  # float32
+    with pytest.raises(ConfigError, match=r"last_kv is an option of variant 'stream' with a plan: \(K, V\) of shape "
+                                          r"\(2, 2, 64\), torch.bfloat16"):
+        decode_attention(q, kv, variant="stream", plan=plan_stream(kv), last_kv=(bad, bad))

@@ -336,7 +336,8 @@ def test_prefill_stream_ring_kept_across_calls_and_prefetched(pass_kernel):
         assert_matches(out, dense_reference(q, k_new, v_new, cpu, causal=True, scale=1 / math.sqrt(128)))
     two = plan_prefill_stream(kv, chunk_bytes=2 * page_bytes_of(kv_cpu))
     small = prefill_ring(two, kv.host_k, "cuda")
-    with pytest.raises(ConfigError, match=r"stream_ring holds 2 pages of torch.bfloat16 per slot; the plan needs 3 of "):
+    with pytest.raises(ConfigError, match=r"stream_ring holds 2 pages of \(16, 2, 128\) torch.bfloat16 per slot on "
+                                          r"cuda:\d; the plan needs 3 of \(16, 2, 128\) torch.bfloat16"):
         prefill_attention(q, k_new, v_new, kv, variant="stream", stream_plan=plan, stream_ring=small)
     # reuse: a ring with room is kept (and serves a plan of smaller chunks), one without is replaced
     assert prefill_ring(two, kv.host_k, "cuda", reuse=ring) is ring

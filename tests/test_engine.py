@@ -262,3 +262,12 @@ def test_system_overhead_per_layer_adds_to_each_decode_step(system):
     assert extra(decode, system) == pytest.approx(LLAMA.num_layers * 1e-3, rel=1e-6)
     assert extra(prompt, system) == (pytest.approx(LLAMA.num_layers * 1e-3, rel=1e-6) if system == "flexgen" else 0)
     assert extra(decode, "swap") == extra(decode, "hbm") == 0
+
+
+def test_simulate_refuses_pipelining_the_stream_variant():
+    from directkv.engine.systems import Pipelining
+
+    with pytest.raises(ConfigError, match="executor.directkv_pipelined runs directkv variants naive and tiled; "
+                                          "got variant 'stream'"):
+        simulate(synthetic_workload(2, 256, 4).requests, SystemPolicy("directkv", "stream"), LLAMA, CM, mem=MEM,
+                 pipelining=Pipelining(True))

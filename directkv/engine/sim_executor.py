@@ -61,6 +61,7 @@ def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm
              pipelining: Pipelining = NO_PIPELINING) -> ServeResult:
     """Serve `requests` with `policy` on the cost model; raises KVCapacityError if weights alone don't fit.
     pipelining: directkv's two-part steps as the measured executor would run them (systems.pipelined_step_cost)."""
+    pipelining.check_system(policy)
     sched_cfg = sched_cfg or SchedulerConfig()
     hbm_kv, host_kv = kv_budgets(policy, model, mem, sched_cfg)
     kv = KVCacheManager(model, page_size=mem.page_size, hbm_budget_bytes=hbm_kv, host_budget_bytes=host_kv,

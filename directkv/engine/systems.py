@@ -178,9 +178,10 @@ def gpu_memory_bytes(model: ModelSpec, *, kv_hbm_peak: int, staging_peak: int,
 
 @dataclass(frozen=True)
 class Pipelining:
-    """How the measured executor runs directkv's steps as two parts (executor.directkv_pipelined and the two
-    knobs beside it): one part's zero-copy attention on a side stream while the other part's dense layers
-    run. Validated here, once, wherever the values enter (config, run_gpu's callers, the profiler)."""
+    """How directkv's steps run as two parts (executor.directkv_pipelined and the knobs beside it): one part's
+    zero-copy attention on a side stream while the other part's dense layers run; measured by the GPU executor
+    and simulated by pipelined_step_cost (side_ctas is not modelled). Validated here, once, wherever the
+    values enter (config, run_gpu's and simulate's callers, the profiler)."""
 
     enabled: bool = False
     side_ctas: int | None = DEFAULT_DIRECTKV_SIDE_CTAS  # about this many CTAs per side-stream kernel (None: all SMs)
@@ -243,7 +244,7 @@ class Pipelining:
         return policy.name == "cpu_attn" or (self.enabled and policy.name == "directkv")
 
     def as_dict(self) -> dict:
-        """Columns of a measured directkv row."""
+        """Columns of a measured directkv row, and of a simulated one when enabled."""
         if not self.enabled:
             return {"directkv_pipelined": False}
         return {"directkv_pipelined": True, "directkv_side_ctas": self.side_ctas,

@@ -87,9 +87,10 @@ class ZeroCopyPath:
                                                                  reuse=self._kept["chunk"])
         # HBM rings held at once: the kept decode and first-chunk rings, and the largest per-call one
         ring = [4 * cp.chunk_pages * cp.page_bytes if any(ps.ring for ps in cp.passes) else 0 for cp in self.chunk_plans]
-        held = max(ring[1:], default=0) + (self._kept["chunk"].nbytes if self._kept["chunk"] is not None else 0)
-        if self._kept["decode"] is not None:
-            held += 2 * self._kept["decode"].ring_k.numel() * self._kept["decode"].ring_k.element_size()
+        held = max(ring[1:], default=0)
+        for kept in self._kept.values():
+            if kept is not None and kept.ring_k is not None:
+                held += 2 * kept.ring_k.numel() * kept.ring_k.element_size()
         self.staging_bytes = max(self.staging_bytes, held)
 
     @staticmethod

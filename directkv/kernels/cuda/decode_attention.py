@@ -352,8 +352,9 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     tables, lens, copies, hbm_pass = stream_schedule(table, seq_lens, kv.page_size, chunk_pages, hp=hp)
     device = kv.block_table.device
     page_shape = tuple(kv.host_k.shape[1:])
-    fits = (reuse is not None and reuse.ring_k.shape[0] == num_slots and tuple(reuse.ring_k.shape[2:]) == page_shape
-            and reuse.ring_k.dtype == kv.dtype and reuse.ring_k.device == device)
+    fits = (reuse is not None and reuse.ring_k is not None and reuse.ring_k.shape[0] == num_slots
+            and tuple(reuse.ring_k.shape[2:]) == page_shape and reuse.ring_k.dtype == kv.dtype
+            and reuse.ring_k.device == device)
     if fits and reuse.ring_k.shape[1] >= chunk_pages:
         ring_k, ring_v, side, filled, freed = reuse.ring_k, reuse.ring_v, reuse.side, reuse.filled, reuse.freed
     else:
@@ -361,10 +362,8 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
         held = grown_pages(chunk_pages, reuse.ring_k.shape[1] if fits else 0,
                            min(most, MAX_RING_BYTES // (2 * num_slots * page_bytes)))
         if reuse is not None:
-            release_ring(reuse, device)
-        ring_k, ring_v = (torch.empty((num_slots, held, *page_shape), dtype=kv.dtype, device=device) for _ in range(2))
-        side, filled, freed = (torch.cuda.Stream(device), [torch.cuda.Event() for _ in range(num_slots)],
-                               [torch.cuda.Event() for _ in range(num_slots)])
+            release_ring(reuse)
+        ring_k, ring_v, side, filled, freed = new_ring((num_slots, held, *page_shape), kv.dtype, device, num_slots)
     last_rows, last_slots = _last_token_slots(table, seq_lens, kv.page_size, hp[3], chunk_pages, num_slots,
                                               ring_k.shape[1])
     return StreamPlan(
@@ -380,12 +379,20 @@ def grown_pages(need: int, held: int, most: int) -> int:
     return max(need, min(most, held * 5 // 4))
 
 
-def release_ring(owner, device: torch.device) -> None:
-    """Drop `owner`'s ring (a StreamPlan or a PrefillRing) so a new one can take its memory: the allocator
-    may hand the blocks out as soon as the current stream reaches this point, so that stream first waits for
-    any copy still running on the ring's side stream (a prefetch no call consumed)."""
-    if owner.ring_k is not None:
-        torch.cuda.current_stream(device).wait_stream(owner.side)
+def new_ring(shape: tuple, dtype: torch.dtype, device: torch.device, slots: int):
+    """(ring_k, ring_v, copy stream, filled events, freed events) of a new ring. The rings are marked as used
+    by the copy stream, so when they are freed the caching allocator does not hand their memory out before
+    that stream's queued copies (a prefetch no call consumed) are done, whichever stream frees them."""
+    side = torch.cuda.Stream(device)
+    rings = [torch.empty(shape, dtype=dtype, device=device) for _ in range(2)]
+    for r in rings:
+        r.record_stream(side)
+    return (*rings, side, [torch.cuda.Event() for _ in range(slots)], [torch.cuda.Event() for _ in range(slots)])
+
+
+def release_ring(owner) -> None:
+    """Drop `owner`'s ring (a StreamPlan or a PrefillRing whose ring a larger one replaces); new_ring's
+    record_stream keeps the memory from reuse until its copies are done."""
     owner.ring_k = owner.ring_v = None
 
 
@@ -441,12 +448,12 @@ def _copy_chunks(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor, c
 def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_splits, last_kv=None) -> None:
     if plan.passes.shape[1] != q.shape[0]:
         raise ConfigError(f"stream plan is for batch {plan.passes.shape[1]}, q has batch {q.shape[0]}")
-    if plan.passes.shape[0] == 0:  # no sequence has a token
-        out.zero_()
-        return
     main = torch.cuda.current_stream(q.device)
     num_slots = plan.ring_k.shape[0]
     ahead, plan.prefetched = plan.prefetched, None
+    if plan.passes.shape[0] == 0:  # no sequence has a token
+        out.zero_()
+        return
     # chunks prefetch_stream already copied from these pools; copies of other pools are simply redone after
     # them (same side stream, so in order) and then hold every store
     skip = ahead[2] if ahead is not None and ahead[:2] == (kv.host_k.data_ptr(), kv.host_v.data_ptr()) else 0
@@ -484,7 +491,8 @@ def merge_passes(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tens
     without the last dim; any strides and float dtypes, so a pass can hand over a permuted view instead of a
     copy. One fp32 accumulator, updated in place per pass: each pass's O is read once.
     """
-    weights = torch.softmax(torch.stack([lse for _, lse in parts]), dim=0).unsqueeze(-1)
+    # a row with no key in any pass (a sequence of length 0) has only -inf LSEs: weight 0, so its output is 0
+    weights = torch.softmax(torch.stack([lse for _, lse in parts]), dim=0).nan_to_num(0.0).unsqueeze(-1)
     acc = parts[0][0] * weights[0]  # fp32 (the weights are)
     for (o, _), w in zip(parts[1:], weights[1:], strict=True):
         acc.addcmul_(o, w)

@@ -48,9 +48,11 @@ from directkv.kernels.cuda.decode_attention import (
     grown_pages,
     host_pages,
     merge_passes,
+    new_ring,
     release_ring,
     stream_schedule,
 )
+from directkv.kernels.cuda.decode_attention import _module as _copy_module
 from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.paged import PagedKV, check_queries, sequence_runs
 from directkv.kernels.traffic import Traffic
@@ -484,16 +486,14 @@ def prefill_ring(plan: PrefillStreamPlan, pool: torch.Tensor, device: torch.devi
     page_shape, device = tuple(pool.shape[1:]), torch.device(device)
     if device.type == "cuda" and device.index is None:  # "cuda" names the current device; tensors say cuda:N
         device = torch.device("cuda", torch.cuda.current_device())
-    fits = (reuse is not None and tuple(reuse.ring_k.shape[2:]) == page_shape and reuse.ring_k.dtype == pool.dtype
-            and reuse.ring_k.device == device)
+    fits = (reuse is not None and reuse.ring_k is not None and tuple(reuse.ring_k.shape[2:]) == page_shape
+            and reuse.ring_k.dtype == pool.dtype and reuse.ring_k.device == device)
     if fits and reuse.ring_k.shape[1] >= plan.chunk_pages:
         return reuse
     pages = grown_pages(plan.chunk_pages, reuse.ring_k.shape[1] if fits else 0, STREAM_CHUNK_BYTES // plan.page_bytes)
     if reuse is not None:
-        release_ring(reuse, device)
-    shape = (STREAM_SLOTS, pages, *page_shape)
-    return PrefillRing(*(torch.empty(shape, dtype=pool.dtype, device=device) for _ in range(2)), torch.cuda.Stream(device),
-                       [torch.cuda.Event() for _ in range(STREAM_SLOTS)], [torch.cuda.Event() for _ in range(STREAM_SLOTS)])
+        release_ring(reuse)
+    return PrefillRing(*new_ring((STREAM_SLOTS, pages, *page_shape), pool.dtype, device, STREAM_SLOTS))
 
 
 def prefetch_prefill_stream(plan: PrefillStreamPlan, ring: PrefillRing, host_k: torch.Tensor,
@@ -517,14 +517,10 @@ def _copy_pass(plan: PrefillStreamPlan, ring_k, ring_v, side, filled, freed, hos
     if c >= STREAM_SLOTS:
         side.wait_event(freed[slot])  # the passes of chunk c - STREAM_SLOTS are done with the slot
     slot_bytes = ring_k[0].numel() * ring_k.element_size()
-    _copy_runs()([ring_k.data_ptr() + slot * slot_bytes, ring_v.data_ptr() + slot * slot_bytes],
-                 [host_k.data_ptr(), host_v.data_ptr()], list(plan.passes[c].copies), plan.page_bytes, side.cuda_stream)
+    _copy_module().copy_runs_async([ring_k.data_ptr() + slot * slot_bytes, ring_v.data_ptr() + slot * slot_bytes],
+                                   [host_k.data_ptr(), host_v.data_ptr()], list(plan.passes[c].copies),
+                                   plan.page_bytes, side.cuda_stream)
     filled[slot].record(side)
-
-
-@cache
-def _copy_runs():
-    return build.load("decode_attention").copy_runs_async
 
 
 def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, tiled_opts: dict, pass_kernel: str,
@@ -555,7 +551,8 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
             side, filled, freed = side_stream(q.device, STREAM_SLOTS)
         else:
             got = (ring.ring_k.shape[1], tuple(ring.ring_k.shape[2:]), ring.ring_k.dtype, ring.ring_k.device)
-            check(got[0] >= chunk_pages and got[1:] == (tuple(kv.host_k.shape[1:]), q.dtype, q.device),
+            check(got[0] >= chunk_pages and got[1:] == (tuple(kv.host_k.shape[1:]), q.dtype, q.device)
+                  and ring.ring_k.is_contiguous() and ring.ring_v.is_contiguous(),
                   f"stream_ring holds {got[0]} pages of {got[1]} {got[2]} per slot on {got[3]}; the plan needs "
                   f"{chunk_pages} of {tuple(kv.host_k.shape[1:])} {q.dtype} on {q.device}")
             ring_k, ring_v, side, filled, freed = ring.ring_k, ring.ring_v, ring.side, ring.filled, ring.freed
