@@ -17,20 +17,17 @@ import torch
 
 from directkv.errors import ConfigError
 from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES
-from directkv.kernels.cuda.prefill_attention import (
-    HOST_LOADS,
-    PASS_KERNELS,
+from directkv.kernels.cuda.prefill_attention import HOST_LOADS, PASS_KERNELS, prefill_attention, traffic
+from directkv.kernels.cuda.prefill_stream import (
     STREAM_CHUNK_BYTES,
     STREAM_MIN_CHUNK_BYTES,
     STREAM_SLOTS,
     PrefillStreamPlan,
     plan_prefill_stream,
     prefetch_prefill_stream,
-    prefill_attention,
     prefill_ring,
     stream_chunk_pages,
     stream_passes,
-    traffic,
 )
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 from directkv.kernels.paged import PagedKV

@@ -354,7 +354,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
     from functools import partial
 
     import directkv.kernels.cuda.decode_attention as dec
-    import directkv.kernels.cuda.prefill_attention as pre
+    import directkv.kernels.cuda.prefill_stream as pre
     from directkv.engine.gpu.paths import ZeroCopyPath
 
     if chunk_bytes is not None:

@@ -64,7 +64,7 @@ class ZeroCopyPath:
         """stream: the step's copy schedules, made once (one host read of each block table) and reused by every
         layer, whose pools differ but whose block tables do not."""
         from directkv.kernels.cuda.decode_attention import plan_stream
-        from directkv.kernels.cuda.prefill_attention import plan_prefill_stream, prefill_ring
+        from directkv.kernels.cuda.prefill_stream import plan_prefill_stream, prefill_ring
 
         k0, v0 = self.kv.pools(0, self.tier)
         # the rings (and their copy streams) are kept from step to step (plan_stream / prefill_ring's reuse):
@@ -128,7 +128,7 @@ class ZeroCopyPath:
         if self.tier != "host":
             return
         from directkv.kernels.cuda.decode_attention import prefetch_stream
-        from directkv.kernels.cuda.prefill_attention import prefetch_prefill_stream
+        from directkv.kernels.cuda.prefill_stream import prefetch_prefill_stream
 
         pools = self.kv.pools(layer, self.tier)
         if self.decode_plan is not None:

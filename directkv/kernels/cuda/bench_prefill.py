@@ -25,7 +25,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from directkv.kernels.cuda.prefill_attention import plan_prefill_stream, prefill_attention
+from directkv.kernels.cuda.prefill_attention import prefill_attention
+from directkv.kernels.cuda.prefill_stream import plan_prefill_stream
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 from directkv.kernels.paged import PagedKV
 from directkv.timing import time_fn
