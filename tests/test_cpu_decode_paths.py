@@ -17,19 +17,10 @@ from pathlib import Path
 import pytest
 
 from directkv.hostinfo import cpuinfo_field
-from directkv.kernels.cuda.build import CXX_FLAGS, BuildError, cxx_path
+from directkv.kernels.cuda.build import CXX_FLAGS, can_build, cxx_path
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _cxx() -> str | None:
-    try:
-        return cxx_path()
-    except BuildError:
-        return None
-
-
-CXX = _cxx()
+CXX = cxx_path() if can_build("cpu_decode_attention") else None
 FLAGS = set((cpuinfo_field("flags") or "").split())
 BEST = "avx512bf16" if "avx512_bf16" in FLAGS else "avx512f" if "avx512f" in FLAGS else "generic"
 BUILDS = [  # (extra flags, the item the specialised cases must take)

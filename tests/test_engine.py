@@ -96,6 +96,13 @@ def test_directkv_stream_moves_tiled_bytes_by_copy_engine_into_a_small_ring():
     assert stream.gpu_mem_bytes - tiled.gpu_mem_bytes == 2 * (64 << 20)
 
 
+def _decodes(n: int, context: int) -> tuple:
+    """n running requests of `context` cached tokens, each decoding its second token."""
+    from workloads.request import Request
+
+    return tuple(ReqState(Request(i, context, 8), prefilled=context, generated=1) for i in range(n))
+
+
 @pytest.mark.parametrize("context", [256, 1024, 32768])
 @pytest.mark.parametrize("chunk", [False, True])
 def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(context, chunk):
@@ -110,7 +117,7 @@ def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(conte
 
     policy = SystemPolicy("directkv", "stream")
     prompt = (PrefillChunk(ReqState(Request(9, 2 * context, 8), prefilled=context), 256, context),) if chunk else ()
-    step = Step(tuple(ReqState(Request(i, context, 8), prefilled=context, generated=1) for i in range(4)), prompt)
+    step = Step(_decodes(4, context), prompt)
     t_lin = CM.dense_time(st.linear_layer_traffic(LLAMA, step.num_tokens))
     t_attn = CM.time(st.attention_traffic(step, LLAMA, "stream", policy), link="ce")
     t_head = CM.time(st.lm_head_traffic(LLAMA, step.num_logits), flops_kind="matmul")
@@ -122,12 +129,6 @@ def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(conte
     assert (hidden == copy < t_lin) == (context == 256)  # only the shortest copies end before the dense work
     want = LLAMA.num_layers * (t_lin + t_attn - hidden) + t_head
     assert step_cost(policy, step, LLAMA, CM).time_s == pytest.approx(want, rel=1e-9)
-
-
-def _decodes(n: int, context: int, first_id: int = 0) -> tuple:
-    from workloads.request import Request
-
-    return tuple(ReqState(Request(first_id + i, context, 8), prefilled=context, generated=1) for i in range(n))
 
 
 def test_pipelining_cuts_the_steps_the_measured_executor_cuts():
@@ -253,7 +254,7 @@ def test_system_overhead_per_layer_adds_to_each_decode_step(system):
 
     none = replace(CM, eff=replace(CM.eff, flexgen_us_per_layer=0.0, cpu_attn_us_per_layer=0.0))
     some = replace(CM, eff=replace(CM.eff, **{f"{system}_us_per_layer": 1000.0}))
-    decode = Step((ReqState(Request(0, 64, 8), prefilled=64, generated=1),), ())
+    decode = Step(_decodes(1, 64), ())
     prompt = Step((), (PrefillChunk(ReqState(Request(1, 64, 8)), 64, 0),))
 
     def extra(step, name):

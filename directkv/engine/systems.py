@@ -155,18 +155,16 @@ def pipelined_step_cost(policy: SystemPolicy, step: Step, cut: int, model: Model
     on a side stream. Per layer the main stream does both parts' dense work, the link both parts' attention,
     and each part waits for its own attention before its next dense work, so a layer takes the longest of
     those four sums."""
-    if step.prefills:  # Pipelining.cut cuts a mixed step between its decodes and its chunks
-        parts = [Step(step.decodes, ()), Step((), step.prefills)]
-    else:
-        parts = [Step(step.decodes[:cut], ()), Step(step.decodes[cut:], ())]
-    dense = [cm.dense_time(st.linear_layer_traffic(model, p.num_tokens)) for p in parts]
+    # a mixed step is cut at its last decode (Pipelining.cut), so its chunks all go to the second part
+    parts = [Step(step.decodes[:cut], ()), Step(step.decodes[cut:], step.prefills)]
+    lin = [st.linear_layer_traffic(model, p.num_tokens) for p in parts]
+    dense = [cm.dense_time(t) for t in lin]
     attn = [st.attention_traffic(p, model, policy.variant, policy) for p in parts]
     t_attn = [cm.time(a, link="sm") for a in attn]
     layer_t = max(sum(dense), sum(t_attn), dense[0] + t_attn[0], dense[1] + t_attn[1])
     head = st.lm_head_traffic(model, step.num_logits)
     t_head = cm.time(head, flops_kind="matmul")
-    lin = st.linear_layer_traffic(model, parts[0].num_tokens) + st.linear_layer_traffic(model, parts[1].num_tokens)
-    layer_traffic = lin + attn[0] + attn[1]
+    layer_traffic = lin[0] + lin[1] + attn[0] + attn[1]
     return StepCost(model.num_layers * layer_t + t_head, layer_traffic.scaled(model.num_layers) + head, 0)
 
 

@@ -27,7 +27,8 @@ import torch
 from directkv.engine.gpu.plan import StepPlan
 from directkv.errors import ConfigError
 from directkv.kernels import get_op
-from directkv.kernels.cuda import build
+from directkv.kernels.cuda import build, prefill_stream
+from directkv.kernels.cuda import decode_attention as cuda_decode
 from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.paged import PagedKV
 from directkv.kernels.traffic import Traffic
@@ -63,28 +64,26 @@ class ZeroCopyPath:
     def _plan_streams(self, p: StepPlan) -> None:
         """stream: the step's copy schedules, made once (one host read of each block table) and reused by every
         layer, whose pools differ but whose block tables do not."""
-        from directkv.kernels.cuda.decode_attention import plan_stream
-        from directkv.kernels.cuda.prefill_stream import plan_prefill_stream, prefill_ring
-
         k0, v0 = self.kv.pools(0, self.tier)
         # the rings (and their copy streams) are kept from step to step (plan_stream / prefill_ring's reuse):
         # a ring of a new size every step cost a few ms per step on the H200 in the steps after a prompt
         self.decode_plan = None
         if p.num_decodes:
-            self.decode_plan = plan_stream(self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens),
-                                           reuse=self._kept["decode"], host_table=(p.decode_table_cpu, p.decode_lens_cpu))
+            self.decode_plan = cuda_decode.plan_stream(
+                self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens), reuse=self._kept["decode"],
+                host_table=(p.decode_table_cpu, p.decode_lens_cpu))
             self._kept["decode"] = self.decode_plan
         self.chunk_plans = [
-            plan_prefill_stream(self._paged(self.tier, k0, v0, t, torch.tensor([c.past_len], dtype=torch.int32)),
-                                device=t.device)
+            prefill_stream.plan_prefill_stream(
+                self._paged(self.tier, k0, v0, t, torch.tensor([c.past_len], dtype=torch.int32)), device=t.device)
             for c, t in zip(p.chunks, p.chunk_tables, strict=True)]
         # the first chunk's ring is kept for the step, so each layer's first chunks can be prefetched like the
         # decodes'; any further chunk (a prompt ending inside the step's token budget) gets one per call
         first = self.chunk_plans[0] if self.chunk_plans else None
         self.chunk_ring = None
         if first is not None and any(ps.ring for ps in first.passes):
-            self.chunk_ring = self._kept["chunk"] = prefill_ring(first, k0, p.chunk_tables[0].device,
-                                                                 reuse=self._kept["chunk"])
+            self.chunk_ring = self._kept["chunk"] = prefill_stream.prefill_ring(
+                first, k0, p.chunk_tables[0].device, reuse=self._kept["chunk"])
         # HBM rings held at once: the kept decode and first-chunk rings, and the largest per-call one
         ring = [4 * cp.chunk_pages * cp.page_bytes if any(ps.ring for ps in cp.passes) else 0 for cp in self.chunk_plans]
         held = max(ring[1:], default=0)
@@ -127,14 +126,11 @@ class ZeroCopyPath:
         copied during its attention."""
         if self.tier != "host":
             return
-        from directkv.kernels.cuda.decode_attention import prefetch_stream
-        from directkv.kernels.cuda.prefill_stream import prefetch_prefill_stream
-
         pools = self.kv.pools(layer, self.tier)
         if self.decode_plan is not None:
-            prefetch_stream(self.decode_plan, *pools)
+            cuda_decode.prefetch_stream(self.decode_plan, *pools)
         if self.chunk_ring is not None:
-            prefetch_prefill_stream(self.chunk_plans[0], self.chunk_ring, *pools)
+            prefill_stream.prefetch_prefill_stream(self.chunk_plans[0], self.chunk_ring, *pools)
 
     def attention(self, p: StepPlan, tier: str, q, k, v, k_pool, v_pool, decode_table, chunk_tables
                   ) -> torch.Tensor:
@@ -227,9 +223,7 @@ class ZeroCopyPath:
         """attend_async's split count: CTAs = rows x head groups x splits ~ side_ctas."""
         if self.side_ctas is None:
             return None
-        from directkv.kernels.cuda.decode_attention import heads_per_cta
-
-        groups = q.shape[0] * q.shape[1] // heads_per_cta(self.variant, q.shape[1] // num_kv_heads)
+        groups = q.shape[0] * q.shape[1] // cuda_decode.heads_per_cta(self.variant, q.shape[1] // num_kv_heads)
         return max(1, self.side_ctas // groups)
 
 

@@ -43,8 +43,8 @@ class StepPlan:
     def page_lists(self, kv: KVCacheManager, *, decodes: bool = True) -> list[list[int]]:
         """Pages each decode (if `decodes`) and then each chunk touches this step, new tokens included."""
         ps = kv.page_size
-        lists = [kv.pages(r)[: -(-n // ps)] for r, n in zip(self.decode_ids, self.decode_lens_host, strict=True)]
-        lists = lists if decodes else []
+        lists = ([kv.pages(r)[: -(-n // ps)] for r, n in zip(self.decode_ids, self.decode_lens_host, strict=True)]
+                 if decodes else [])
         return lists + [kv.pages(c.req_id)[: -(-(c.past_len + c.length) // ps)] for c in self.chunks]
 
 

@@ -214,12 +214,14 @@ def decode_attention(
     to read it, later calls reuse it)
     """
     _check_inputs(q, kv, variant, tile_kv, out)
-    want = (q.shape[0], *kv.host_k.shape[2:])
-    check(last_kv is None or (variant == "stream" and plan is not None and all(
-        t.shape == want and t.dtype == kv.dtype and t.device == q.device for t in last_kv)),
-          f"last_kv is an option of variant 'stream' with a plan: (K, V) of shape {want}, {kv.dtype}, on {q.device}; "
-          f"got variant {variant!r}, plan {'given' if plan is not None else 'None'}, "
-          f"{[(tuple(t.shape), t.dtype, str(t.device)) for t in last_kv or ()]}")
+    if last_kv is not None:  # the message is built only when the check fails: this runs per layer in serving
+        want = (q.shape[0], *kv.host_k.shape[2:])
+        if not (variant == "stream" and plan is not None
+                and all(t.shape == want and t.dtype == kv.dtype and t.device == q.device for t in last_kv)):
+            raise ConfigError(
+                f"last_kv is an option of variant 'stream' with a plan: (K, V) of shape {want}, {kv.dtype}, on "
+                f"{q.device}; got variant {variant!r}, plan {'given' if plan is not None else 'None'}, "
+                f"{[(tuple(t.shape), t.dtype, str(t.device)) for t in last_kv]}")
     out = torch.empty_like(q) if out is None else out
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[2])
     if variant == "stream":
@@ -433,7 +435,7 @@ def prefetch_stream(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor
 def _copy_chunks(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor, chunks) -> None:
     """Queue the copies of `chunks` (ascending) into their ring slots on the side stream; chunk c waits
     until the kernels of chunk c - num_slots (same slot) are done with it."""
-    num_slots, slot_bytes = plan.ring_k.shape[0], plan.ring_k[0].numel() * plan.ring_k.element_size()
+    num_slots, slot_bytes = plan.ring_k.shape[0], plan.ring_k.stride(0) * plan.ring_k.element_size()
     ring_k, ring_v, host = plan.ring_k.data_ptr(), plan.ring_v.data_ptr(), [host_k.data_ptr(), host_v.data_ptr()]
     copy_runs = _module().copy_runs_async
     for c in chunks:

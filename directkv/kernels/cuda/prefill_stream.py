@@ -189,7 +189,7 @@ def copy_pass(plan: PrefillStreamPlan, ring_k, ring_v, side, filled, freed, host
     slot = c % STREAM_SLOTS
     if c >= STREAM_SLOTS:
         side.wait_event(freed[slot])  # the passes of chunk c - STREAM_SLOTS are done with the slot
-    slot_bytes = ring_k[0].numel() * ring_k.element_size()
+    slot_bytes = ring_k.stride(0) * ring_k.element_size()
     _copy_module().copy_runs_async([ring_k.data_ptr() + slot * slot_bytes, ring_v.data_ptr() + slot * slot_bytes],
                                    [host_k.data_ptr(), host_v.data_ptr()], list(plan.passes[c].copies),
                                    plan.page_bytes, side.cuda_stream)
