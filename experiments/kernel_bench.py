@@ -55,6 +55,12 @@ def measure(cfg: DictConfig, s: Setup, op: str, ctx: int, q_len: int, batch: int
         from directkv.kernels.cuda.bench_decode import bench_decode
 
         rows = bench_decode([ctx], [batch], ceilings=ceilings(), **shape)
+    elif op == "proj_attention":
+        from directkv.kernels.cuda.bench_proj import bench_proj
+
+        theta = m.rope_theta if m.family == "llama" else None
+        rows = bench_proj(q_lens=(q_len,), past_len=ctx, hidden=m.hidden_size, rope_theta=theta,
+                          ceilings=ceilings(), **shape)
     else:
         from directkv.kernels.cuda.bench_prefill import bench_prefill
 

@@ -36,15 +36,6 @@ void dispatch_vec_l1(bool vec, int host_load, F&& f) {
   });
 }
 
-template <typename K>
-void allow_smem(K kernel, size_t smem) {
-  const int limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  require(smem <= static_cast<size_t>(limit), "gemm_case_study: needs " + std::to_string(smem) +
-                                                  " B of shared memory; the device allows " + std::to_string(limit));
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-             "gemm_case_study: cudaFuncSetAttribute");
-}
-
 void launch(const GemmParams& p, int variant, int out_dtype, int host_load, cudaStream_t stream) {
   require(p.m >= 1 && p.n >= 1 && p.k >= 1, "gemm_case_study: m, n, k must be >= 1");
   require(p.a && p.b && p.c, "gemm_case_study: null a, b or c");
@@ -59,7 +50,7 @@ void launch(const GemmParams& p, int variant, int out_dtype, int host_load, cuda
         dispatch_bool(m_fast, [&](auto mf) {
           auto kernel = gemm::gemm_naive_kernel<decltype(v)::value, decltype(l1)::value, decltype(mf)::value, decltype(o)>;
           const size_t smem = gemm::kNaiveStages * (gemm::kATile + gemm::kBTile) * sizeof(__half);
-          allow_smem(kernel, smem);
+          allow_max_smem("gemm_case_study", kernel, smem);
           const dim3 grid = m_fast ? dim3(static_cast<unsigned>(mtiles), static_cast<unsigned>(ntiles))
                                    : dim3(static_cast<unsigned>(ntiles), static_cast<unsigned>(mtiles));
           kernel<<<grid, gemm::kThreads, smem, stream>>>(p);
@@ -82,10 +73,10 @@ void launch(const GemmParams& p, int variant, int out_dtype, int host_load, cuda
     constexpr bool V = decltype(v)::value, L1 = decltype(l1)::value;
     if (variant == kTiled) {
       const size_t smem = (static_cast<size_t>(gemm::kChunkK) * gemm::kBStride + gemm::kTiledStages * gemm::kATile) * sizeof(__half);
-      allow_smem(gemm::gemm_tiled_kernel<V, L1>, smem);
+      allow_max_smem("gemm_case_study", gemm::gemm_tiled_kernel<V, L1>, smem);
       gemm::gemm_tiled_kernel<V, L1><<<grid, gemm::kThreads, smem, stream>>>(p);
     } else {
-      allow_smem(gemm::gemm_pipelined_kernel<V, L1>, gemm::kPipeSmem);
+      allow_max_smem("gemm_case_study", gemm::gemm_pipelined_kernel<V, L1>, gemm::kPipeSmem);
       gemm::gemm_pipelined_kernel<V, L1><<<grid, gemm::kThreads + 32, gemm::kPipeSmem, stream>>>(p);
     }
     check_cuda(cudaGetLastError(), "gemm_case_study: kernel launch");

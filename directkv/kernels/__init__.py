@@ -25,6 +25,7 @@ _MODULES = {
     ("reference", op): "directkv.kernels.reference" for op in OPS
 } | {("cuda", "decode_attention"): "directkv.kernels.cuda.decode_attention",
      ("cuda", "prefill_attention"): "directkv.kernels.cuda.prefill_attention",
+     ("cuda", "proj_attention"): "directkv.kernels.cuda.proj_attention",
      ("cuda", "gemm"): "directkv.kernels.cuda.gemm_case_study"}
 _FUNCS = {"decode_attention": "decode_attention", "prefill_attention": "prefill_attention",
           "proj_attention": "proj_attention", "gemm": "gemm"}

@@ -33,6 +33,17 @@ inline int device_attribute(cudaDeviceAttr attr) {
   return value;
 }
 
+// Lets `kernel` use up to the device's opt-in shared memory (above 48 KB a kernel must ask); `smem` is what
+// this launch needs, checked against that limit with an error naming `op`.
+template <typename K>
+void allow_max_smem(const std::string& op, K kernel, size_t smem) {
+  const int limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  require(smem <= static_cast<size_t>(limit),
+          op + ": needs " + std::to_string(smem) + " B of shared memory; the device allows " + std::to_string(limit));
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit),
+             (op + ": cudaFuncSetAttribute").c_str());
+}
+
 inline bool is_pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
 inline int log2_int(int64_t x) {

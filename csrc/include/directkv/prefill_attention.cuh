@@ -61,6 +61,8 @@ struct PrefillParams {
   int q_len, past_len, num_heads, num_kv_heads, page_size;
   int causal;
   int include_new;          // 1: keys are past + the q_len new tokens; 0: the past only (tiled only)
+  int new_in_pages;         // 1: the new tokens' K/V are in their cache pages (block-table entries from past_len
+                            // on; proj_attention's kernels) instead of k_new / v_new
   int kv_chunk;             // tiled: keys per stationary chunk, a multiple of kTileKV
   int num_chunks;           // tiled: ceil(num_keys / kv_chunk)
   int num_splits;           // tiled: CTAs per KV head (<= num_chunks)
@@ -274,7 +276,7 @@ __device__ __forceinline__ void store_partial(const State<D>& s, const PrefillPa
 template <typename T, int D>
 __device__ __forceinline__ void kv_rows(const PrefillParams& p, int j, int kvh, const T*& k, const T*& v) {
   size_t idx;
-  if (j < p.past_len) {
+  if (j < p.past_len || p.new_in_pages) {
     const int page = j / p.page_size, e = __ldg(p.block_table + page);
     const bool host = e >= 0;
     idx = ((static_cast<size_t>(host ? e : -(e + 1)) * p.page_size + (j - page * p.page_size)) * p.num_kv_heads + kvh) * D;
@@ -288,14 +290,16 @@ __device__ __forceinline__ void kv_rows(const PrefillParams& p, int j, int kvh, 
 }
 
 // Issues cp.async copies of keys [key0, key0 + rows) into ks / vs ([rows][D + 8]); keys past the end are zeros.
+// Keys in [load_end, num_keys) are left alone: a fill (proj_attention's projection) writes those rows.
 // kL1: past keys (the paged, host-resident part) through L1, see the header.
 template <typename T, int D, bool kL1>
 __device__ __forceinline__ void load_kv(T* ks, T* vs, const PrefillParams& p, int kvh, int key0, int rows, int tid,
-                                        int nthreads) {
+                                        int nthreads, int load_end) {
   constexpr int kPieces = D / 8;  // 16-byte pieces per row; consecutive threads take consecutive pieces
   const int keys = num_keys(p);
   for (int u = tid; u < rows * kPieces; u += nthreads) {
     const int r = u / kPieces, c = (u % kPieces) * 8, j = key0 + r;
+    if (j >= load_end && j < keys) continue;
     const bool valid = j < keys;
     const T* k = static_cast<const T*>(p.q);  // any mapped address: a zero-fill copy reads nothing
     const T* v = k;
@@ -334,12 +338,13 @@ __global__ void __launch_bounds__(kNaiveWarps * 32) prefill_naive_kernel(const P
   load_q<T, D>(qf, p, w, lane);
   State<D> s;
   s.reset();
-  load_kv<T, D, kL1>(smem, smem + kTile, p, kvh, 0, kTileKV, threadIdx.x, blockDim.x);
+  load_kv<T, D, kL1>(smem, smem + kTile, p, kvh, 0, kTileKV, threadIdx.x, blockDim.x, num_keys(p));
   cp_async_commit();
   for (int t = 0; t < tiles; ++t) {
     if (t + 1 < tiles) {
       T* next = smem + ((t + 1) & 1) * 2 * kTile;
-      load_kv<T, D, kL1>(next, next + kTile, p, kvh, (t + 1) * kTileKV, kTileKV, threadIdx.x, blockDim.x);
+      load_kv<T, D, kL1>(next, next + kTile, p, kvh, (t + 1) * kTileKV, kTileKV, threadIdx.x, blockDim.x,
+                          num_keys(p));
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -351,13 +356,20 @@ __global__ void __launch_bounds__(kNaiveWarps * 32) prefill_naive_kernel(const P
   if (active) store_out<T, D>(s, p, w, lane);
 }
 
-// grid (num_kv_heads * num_splits), 128 or 256 threads, dynamic smem num_buffers x (K, V) x [kv_chunk][D + 8].
-template <typename T, int D, bool kL1>
-__global__ void __launch_bounds__(kTiledMaxThreads, 1) prefill_tiled_kernel(const PrefillParams p) {
-  static_assert(D == 64 || D == 128, "head_dim must be 64 or 128");
+// The tiled schedule: no fill, every key is loaded from the pages / k_new (proj_attention.cuh passes a fill
+// that projects the new tokens' rows instead).
+struct NoFill {
+  __device__ __forceinline__ int load_end(const PrefillParams& p) const { return num_keys(p); }
+  template <typename T>
+  __device__ __forceinline__ void operator()(T*, T*, int, int, int) const {}
+};
+
+// The body of the tiled kernel, shared with proj_attention's fused kernel. smem: num_buffers x (K, V) x
+// [kv_chunk][D + 8]. fill(ks, vs, kvh, key0, rows), called by every thread right after a chunk's copies are
+// issued, writes the rows of keys [fill.load_end(p), num_keys) that load_kv leaves alone; it may sync the CTA.
+template <typename T, int D, bool kL1, class Fill>
+__device__ __forceinline__ void tiled_sweep(const PrefillParams& p, T* const smem, const Fill& fill) {
   constexpr int S = kStride<D>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* const smem = reinterpret_cast<T*>(smem_raw);
   const int buffer_elems = 2 * p.kv_chunk * S;  // K then V
   const int kvh = blockIdx.x / p.num_splits, split = blockIdx.x % p.num_splits;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
@@ -366,12 +378,14 @@ __global__ void __launch_bounds__(kTiledMaxThreads, 1) prefill_tiled_kernel(cons
   const int c_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.num_chunks / p.num_splits);
   const int blocks = (rows + kWarpRows - 1) / kWarpRows;
   const bool double_buffer = p.num_buffers == 2;
+  const int load_end = fill.load_end(p);
   auto tiles_of = [&](int c) { return (min(p.kv_chunk, keys - c * p.kv_chunk) + kTileKV - 1) / kTileKV; };
   auto load_chunk = [&](int c, T* buf) {
-    load_kv<T, D, kL1>(buf, buf + p.kv_chunk * S, p, kvh, c * p.kv_chunk, tiles_of(c) * kTileKV, threadIdx.x, blockDim.x);
+    load_kv<T, D, kL1>(buf, buf + p.kv_chunk * S, p, kvh, c * p.kv_chunk, tiles_of(c) * kTileKV, threadIdx.x, blockDim.x,
+                       load_end);
     cp_async_commit();
+    fill(buf, buf + p.kv_chunk * S, kvh, c * p.kv_chunk, tiles_of(c) * kTileKV);
   };
-
   for (int c = c_begin; c < c_end; ++c) {
     T* const buf = smem + (double_buffer ? (c - c_begin) & 1 : 0) * buffer_elems;
     if (!double_buffer || c == c_begin) {
@@ -409,6 +423,14 @@ __global__ void __launch_bounds__(kTiledMaxThreads, 1) prefill_tiled_kernel(cons
       store_partial<T, D>(s, p, split, w, lane);
     }
   }
+}
+
+// grid (num_kv_heads * num_splits), 128 or 256 threads, dynamic smem num_buffers x (K, V) x [kv_chunk][D + 8].
+template <typename T, int D, bool kL1>
+__global__ void __launch_bounds__(kTiledMaxThreads, 1) prefill_tiled_kernel(const PrefillParams p) {
+  static_assert(D == 64 || D == 128, "head_dim must be 64 or 128");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  tiled_sweep<T, D, kL1>(p, reinterpret_cast<T*>(smem_raw), NoFill{});
 }
 
 // One warp per (query, head) row: out = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s over the splits.
