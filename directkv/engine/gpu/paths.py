@@ -73,10 +73,11 @@ class ZeroCopyPath:
                 self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens), reuse=self._kept["decode"],
                 host_table=(p.decode_table_cpu, p.decode_lens_cpu))
             self._kept["decode"] = self.decode_plan
+        # planned from the host copies of the chunk tables: reading the device ones back cost a sync per chunk
         self.chunk_plans = [
             prefill_stream.plan_prefill_stream(
-                self._paged(self.tier, k0, v0, t, torch.tensor([c.past_len], dtype=torch.int32)), device=t.device)
-            for c, t in zip(p.chunks, p.chunk_tables, strict=True)]
+                self._paged(self.tier, k0, v0, t, torch.tensor([c.past_len], dtype=torch.int32)), device=p.slots.device)
+            for c, t in zip(p.chunks, p.chunk_tables_cpu, strict=True)]
         # the first chunk's ring is kept for the step, so each layer's first chunks can be prefetched like the
         # decodes'; any further chunk (a prompt ending inside the step's token budget) gets one per call
         first = self.chunk_plans[0] if self.chunk_plans else None

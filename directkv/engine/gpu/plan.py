@@ -33,6 +33,7 @@ class StepPlan:
     decode_table_cpu: torch.Tensor
     chunks: list[ChunkPlan]
     chunk_tables: list[torch.Tensor]  # per chunk [1, width] int32 on device
+    chunk_tables_cpu: list[torch.Tensor]  # the same on the host (stream plans its copies from them, no sync)
     slots: torch.Tensor  # [num_tokens] int64 flat slot of each new token in its tier pool, on device
     positions: torch.Tensor  # [num_tokens] int64 absolute positions
 
@@ -63,6 +64,7 @@ def plan_step(step: Step, kv: KVCacheManager, device: torch.device) -> StepPlan:
         row += c.chunk_len
     to = dict(device=device, non_blocking=True)
     lens, table = torch.tensor([c + 1 for c in ctx], dtype=torch.int32), kv.block_table(dec)
+    chunk_tables = [kv.block_table([c.req_id]) for c in chunks]
     return StepPlan(
         decode_ids=dec,
         decode_lens_host=[c + 1 for c in ctx],
@@ -71,7 +73,8 @@ def plan_step(step: Step, kv: KVCacheManager, device: torch.device) -> StepPlan:
         decode_lens_cpu=lens,
         decode_table_cpu=table,
         chunks=chunks,
-        chunk_tables=[kv.block_table([c.req_id]).to(**to) for c in chunks],
+        chunk_tables=[t.to(**to) for t in chunk_tables],
+        chunk_tables_cpu=chunk_tables,
         slots=torch.cat(slots).to(**to),
         positions=torch.cat(pos).to(**to),
     )

@@ -295,9 +295,18 @@ def prefill_attention(
     tiled_opts = dict(kv_chunk=kv_chunk, num_splits=num_splits, double_buffer=double_buffer)
     # stream's Traffic is tiled's closed form, at the plan tiled would make for the whole call
     plan = None if variant == "naive" else _plan(past_len + q_len, q, kv.num_kv_heads, **tiled_opts)
-    if variant == "stream":
-        if stream_plan is None:
-            stream_plan = plan_prefill_stream(kv, chunk_bytes=chunk_bytes, min_chunks=min_chunks, device=q.device)
+    if variant == "stream" and stream_plan is None:
+        stream_plan = plan_prefill_stream(kv, chunk_bytes=chunk_bytes, min_chunks=min_chunks, device=q.device)
+    if variant == "stream" and not stream_plan.passes:
+        # no past (a prompt's first chunk): the new tokens' pass alone, written straight into out. Through
+        # _run_stream it cost a merge of one pass; at ShareGPT rates a step holds a few such chunks per layer,
+        # and their small kernels made stream's mixed steps host-bound (H200, 2026-12-01 profile).
+        if pass_kernel == "flash":
+            out.copy_(_flash_new(q, k_new, v_new, launch["scale"], launch["causal"])[0])
+        else:
+            _launch(q, k_new, v_new, (kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), None, 0, variant="tiled", plan=plan,
+                    include_new=True, out=out, **launch)
+    elif variant == "stream":
         _run_stream(q, k_new, v_new, kv, out, stream_plan, tiled_opts=tiled_opts, pass_kernel=pass_kernel,
                     ring=stream_ring, **launch)
     else:
