@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from directkv.errors import ConfigError
-from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES
 from directkv.kernels.cuda.prefill_attention import HOST_LOADS, PASS_KERNELS, prefill_attention, traffic
 from directkv.kernels.cuda.prefill_stream import (
     STREAM_CHUNK_BYTES,
@@ -33,6 +32,7 @@ from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 from directkv.kernels.paged import PagedKV
 from directkv.kernels.reference import prefill_attention as reference_prefill
 from directkv.kernels.reference.fixtures import random_paged_kv
+from directkv.kernels.traffic_model import STREAM_RING_BYTES
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -369,7 +369,7 @@ def test_stream_chunk_pages_caps_the_ring():
     assert stream_chunk_pages(10_000, page) == STREAM_CHUNK_BYTES // page  # 16 MiB of K, 16 of V, 2 slots
     for page_bytes in (4096, 7 * 8 * 64 * 2, page, 3 << 20):
         pages = stream_chunk_pages(1 << 20, page_bytes)
-        assert pages >= 1 and 2 * STREAM_SLOTS * pages * page_bytes <= MAX_RING_BYTES
+        assert pages >= 1 and 2 * STREAM_SLOTS * pages * page_bytes <= STREAM_RING_BYTES
     assert stream_chunk_pages(3, page) == 3  # a small cache: one chunk of just its pages
     assert stream_chunk_pages(0, page) == 1  # no host pages: no chunk, a ring of one page is never used
     assert stream_chunk_pages(10_000, page, chunk_bytes=2 * page + 1) == 2  # whole pages only

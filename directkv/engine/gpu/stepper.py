@@ -31,7 +31,8 @@ def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *,
               cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL, directkv_side_ctas: int | None):
     if policy.name in ("directkv", "hbm"):
         if policy.variant == "fused":
-            raise ConfigError("directkv variant 'fused' has no GPU kernel yet; valid on the GPU: naive, tiled, stream")
+            raise ConfigError("directkv variant 'fused' is not served by the GPU executor (its kernel, proj_attention, "
+                              "runs in kernel_ablation); valid on the GPU: naive, tiled, stream")
         if policy.variant == "stream" and kernel_backend() != "cuda":
             raise ConfigError("directkv variant 'stream' needs the CUDA kernels (a GPU); valid without one: naive, tiled")
         return ZeroCopyPath(kv, policy.kv_tier, policy.variant or "tiled", side_ctas=directkv_side_ctas)

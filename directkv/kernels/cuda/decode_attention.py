@@ -31,7 +31,6 @@ from directkv.kernels.traffic_model import STREAM_RING_BYTES, decode_traffic
 VARIANTS = ("naive", "tiled", "stream")
 TILES = (32, 64)
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
-MAX_RING_BYTES = STREAM_RING_BYTES  # every ring of a stream call together
 # A split of fewer tiles than this spends more on its start-up (q, first loads) than it saves in balance.
 MIN_TILES_PER_SPLIT = 2
 # CTAs per resident slot to aim for: one full wave plus slack, so no slot idles at the tail.
@@ -348,9 +347,9 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     hp = host_pages(table, seq_lens, kv.page_size)
     read = max(len(hp[3]), 1)  # pages read by this batch, not the arena
     chunk_pages = min(most, max(math.ceil(read / min_chunks), min_chunk_bytes // page_bytes, 1))
-    check(chunk_pages >= 1 and num_slots >= 2 and 2 * num_slots * chunk_pages * page_bytes <= MAX_RING_BYTES,
+    check(chunk_pages >= 1 and num_slots >= 2 and 2 * num_slots * chunk_pages * page_bytes <= STREAM_RING_BYTES,
           f"stream ring of {num_slots} slots x 2 x {chunk_bytes} B must hold >= 1 page ({page_bytes} B) per slot, "
-          f">= 2 slots and <= {MAX_RING_BYTES} B")
+          f">= 2 slots and <= {STREAM_RING_BYTES} B")
     tables, lens, copies, hbm_pass = stream_schedule(table, seq_lens, kv.page_size, chunk_pages, hp=hp)
     device = kv.block_table.device
     page_shape = tuple(kv.host_k.shape[1:])
@@ -362,7 +361,7 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     else:
         # grow: a ring of a new size every step would allocate (and fragment torch's cache) every step
         held = grown_pages(chunk_pages, reuse.ring_k.shape[1] if fits else 0,
-                           min(most, MAX_RING_BYTES // (2 * num_slots * page_bytes)))
+                           min(most, STREAM_RING_BYTES // (2 * num_slots * page_bytes)))
         if reuse is not None:
             release_ring(reuse)
         ring_k, ring_v, side, filled, freed = new_ring((num_slots, held, *page_shape), kv.dtype, device, num_slots)

@@ -58,11 +58,10 @@ import torch
 
 from directkv.errors import check, unknown_name
 from directkv.kernels.cuda import build
-from directkv.kernels.cuda.decode_attention import MAX_RING_BYTES
 from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.cuda.zero_copy import pinned_empty
 from directkv.kernels.traffic import Traffic
-from directkv.kernels.traffic_model import gemm_traffic
+from directkv.kernels.traffic_model import STREAM_RING_BYTES, gemm_traffic
 
 KERNEL_VARIANTS = ("naive", "tiled", "pipelined", "raster")  # index = the launcher's variant code
 VARIANTS = (*KERNEL_VARIANTS, "stream")
@@ -97,7 +96,7 @@ def plan_k_splits(m: int, n: int, k: int, *, sms: int, k_splits: int | None = No
 def plan_panel_cols(k: int, n: int, *, panel_cols: int | None = None) -> int:
     """B columns per ring panel of the stream variant (split "n"), for fp16 B `[k, n]`.
 
-    The ring holds STREAM_SLOTS panels `[k, panel_cols]` in at most MAX_RING_BYTES (64 MiB). Default: the
+    The ring holds STREAM_SLOTS panels `[k, panel_cols]` in at most STREAM_RING_BYTES (64 MiB). Default: the
     widest multiple of 64 columns that fits and still cuts B into at least 8 panels (the first panel's copy
     is not overlapped; a narrower last panel also shortens the product left after the last copy), 64 when
     B is too narrow for 8 such panels, the widest that fits when 64 do not; never more than n. A given
@@ -126,10 +125,10 @@ def stream_cut(k: int, n: int, split: str, panel: int | None = None) -> dict[str
 
 def _plan_panel(length: int, depth: int, given: int | None, depth_name: str, unit: str, across: str) -> int:
     """Panels cut `length` (B's columns or rows, `unit`s); each panel is `depth` elements (`across`) deep."""
-    ring_mib = MAX_RING_BYTES >> 20
-    fit = MAX_RING_BYTES // (STREAM_SLOTS * depth * 2)  # the widest panel the ring holds
+    ring_mib = STREAM_RING_BYTES >> 20
+    fit = STREAM_RING_BYTES // (STREAM_SLOTS * depth * 2)  # the widest panel the ring holds
     check(fit >= 1, f"{depth_name}={depth} is too large for the stream variant's ring: one {unit} in {STREAM_SLOTS} "
-          f"slots needs {STREAM_SLOTS * depth * 2} B > {MAX_RING_BYTES} B ({ring_mib} MiB)")
+          f"slots needs {STREAM_SLOTS * depth * 2} B > {STREAM_RING_BYTES} B ({ring_mib} MiB)")
     if given is not None:
         check(isinstance(given, int) and not isinstance(given, bool) and 1 <= given <= fit,
               f"panel {given!r} ({unit}s per panel) must be an int in 1..{fit} ({STREAM_SLOTS} slots x "

@@ -10,19 +10,19 @@ from dataclasses import dataclass
 import torch
 
 from directkv.errors import check
+from directkv.kernels.cuda.decode_attention import _module as _copy_module
 from directkv.kernels.cuda.decode_attention import (
-    MAX_RING_BYTES,
     grown_pages,
     host_pages,
     new_ring,
     release_ring,
     stream_schedule,
 )
-from directkv.kernels.cuda.decode_attention import _module as _copy_module
 from directkv.kernels.paged import PagedKV, sequence_runs
+from directkv.kernels.traffic_model import STREAM_RING_BYTES
 
 STREAM_SLOTS = 2  # ring slots: one is filled by the copy engine while the kernel reads the other
-STREAM_CHUNK_BYTES = MAX_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (V the same): 16 MiB
+STREAM_CHUNK_BYTES = STREAM_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (V the same): 16 MiB
 # A min_chunks cut stops at chunks this small: each chunk costs ~0.1 ms of launches (decode's plan_stream).
 STREAM_MIN_CHUNK_BYTES = 2 << 20
 
@@ -39,7 +39,7 @@ def check_stream_options(variant: str, chunk_bytes: int | None, min_chunks: int)
         check(isinstance(chunk_bytes, int) and not isinstance(chunk_bytes, bool)
               and 1 <= chunk_bytes <= STREAM_CHUNK_BYTES,
               f"chunk_bytes {chunk_bytes!r} must be an int in 1..{STREAM_CHUNK_BYTES} (ring of {STREAM_SLOTS} slots "
-              f"x (K, V) <= {MAX_RING_BYTES} B)")
+              f"x (K, V) <= {STREAM_RING_BYTES} B)")
 
 
 def stream_chunk_pages(host_pages: int, page_bytes: int, *, chunk_bytes: int | None = None, min_chunks: int = 1) -> int:
