@@ -86,14 +86,24 @@ def test_naive_directkv_reads_more_than_tiled():
 def test_directkv_stream_moves_tiled_bytes_by_copy_engine_into_a_small_ring():
     """stream's bytes are tiled's, timed at the copy engine's rate (faster than SM loads on PCIe), and its
     GPU memory holds two 64 MiB rings on top of tiled's (decodes' and a prompt chunk's, in the steps where a
-    request decodes beside another's second chunk)."""
-    reqs = synthetic_workload(4, 4096, 8).requests
+    request decodes beside another's later chunk whose past outgrew one ring chunk)."""
+    reqs = synthetic_workload(4, 16384, 8).requests
     tiled = simulate(reqs, SystemPolicy("directkv", "tiled"), LLAMA, CM, mem=MEM)
     stream = simulate(reqs, SystemPolicy("directkv", "stream"), LLAMA, CM, mem=MEM)
     assert stream.traffic.link_read_bytes == tiled.traffic.link_read_bytes
     assert CM.hw.link_ce_h2d_gbps > CM.hw.link_sm_read_gbps
     assert stream.metrics["mean_tpot_ms"] < tiled.metrics["mean_tpot_ms"]
     assert stream.gpu_mem_bytes - tiled.gpu_mem_bytes == 2 * (64 << 20)
+
+
+def test_directkv_stream_reads_a_small_past_in_place():
+    """A prompt chunk whose past fits one ring chunk is read by the tiled kernel (SM rate, no ring): with 4K
+    prompts the second chunk's 2K-token past (8 MiB per layer) is one, so only the decodes' ring is held."""
+    reqs = synthetic_workload(4, 4096, 8).requests
+    tiled = simulate(reqs, SystemPolicy("directkv", "tiled"), LLAMA, CM, mem=MEM)
+    stream = simulate(reqs, SystemPolicy("directkv", "stream"), LLAMA, CM, mem=MEM)
+    assert stream.traffic.link_read_bytes == tiled.traffic.link_read_bytes
+    assert stream.gpu_mem_bytes - tiled.gpu_mem_bytes == 64 << 20
 
 
 def _decodes(n: int, context: int) -> tuple:
@@ -108,7 +118,8 @@ def _decodes(n: int, context: int) -> tuple:
 def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(context, chunk):
     """stream's per-layer time is the dense work plus its attention at the copy engine's rate, less the copy of
     the decodes' and the first prompt chunk's first ring-full of K/V (at most 64 MiB each), which runs during
-    the dense work before it."""
+    the dense work before it. A prompt chunk whose past fits one ring chunk (here 256 and 1024 tokens) is read
+    in place at the SM rate and has no ring."""
     from directkv.engine import step_traffic as st
     from directkv.engine.state import PrefillChunk, Step
     from directkv.engine.systems import step_cost
@@ -119,11 +130,17 @@ def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(conte
     prompt = (PrefillChunk(ReqState(Request(9, 2 * context, 8), prefilled=context), 256, context),) if chunk else ()
     step = Step(_decodes(4, context), prompt)
     t_lin = CM.dense_time(st.linear_layer_traffic(LLAMA, step.num_tokens))
+    kvl = LLAMA.kv_bytes_per_token_per_layer()
+    in_place = chunk and context * kvl <= STREAM_RING_BYTES // 2
     t_attn = CM.time(st.attention_traffic(step, LLAMA, "stream", policy), link="ce")
+    if in_place:
+        t_attn = (CM.time(st.attention_traffic(Step(step.decodes, ()), LLAMA, "stream", policy), link="ce")
+                  + CM.time(st.attention_traffic(Step((), prompt), LLAMA, "tiled", policy), link="sm"))
     t_head = CM.time(st.lm_head_traffic(LLAMA, step.num_logits), flops_kind="matmul")
-    past = sum(step.decode_kv_lens) * LLAMA.kv_bytes_per_token_per_layer()
+    past = sum(step.decode_kv_lens) * kvl
     assert (past < STREAM_RING_BYTES) == (context < 32768)  # cases under the ring and one over it
-    chunk_past = context * LLAMA.kv_bytes_per_token_per_layer() if chunk else 0
+    assert in_place == (chunk and context < 32768)
+    chunk_past = context * kvl if chunk and not in_place else 0
     copy = CM.copy_time(min(past, STREAM_RING_BYTES) + min(chunk_past, STREAM_RING_BYTES), "h2d")
     hidden = min(t_lin, copy)
     assert (hidden == copy < t_lin) == (context == 256)  # only the shortest copies end before the dense work

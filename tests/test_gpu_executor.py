@@ -350,7 +350,8 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
     """directkv stream copies each layer's first decode chunks (and the first prompt chunk's) during the dense
     work before its attention: every layer's output must equal tiled's over the same pools. The host arena is poisoned, so a prefetch
     that copied a page before the step's new token was stored into it would give NaN. 8 KiB chunks (two toy
-    pages) make many chunks per layer, so both ring slots are prefetched."""
+    pages) make many chunks per layer, so both ring slots are prefetched, and prompt chunks' pasts span several
+    ring chunks, so they are streamed too (with the default 16 MiB chunks they are read in place)."""
     from functools import partial
 
     import directkv.kernels.cuda.decode_attention as dec
@@ -359,6 +360,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
 
     if chunk_bytes is not None:
         monkeypatch.setattr(dec, "plan_stream", partial(dec.plan_stream, chunk_bytes=chunk_bytes))
+        monkeypatch.setattr(pre, "plan_prefill_stream", partial(pre.plan_prefill_stream, chunk_bytes=chunk_bytes))
     init, attend, prefetch, prefetch_chunk = (ZeroCopyPath.__init__, ZeroCopyPath.attend, dec.prefetch_stream,
                                               pre.prefetch_prefill_stream)
     issued, issued_chunk, errors = [], [], []
@@ -403,4 +405,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
     assert errors and all(e < 2e-2 for e in errors), errors  # a NaN fails the comparison
     assert used and all(used), used  # every layer's decode call found its chunks prefetched from its own pools
     assert max(issued) == (2 if chunk_bytes else 1)  # a clean chunk per ring slot was copied ahead
-    assert max(issued_chunk) >= 1  # and prompt chunks' past
+    if chunk_bytes:  # and prompt chunks' past, when it spans several ring chunks
+        assert max(issued_chunk) >= 1
+    else:  # a past that fits one ring chunk is read in place by the tiled kernel: no ring, nothing copied ahead
+        assert not issued_chunk

@@ -115,8 +115,19 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
         stream = policy.variant == "stream"  # the copy engine moves the bytes, into a ring of bounded size
         layer_t = t_lin + cm.time(attn, link="ce" if stream else "sm")
         layer_traffic, staging = lin + attn, 0
-        if stream:  # the rings' first chunks (decodes', first prompt chunk's) are copied during the dense work
-            rings = [sum(step.decode_kv_lens) * kvl, step.prefills[0].past_len * kvl if step.prefills else 0]
+        if stream:
+            # a prompt chunk whose past fits one ring chunk (K + V <= half the ring) is read in place by the
+            # tiled kernel (ZeroCopyPath._plan_streams): its bytes cross at the SM rate
+            small = [c.past_len * kvl <= STREAM_RING_BYTES // 2 for c in step.prefills]
+            if any(small):
+                part = lambda keep, variant: st.attention_traffic(  # noqa: E731
+                    Step(step.decodes if keep is False else (), tuple(c for c, s in zip(step.prefills, small,
+                                                                                       strict=True) if s is keep)),
+                    model, variant, policy)
+                layer_t = t_lin + cm.time(part(False, "stream"), link="ce") + cm.time(part(True, "tiled"), link="sm")
+            # the rings' first chunks (decodes', first prompt chunk's if streamed) are copied during the dense work
+            first = step.prefills[0].past_len * kvl if step.prefills and not small[0] else 0
+            rings = [sum(step.decode_kv_lens) * kvl, first]
             layer_t -= min(t_lin, cm.copy_time(sum(min(r, STREAM_RING_BYTES) for r in rings), "h2d"))
             staging = STREAM_RING_BYTES * sum(r > 0 for r in rings)  # each ring <= 64 MiB, kept for the step
     elif name in ("swap", "flexgen"):

@@ -8,7 +8,8 @@ so the same code runs in the CPU tests at toy sizes.
   directkv's variant ``stream`` is the exception beyond the paper: its kernels' copy engine stages the
   pages through rings of <= 64 MiB on a side stream (decode and prefill ``stream`` variants); the decode
   ring's first chunks of layer L+1 are copied during the dense work before its attention (prefetch_stream),
-  as swap's copies overlap compute, but into the small ring instead of a whole layer's staging.
+  as swap's copies overlap compute, but into the small ring instead of a whole layer's staging. A prompt
+  chunk whose past fits one ring chunk (16 MiB of K) is read in place by the tiled kernel instead.
   With ``executor.directkv_pipelined`` a step runs as two parts (``attend_async``): halves of a decode-only
   step, or decodes | prompt chunks of a mixed one; one part's zero-copy attention runs on a side stream
   while the other part's dense layers run on the main one.
@@ -78,15 +79,21 @@ class ZeroCopyPath:
             prefill_stream.plan_prefill_stream(
                 self._paged(self.tier, k0, v0, t, torch.tensor([c.past_len], dtype=torch.int32)), device=p.slots.device)
             for c, t in zip(p.chunks, p.chunk_tables_cpu, strict=True)]
+        # A chunk whose past fits one ring chunk is read in place by the tiled kernel instead: its one copy
+        # could overlap nothing but the new tokens' pass, and the passes and merge around it cost more than the
+        # read (H200, 2026-12-01: ShareGPT-like steps of 35-43 decodes and a few prompt chunks took 130-160 ms
+        # with every chunk streamed, against swap's 75-105).
+        self.chunk_streamed = [sum(ps.ring for ps in cp.passes) > 1 for cp in self.chunk_plans]
         # the first chunk's ring is kept for the step, so each layer's first chunks can be prefetched like the
         # decodes'; any further chunk (a prompt ending inside the step's token budget) gets one per call
-        first = self.chunk_plans[0] if self.chunk_plans else None
+        first = self.chunk_plans[0] if self.chunk_plans and self.chunk_streamed[0] else None
         self.chunk_ring = None
-        if first is not None and any(ps.ring for ps in first.passes):
+        if first is not None:
             self.chunk_ring = self._kept["chunk"] = prefill_stream.prefill_ring(
                 first, k0, p.chunk_tables[0].device, reuse=self._kept["chunk"])
         # HBM rings held at once: the kept decode and first-chunk rings, and the largest per-call one
-        ring = [4 * cp.chunk_pages * cp.page_bytes if any(ps.ring for ps in cp.passes) else 0 for cp in self.chunk_plans]
+        ring = [4 * cp.chunk_pages * cp.page_bytes if streamed else 0
+                for cp, streamed in zip(self.chunk_plans, self.chunk_streamed, strict=True)]
         held = max(ring[1:], default=0)
         for kept in self._kept.values():
             if kept is not None and kept.ring_k is not None:
@@ -157,9 +164,10 @@ class ZeroCopyPath:
         for i, (c, table) in enumerate(zip(p.chunks, chunk_tables, strict=True)):
             rows = slice(c.start - base, c.start - base + c.length)
             lens = torch.tensor([c.past_len], dtype=torch.int32)  # host-side: the kernel takes past_len as an int, no sync
-            opts = {"stream_plan": self.chunk_plans[i], "stream_ring": self.chunk_ring if i == 0 else None} if stream else {}
+            streamed = stream and self.chunk_streamed[i]
+            opts = {"stream_plan": self.chunk_plans[i], "stream_ring": self.chunk_ring if i == 0 else None} if streamed else {}
             o, t = self.prefill(q[rows], k[rows], v[rows], self._paged(tier, k_pool, v_pool, table, lens),
-                                variant=variant, causal=True, **opts)
+                                variant="tiled" if stream and not streamed else variant, causal=True, **opts)
             out[rows] = o
             self.traffic = self.traffic + t
 
