@@ -61,7 +61,7 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
         res = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
                        pipelining=s.pipelining)
         # a pipelined directkv row is simulated pipelined too, and says so like its measured row
-        return _fill(row, res, s, s.pipelining.as_dict() if policy.name == "directkv" and s.pipelining.enabled else {})
+        return _fill(row, res, s, s.pipelining.row_columns(policy, measured=False))
     except KVCapacityError as e:
         return row | {"status": "oom", "error": str(e)}
     except ConfigError:

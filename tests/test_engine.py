@@ -148,6 +148,21 @@ def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(conte
     assert step_cost(policy, step, LLAMA, CM).time_s == pytest.approx(want, rel=1e-9)
 
 
+def test_pipelining_columns_follow_the_row():
+    """Measured directkv rows always say whether they were pipelined; simulated ones only when they were
+    simulated pipelined; other systems' rows carry none."""
+    from directkv.engine.systems import Pipelining
+
+    on, off = Pipelining(True, 24, 8.0, False), Pipelining()
+    tiled = SystemPolicy("directkv", "tiled")
+    assert off.row_columns(tiled, measured=True) == {"directkv_pipelined": False}
+    assert off.row_columns(tiled, measured=False) == {}
+    want = {"directkv_pipelined": True, "directkv_side_ctas": 24, "directkv_pipeline_min_kv_mb": 8.0,
+            "directkv_pipeline_mixed": False}
+    assert on.row_columns(tiled, measured=True) == on.row_columns(tiled, measured=False) == want
+    assert on.row_columns(SystemPolicy("swap"), measured=True) == {}
+
+
 def test_pipelining_cuts_the_steps_the_measured_executor_cuts():
     """Pipelining.cut, shared by GPUStepper.split and the simulation: halves of decode-only steps, decodes |
     chunks of mixed ones (directkv with mixed on), none below the host K/V guard (directkv only)."""

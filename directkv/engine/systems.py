@@ -252,8 +252,15 @@ class Pipelining:
         cpu_attn always (Neo's pipeline), directkv when enabled."""
         return policy.name == "cpu_attn" or (self.enabled and policy.name == "directkv")
 
+    def row_columns(self, policy: SystemPolicy, *, measured: bool) -> dict:
+        """The pipelining columns a result row of `policy` carries: every measured directkv row (pipelined or
+        not, it says which), a simulated one only when pipelining is on (it was then simulated pipelined)."""
+        if policy.name != "directkv" or not (measured or self.enabled):
+            return {}
+        return self.as_dict()
+
     def as_dict(self) -> dict:
-        """Columns of a measured directkv row, and of a simulated one when enabled."""
+        """The settings as result columns (see row_columns for which rows carry them)."""
         if not self.enabled:
             return {"directkv_pipelined": False}
         return {"directkv_pipelined": True, "directkv_side_ctas": self.side_ctas,

@@ -139,8 +139,7 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     threads = int(os.environ.get("DIRECTKV_CPU_THREADS", os.cpu_count() or 1))
     if policy.name == "cpu_attn":
         extra["cpu_attn_kernel"] = cpu_attn_kernel
-    if policy.name == "directkv":
-        extra |= pipelining.as_dict()
+    extra |= pipelining.row_columns(policy, measured=True)
     stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads, cpu_attn_kernel=cpu_attn_kernel,
                          pipelining=pipelining)
     # warm-up outside the measurement: kernel builds and first launches, library handles
