@@ -49,9 +49,9 @@ from directkv.specs import HARDWARE, HardwareSpec, get_hardware, get_model
 DATA = Path(__file__).resolve().parent / "specs" / "calibration"
 
 
-def fit(rows: pd.DataFrame, hw: HardwareSpec) -> dict[str, float]:
+def fit(rows: pd.DataFrame, hw: HardwareSpec, *, cpu: bool = True) -> dict[str, float]:
     """Efficiency factors from measured kernel_ablation, cpu_attention and rate_sweep rows (only the factors the
-    rows can inform)."""
+    rows can inform); cpu=False leaves out the CPU terms, which main fits once over every run's CPU rows."""
     ok = rows[(rows["mode"] == "measured") & (rows["status"] == "ok")]
     if "op" not in ok:  # serving rows have no op
         ok = ok.assign(op=None)
@@ -77,7 +77,7 @@ def fit(rows: pd.DataFrame, hw: HardwareSpec) -> dict[str, float]:
             effs.append(t.flops / (r["time_ms"] * 1e-3) / (hw.bf16_tflops * 1e12))
         out["attention"] = statistics.median(effs)
     out |= _serving_floors(ok)
-    return out | _cpu_factors(cpu_rows(ok), hw)
+    return out | (_cpu_factors(cpu_rows(ok), hw) if cpu else {})
 
 
 def cpu_rows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -177,24 +177,27 @@ def main(argv: list[str] | None = None) -> int:
         for run_dir in a.run_dirs:
             rows, manifest = load_results(run_dir)
             names.add(hardware := run_hardware(rows, run_dir, a.hardware))
-            factors = fit(rows, get_hardware(hardware))
-            if not factors:
+            factors, cpu = fit(rows, get_hardware(hardware), cpu=False), cpu_rows(rows)
+            if not factors and not len(cpu):
                 raise ConfigError(f"{run_dir} has no measured rows to fit a factor from")
             fitted |= factors
             commit = manifest.get("code_commit", manifest.get("git_sha"))  # a derived run lists its parts'
             sources |= {k: {"run": str(run_dir), "git_sha": commit, "gpu": manifest.get("gpu")} for k in factors}
-            if len(cpu := cpu_rows(rows)):
+            if len(cpu):
                 cpu_parts.append(cpu)
                 cpu_sources.append((str(run_dir), commit, manifest.get("gpu")))
         if len(names) > 1:
             raise ConfigError(f"the runs measured different hardware {sorted(names)}; calibrate one at a time")
-        if len(cpu_parts) > 1:  # the CPU factors need every model's rows at once (their group sizes differ)
+        if cpu_parts:  # once, over every run's rows: the work term needs both models' group sizes at once
             factors = _cpu_factors(pd.concat(cpu_parts, ignore_index=True), get_hardware(hardware))
             fitted |= factors
-            gpus = sorted({str(g) for _, _, g in cpu_sources})
-            gpu = gpus[0] if len(gpus) == 1 else gpus
-            sources |= {k: {"run": [r for r, _, _ in cpu_sources], "git_sha": [c for _, c, _ in cpu_sources],
-                            "gpu": gpu} for k in factors}
+            if len(cpu_sources) == 1:
+                source = dict(zip(("run", "git_sha", "gpu"), cpu_sources[0], strict=True))
+            else:
+                gpus = sorted({str(g) for _, _, g in cpu_sources})
+                source = {"run": [r for r, _, _ in cpu_sources], "git_sha": [c for _, c, _ in cpu_sources],
+                          "gpu": gpus[0] if len(gpus) == 1 else gpus}
+            sources |= {k: dict(source) for k in factors}
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
