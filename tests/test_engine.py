@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from directkv.costmodel import CostModel
 from directkv.engine.scheduler import Scheduler, SchedulerConfig
@@ -123,7 +124,7 @@ def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(conte
     from directkv.engine import step_traffic as st
     from directkv.engine.state import PrefillChunk, Step
     from directkv.engine.systems import step_cost
-    from directkv.kernels.traffic_model import STREAM_RING_BYTES
+    from directkv.kernels.traffic_model import STREAM_RING_BYTES, stream_reads_in_place
     from workloads.request import Request
 
     policy = SystemPolicy("directkv", "stream")
@@ -131,7 +132,7 @@ def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(conte
     step = Step(_decodes(4, context), prompt)
     t_lin = CM.dense_time(st.linear_layer_traffic(LLAMA, step.num_tokens))
     kvl = LLAMA.kv_bytes_per_token_per_layer()
-    in_place = chunk and context * kvl <= STREAM_RING_BYTES // 2
+    in_place = chunk and stream_reads_in_place(context, 16, 16 * kvl // 2)  # MemoryConfig's 16-token pages
     t_attn = CM.time(st.attention_traffic(step, LLAMA, "stream", policy), link="ce")
     if in_place:
         t_attn = (CM.time(st.attention_traffic(Step(step.decodes, ()), LLAMA, "stream", policy), link="ce")
@@ -146,6 +147,27 @@ def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(conte
     assert (hidden == copy < t_lin) == (context == 256)  # only the shortest copies end before the dense work
     want = LLAMA.num_layers * (t_lin + t_attn - hidden) + t_head
     assert step_cost(policy, step, LLAMA, CM).time_s == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "opt-13b", "opt-30b"])
+def test_stream_in_place_rule_is_the_plans(model):
+    """The executor and the simulation ask stream_reads_in_place which prompt chunks skip the ring; it must say
+    yes exactly where plan_prefill_stream would plan at most one ring chunk (pages, not bytes, are rounded)."""
+    from directkv.kernels.cuda.prefill_stream import plan_prefill_stream
+    from directkv.kernels.paged import PagedKV
+    from directkv.kernels.traffic_model import STREAM_CHUNK_BYTES, stream_reads_in_place
+
+    spec, ps = get_model(model), 16
+    shape = (1, ps, spec.num_kv_heads, spec.head_dim)
+    page = ps * spec.num_kv_heads * spec.head_dim * 2  # bytes of K per page, bf16
+    edge = STREAM_CHUNK_BYTES // page * ps  # the most tokens one ring chunk holds
+    pool = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+    for past in (0, 1, edge - ps, edge - 1, edge, edge + 1, edge + 6, edge + ps, 3 * edge):
+        pages = -(-past // ps)
+        kv = PagedKV(pool, pool, pool[:0], pool[:0], torch.arange(max(pages, 1), dtype=torch.int32)[None],
+                     torch.tensor([past], dtype=torch.int32))
+        rings = sum(p.ring for p in plan_prefill_stream(kv, device="cpu").passes)
+        assert stream_reads_in_place(past, ps, page) == (rings <= 1), (model, past, rings)
 
 
 def test_pipelining_columns_follow_the_row():

@@ -354,6 +354,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
     ring chunks, so they are streamed too (with the default 16 MiB chunks they are read in place)."""
     from functools import partial
 
+    import directkv.engine.gpu.paths as paths
     import directkv.kernels.cuda.decode_attention as dec
     import directkv.kernels.cuda.prefill_stream as pre
     from directkv.engine.gpu.paths import ZeroCopyPath
@@ -361,9 +362,11 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
     if chunk_bytes is not None:
         monkeypatch.setattr(dec, "plan_stream", partial(dec.plan_stream, chunk_bytes=chunk_bytes))
         monkeypatch.setattr(pre, "plan_prefill_stream", partial(pre.plan_prefill_stream, chunk_bytes=chunk_bytes))
+        # the in-place rule at the same chunk size: pasts of more than two toy pages are streamed
+        monkeypatch.setattr(paths, "stream_reads_in_place", lambda past, ps, page: -(-past // ps) <= chunk_bytes // page)
     init, attend, prefetch, prefetch_chunk = (ZeroCopyPath.__init__, ZeroCopyPath.attend, dec.prefetch_stream,
                                               pre.prefetch_prefill_stream)
-    issued, issued_chunk, errors = [], [], []
+    issued, issued_chunk, errors, chunks = [], [], [], []  # chunks: (past_len, streamed) of each layer's
 
     def poisoned_init(self, kv, *args, **kwargs):
         init(self, kv, *args, **kwargs)
@@ -372,6 +375,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
                 t.fill_(float("nan"))
 
     def checked_attend(self, layer, q, k, v):
+        chunks.extend((c.past_len, streamed) for c, streamed in zip(self.plan.chunks, self.chunk_streamed, strict=True))
         out = attend(self, layer, q, k, v)
         k_pool, v_pool = self.kv.pools(layer, self.tier)
         self.variant = "tiled"
@@ -406,6 +410,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
     assert used and all(used), used  # every layer's decode call found its chunks prefetched from its own pools
     assert max(issued) == (2 if chunk_bytes else 1)  # a clean chunk per ring slot was copied ahead
     if chunk_bytes:  # and prompt chunks' past, when it spans several ring chunks
-        assert max(issued_chunk) >= 1
+        assert max(issued_chunk) >= 1 and any(streamed for _, streamed in chunks)
     else:  # a past that fits one ring chunk is read in place by the tiled kernel: no ring, nothing copied ahead
-        assert not issued_chunk
+        assert not issued_chunk and not any(streamed for _, streamed in chunks)
+    assert any(past > 0 for past, _ in chunks)  # chunks with a past were served, streamed or in place

@@ -51,9 +51,10 @@ class CostModelStepper:
     model: ModelSpec
     cm: CostModel
     pipelining: Pipelining = NO_PIPELINING
+    page_size: int = 16
 
     def run_step(self, step: Step) -> StepCost:
-        return step_cost(self.policy, step, self.model, self.cm, self.pipelining)
+        return step_cost(self.policy, step, self.model, self.cm, self.pipelining, page_size=self.page_size)
 
 
 def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm: CostModel, *,
@@ -66,7 +67,7 @@ def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm
     hbm_kv, host_kv = kv_budgets(policy, model, mem, sched_cfg)
     kv = KVCacheManager(model, page_size=mem.page_size, hbm_budget_bytes=hbm_kv, host_budget_bytes=host_kv,
                         bytes_per_token=policy.kv_bytes_per_token(model))
-    res = serve(requests, CostModelStepper(policy, model, cm, pipelining), kv, policy.kv_tier, model,
+    res = serve(requests, CostModelStepper(policy, model, cm, pipelining, mem.page_size), kv, policy.kv_tier, model,
                 sched_cfg=sched_cfg, warmup=warmup)
     res.gpu_mem_bytes = gpu_memory_bytes(model, kv_hbm_peak=res.kv_hbm_peak_bytes,
                                          staging_peak=res.staging_peak_bytes,

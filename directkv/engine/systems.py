@@ -25,7 +25,7 @@ from directkv.engine import step_traffic as st
 from directkv.engine.state import Step
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.traffic import Traffic
-from directkv.kernels.traffic_model import STREAM_RING_BYTES
+from directkv.kernels.traffic_model import STREAM_RING_BYTES, stream_reads_in_place
 from directkv.specs import ModelSpec
 
 SYSTEMS = ("directkv", "hbm", "swap", "cpu_attn", "flexgen")
@@ -88,10 +88,10 @@ class StepCost:
 
 
 def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
-              pipelining: Pipelining | None = None) -> StepCost:
+              pipelining: Pipelining | None = None, *, page_size: int = 16) -> StepCost:
     """Time of one engine step for `policy`, by layer: linear work + the system's attention path. With
     `pipelining` enabled, directkv's steps that the measured executor cuts run as two parts
-    (pipelined_step_cost)."""
+    (pipelined_step_cost). page_size: tokens per KV page (directkv stream's in-place rule counts pages)."""
     if pipelining is not None and policy.name == "directkv":
         cut = pipelining.cut(policy, step, model.kv_bytes_per_token_per_layer())
         if cut is not None:
@@ -116,15 +116,19 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
         layer_t = t_lin + cm.time(attn, link="ce" if stream else "sm")
         layer_traffic, staging = lin + attn, 0
         if stream:
-            # a prompt chunk whose past fits one ring chunk (K + V <= half the ring) is read in place by the
-            # tiled kernel (ZeroCopyPath._plan_streams): its bytes cross at the SM rate
-            small = [c.past_len * kvl <= STREAM_RING_BYTES // 2 for c in step.prefills]
+            # a prompt chunk whose past fits one ring chunk is read in place by the tiled kernel, as the
+            # executor does (stream_reads_in_place): its bytes cross at the SM rate
+            k_page = page_size * kvl // 2
+            small = [stream_reads_in_place(c.past_len, page_size, k_page) for c in step.prefills]
             if any(small):
-                part = lambda keep, variant: st.attention_traffic(  # noqa: E731
-                    Step(step.decodes if keep is False else (), tuple(c for c, s in zip(step.prefills, small,
-                                                                                       strict=True) if s is keep)),
-                    model, variant, policy)
-                layer_t = t_lin + cm.time(part(False, "stream"), link="ce") + cm.time(part(True, "tiled"), link="sm")
+                def part(keep: bool, variant: str, link: str) -> float:  # the decodes go with the streamed chunks
+                    chunks = tuple(c for c, s in zip(step.prefills, small, strict=True) if s is keep)
+                    decodes = () if keep else step.decodes
+                    if not (chunks or decodes):
+                        return 0.0  # no kernel runs: no launch to charge
+                    return cm.time(st.attention_traffic(Step(decodes, chunks), model, variant, policy), link=link)
+
+                layer_t = t_lin + part(False, "stream", "ce") + part(True, "tiled", "sm")
             # the rings' first chunks (decodes', first prompt chunk's if streamed) are copied during the dense work
             first = step.prefills[0].past_len * kvl if step.prefills and not small[0] else 0
             rings = [sum(step.decode_kv_lens) * kvl, first]

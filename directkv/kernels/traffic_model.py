@@ -28,6 +28,15 @@ from directkv.kernels.traffic import TIERS, Traffic
 
 # HBM the `stream` variants (beyond the paper) may hold for their copy-engine rings, whatever the context
 STREAM_RING_BYTES = 64 << 20
+STREAM_SLOTS = 2  # ring slots: one is filled by the copy engine while the kernel reads the other
+STREAM_CHUNK_BYTES = STREAM_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (V the same): 16 MiB
+
+
+def stream_reads_in_place(past_len: int, page_size: int, k_page_bytes: int) -> bool:
+    """Whether directkv `stream` serving reads a prompt chunk's past in place with the tiled kernel instead of
+    through a prefill ring: when its host pages fit one ring chunk (STREAM_CHUNK_BYTES of K), one copy could
+    overlap nothing but the new tokens' pass. The executor (ZeroCopyPath) and the simulation both ask this."""
+    return -(-past_len // page_size) <= STREAM_CHUNK_BYTES // k_page_bytes
 
 
 def floor_sum(n: int, m: int, a: int, b: int) -> int:

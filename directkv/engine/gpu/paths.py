@@ -33,6 +33,7 @@ from directkv.kernels.cuda import decode_attention as cuda_decode
 from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.paged import PagedKV
 from directkv.kernels.traffic import Traffic
+from directkv.kernels.traffic_model import stream_reads_in_place
 from directkv.memory import KVCacheManager
 
 
@@ -74,26 +75,28 @@ class ZeroCopyPath:
                 self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens), reuse=self._kept["decode"],
                 host_table=(p.decode_table_cpu, p.decode_lens_cpu))
             self._kept["decode"] = self.decode_plan
+        # A chunk whose past fits one ring chunk is read in place by the tiled kernel instead (decided before any
+        # planning): its one copy could overlap nothing but the new tokens' pass, and the passes and merge around
+        # it cost more than the read (H200, 2026-12-01: ShareGPT-like steps of 35-43 decodes beside a few prompt
+        # chunks took 172-182 ms with every chunk streamed, against swap's 82-105).
+        page_bytes = k0[0].numel() * k0.element_size()
+        self.chunk_streamed = [self.tier == "host" and not stream_reads_in_place(c.past_len, k0.shape[1], page_bytes)
+                               for c in p.chunks]
         # planned from the host copies of the chunk tables: reading the device ones back cost a sync per chunk
         self.chunk_plans = [
             prefill_stream.plan_prefill_stream(
                 self._paged(self.tier, k0, v0, t, torch.tensor([c.past_len], dtype=torch.int32)), device=p.slots.device)
-            for c, t in zip(p.chunks, p.chunk_tables_cpu, strict=True)]
-        # A chunk whose past fits one ring chunk is read in place by the tiled kernel instead: its one copy
-        # could overlap nothing but the new tokens' pass, and the passes and merge around it cost more than the
-        # read (H200, 2026-12-01: ShareGPT-like steps of 35-43 decodes and a few prompt chunks took 130-160 ms
-        # with every chunk streamed, against swap's 75-105).
-        self.chunk_streamed = [sum(ps.ring for ps in cp.passes) > 1 for cp in self.chunk_plans]
+            if streamed else None
+            for c, t, streamed in zip(p.chunks, p.chunk_tables_cpu, self.chunk_streamed, strict=True)]
         # the first chunk's ring is kept for the step, so each layer's first chunks can be prefetched like the
         # decodes'; any further chunk (a prompt ending inside the step's token budget) gets one per call
-        first = self.chunk_plans[0] if self.chunk_plans and self.chunk_streamed[0] else None
+        first = self.chunk_plans[0] if self.chunk_plans else None
         self.chunk_ring = None
         if first is not None:
             self.chunk_ring = self._kept["chunk"] = prefill_stream.prefill_ring(
                 first, k0, p.chunk_tables[0].device, reuse=self._kept["chunk"])
         # HBM rings held at once: the kept decode and first-chunk rings, and the largest per-call one
-        ring = [4 * cp.chunk_pages * cp.page_bytes if streamed else 0
-                for cp, streamed in zip(self.chunk_plans, self.chunk_streamed, strict=True)]
+        ring = [4 * cp.chunk_pages * cp.page_bytes if cp is not None else 0 for cp in self.chunk_plans]
         held = max(ring[1:], default=0)
         for kept in self._kept.values():
             if kept is not None and kept.ring_k is not None:

@@ -298,9 +298,8 @@ def prefill_attention(
     if variant == "stream" and stream_plan is None:
         stream_plan = plan_prefill_stream(kv, chunk_bytes=chunk_bytes, min_chunks=min_chunks, device=q.device)
     if variant == "stream" and not stream_plan.passes:
-        # no past (a prompt's first chunk): the new tokens' pass alone, written straight into out. Through
-        # _run_stream it cost a merge of one pass; at ShareGPT rates a step holds a few such chunks per layer,
-        # and their small kernels made stream's mixed steps host-bound (H200, 2026-12-01 profile).
+        # no past: the new tokens' pass alone, written straight into out, not merged as one pass of one. (Serving
+        # reads such chunks in place with the tiled variant, paths.ZeroCopyPath; this is for direct callers.)
         if pass_kernel == "flash":
             out.copy_(_flash_new(q, k_new, v_new, launch["scale"], launch["causal"])[0])
         else:

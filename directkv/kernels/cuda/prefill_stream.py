@@ -19,10 +19,8 @@ from directkv.kernels.cuda.decode_attention import (
     stream_schedule,
 )
 from directkv.kernels.paged import PagedKV, sequence_runs
-from directkv.kernels.traffic_model import STREAM_RING_BYTES
+from directkv.kernels.traffic_model import STREAM_CHUNK_BYTES, STREAM_RING_BYTES, STREAM_SLOTS
 
-STREAM_SLOTS = 2  # ring slots: one is filled by the copy engine while the kernel reads the other
-STREAM_CHUNK_BYTES = STREAM_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (V the same): 16 MiB
 # A min_chunks cut stops at chunks this small: each chunk costs ~0.1 ms of launches (decode's plan_stream).
 STREAM_MIN_CHUNK_BYTES = 2 << 20
 
