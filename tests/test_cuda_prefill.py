@@ -168,10 +168,10 @@ def test_prefill_matches_float64_reference(case, variant, kwargs, host_load):
 
 def traffic_tile_kv(case, kwargs) -> int:
     """The stationary chunk the tiled wrapper planned (its Traffic is stated at tile_kv = kv_chunk)."""
-    from directkv.kernels.cuda.prefill_attention import _device_limits, plan_tiled
+    from directkv.kernels.cuda.prefill_attention import device_limits, plan_tiled
 
     q_len, past, num_heads, num_kv_heads, head_dim, dtype, _ = case
-    sms, smem = _device_limits(torch.cuda.current_device())
+    sms, smem = device_limits(torch.cuda.current_device())
     plan = plan_tiled(past + q_len, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype_bytes=2,
                       part_bytes_per_split=q_len * num_heads * (head_dim + 2) * 4, sms=sms, smem_optin=smem,
                       kv_chunk=kwargs.get("kv_chunk"), num_splits=kwargs.get("num_splits"),

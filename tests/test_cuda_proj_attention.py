@@ -88,6 +88,30 @@ def stored(kv_gpu, kv_cpu, total: int):
     return back.gather(0)
 
 
+def new_slots(kv_cpu, past: int, q_len: int, *, host: bool) -> torch.Tensor:
+    """`[pages, page_size]` mask of one tier's pool: the slots of tokens past..past + q_len - 1."""
+    pool = kv_cpu.host_k if host else kv_cpu.hbm_k
+    mask = torch.zeros(pool.shape[:2], dtype=torch.bool)
+    for pos in range(past, past + q_len):
+        e = int(kv_cpu.block_table[0, pos // kv_cpu.page_size])
+        if (e >= 0) == host:
+            mask[e if host else -(e + 1), pos % kv_cpu.page_size] = True
+    return mask
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_bad_block_tables_are_refused_before_any_write():
+    case = (65, 100, 8, 2, 64, BF16, 16, 128, None, True)
+    x, wq, wk, wv, kv_cpu, kv = make_case(case)
+    for i, e, match in ((3, kv.host_k.shape[0], "outside the pools"), (3, -kv.hbm_k.shape[0] - 1, "outside the pools"),
+                        (3, int(kv_cpu.block_table[0, 0]), "lists a page twice")):
+        table = kv_cpu.block_table.clone()
+        table[0, i] = e
+        with pytest.raises(ConfigError, match=match):
+            proj_attention(x, wq, wk, wv, dataclasses.replace(kv, block_table=table.cuda()), variant="fused")
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("kwargs", RUNS, ids=lambda k: "-".join(f"{a}{b}" for a, b in k.items()) or "auto")
@@ -108,6 +132,11 @@ def test_proj_attention_matches_float64_reference(case, variant, kwargs):
     k_all, v_all = stored(kv, kv_cpu, past + q_len)
     assert torch.equal(k_all[:past], k_past) and torch.equal(v_all[:past], v_past), "the past was overwritten"
     assert rel_err(k_all[past:].cuda(), k_ref) < TOL[dtype] and rel_err(v_all[past:].cuda(), v_ref) < TOL[dtype]
+    # and nothing but the new tokens' slots changed anywhere in the pools (rest of the last page, spare pages)
+    for before, after in ((kv_cpu.host_k, kv.host_k), (kv_cpu.host_v, kv.host_v), (kv_cpu.hbm_k, kv.hbm_k),
+                          (kv_cpu.hbm_v, kv.hbm_v)):
+        keep = ~new_slots(kv_cpu, past, q_len, host=before is kv_cpu.host_k or before is kv_cpu.host_v)
+        assert torch.equal(after.cpu()[keep], before[keep]), "a slot outside the new tokens' was written"
 
     # the closed form states the reference schedule at the planned chunk
     chunk = plan(x, num_heads, kv, past, variant, **kwargs).kv_chunk
@@ -162,7 +191,7 @@ def test_bad_inputs_raise_config_error():
         proj_attention(x, wq, wk, wv, kv, variant="fused")
     with pytest.raises(ConfigError, match="wk must be"):
         proj_attention(x, wq, wq, wv, kv, variant="separate")
-    with pytest.raises(ConfigError, match="x must be a contiguous CUDA tensor"):
+    with pytest.raises(ConfigError, match="x must be a CUDA tensor; got cpu"):
         proj_attention(x, wq, wk, wv, kv, variant="separate")
 
 

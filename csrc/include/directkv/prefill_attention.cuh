@@ -26,9 +26,10 @@
 // combination of V rows, so within T's range) in T instead of fp32, halving the bytes of the partial-state
 // round trips, which serialise with the math (results/h200/README.md); l stays fp32 beside the max.
 //
-// kL1 (both variants) copies the past K/V pages with cp.async.ca (through L1) instead of .cg (L2 only). The
-// pages are inputs no CTA writes, so a non-coherent L1 cannot serve stale bytes; k_new / v_new and the
-// partial O / m / l the tiled kernel writes and re-reads stay on the L2-only path.
+// kL1 (both variants) copies the past K/V pages with cp.async.ca (through L1) instead of .cg (L2 only). No CTA
+// writes a past page slot (proj_attention's fused kernel writes only the new tokens' slots, which it never
+// loads: load_end = past_len), so a non-coherent L1 cannot serve stale bytes; k_new / v_new, new tokens read
+// from their pages and the partial O / m / l the tiled kernel writes and re-reads stay on the L2-only path.
 #pragma once
 
 #include "directkv/prefill_common.cuh"
@@ -51,7 +52,7 @@ struct PrefillParams {
   const void* host_v;
   const void* hbm_k;        // [num_hbm_pages, page_size, num_kv_heads, head_dim]
   const void* hbm_v;
-  const int* block_table;   // [>= ceil(past_len / page_size)] entries of the sequence
+  const int* block_table;   // [>= ceil(past_len / page_size)] entries of the sequence (new_in_pages: of all keys)
   void* out;                // [q_len, num_heads, head_dim]; unused when out_f32 is set
   float* out_f32;           // tiled, optional: [q_len, num_heads, head_dim] normalised O kept in fp32 ...
   float* lse_out;           // ... and [q_len, num_heads] its natural-log LSE, so passes can be merged later

@@ -39,13 +39,14 @@ inline void check_params(const PrefillParams& p, int variant, int threads, const
     require(p.kv_chunk >= kTileKV && p.kv_chunk % kTileKV == 0,
             op + ": kv_chunk " + std::to_string(p.kv_chunk) + " is not a positive multiple of 64");
     require(p.num_chunks == (num_keys(p) + p.kv_chunk - 1) / p.kv_chunk,
-            op + ": num_chunks does not match the key count and kv_chunk");
+            op + ": num_chunks " + std::to_string(p.num_chunks) + " does not match the key count " +
+                std::to_string(num_keys(p)) + " and kv_chunk " + std::to_string(p.kv_chunk));
     require(p.num_splits >= 1 && p.num_splits <= p.num_chunks,
-            op + ": num_splits must be in 1.." + std::to_string(p.num_chunks));
+            op + ": num_splits " + std::to_string(p.num_splits) + " must be in 1.." + std::to_string(p.num_chunks));
     require(p.part_o && p.part_ml, op + ": the tiled variant needs the part_o / part_ml workspace");
-    require(threads == 128 || threads == 256, op + ": threads must be 128 or 256");
-    require(p.num_buffers == 1 || p.num_buffers == 2, op + ": num_buffers must be 1 or 2");
-    require(p.half_state == 0 || p.half_state == 1, op + ": half_state must be 0 or 1");
+    require(threads == 128 || threads == 256, op + ": threads " + std::to_string(threads) + " must be 128 or 256");
+    require(p.num_buffers == 1 || p.num_buffers == 2, op + ": num_buffers " + std::to_string(p.num_buffers) + " must be 1 or 2");
+    require(p.half_state == 0 || p.half_state == 1, op + ": half_state " + std::to_string(p.half_state) + " must be 0 or 1");
     require(static_cast<int64_t>(p.num_kv_heads) * p.num_splits < (int64_t{1} << 31), op + ": grid too large");
   }
 }

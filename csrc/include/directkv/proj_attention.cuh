@@ -50,7 +50,8 @@ struct Projector {
     const int keys = num_keys(p), new0 = max(key0, p.past_len), end = key0 + rows;
     if (new0 >= end) return;  // CTA uniform: a chunk of the past only
     const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid / 32, lane = tid % 32, nwarps = nthreads / 32;
-    const int blocks = (end - new0 + kWarpRows - 1) / kWarpRows, steps = pp.hidden / kHiddenStep;
+    // blocks of real keys only: padding rows past num_keys are zero-filled by load_kv, not projected
+    const int blocks = (min(end, keys) - new0 + kWarpRows - 1) / kWarpRows, steps = pp.hidden / kHiddenStep;
     const size_t ldw = static_cast<size_t>(p.num_kv_heads) * D;
     const T* const wk = static_cast<const T*>(pp.wk) + static_cast<size_t>(kvh) * D;
     const T* const wv = static_cast<const T*>(pp.wv) + static_cast<size_t>(kvh) * D;

@@ -8,8 +8,8 @@ Rows (one per q_len x method), all `mode="measured"`; every method projects x `[
               back;
   sdpa_hbm  : cuBLAS projections and torch SDPA with every K/V in HBM (the compute anchor);
   swap_sdpa : the past K/V copied by the copy engine from pinned memory into HBM, then as sdpa_hbm.
-link_read_bytes / link_write_bytes are the closed forms (kernels) or the copy (swap). L2 is flushed before
-every timed call. The kernels write the same cache slots on every repeat.
+link_read_bytes / link_write_bytes are the closed forms (kernels) or the copy (swap); link_gbps is both over
+time_ms. L2 is flushed before every timed call. The kernels write the same cache slots on every repeat.
 
 Run: python -m directkv.kernels.cuda.bench_proj [--out results.json]
 """
@@ -75,7 +75,8 @@ def bench_proj(
             row = dict(base, variant=name, kv_bytes=kv_bytes, floor_ms=floor,
                        link_read_bytes=kv_bytes if name == "swap_sdpa" else 0 if name == "sdpa_hbm" else None)
             rows.append(run_point(row, partial(_measure, fn, row, reference, warmup=warmup, repeats=repeats)))
-            t, moved = row.get("time_ms"), row["link_read_bytes"]
+            # both directions: the kernels' writes of the new K/V cross the same link
+            t, moved = row.get("time_ms"), (row["link_read_bytes"] or 0) + (row.get("link_write_bytes") or 0)
             row["link_gbps"] = moved / (t * 1e-3) / 1e9 if t and moved else None
         del methods, kv
     return rows

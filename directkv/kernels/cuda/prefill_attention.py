@@ -129,9 +129,18 @@ def plan_tiled(
 
 
 @cache
-def _device_limits(device: int) -> tuple[int, int]:
+def device_limits(device: int) -> tuple[int, int]:
     with torch.cuda.device(device):
         return tuple(build.load("prefill_attention").device_limits())
+
+
+def check_host_pools(kv: PagedKV, dtype: torch.dtype | None = None) -> None:
+    """The host pools must be zero-copy views of pinned memory (or pinned CPU tensors), contiguous, of `dtype`."""
+    for name, t in (("host_k", kv.host_k), ("host_v", kv.host_v)):
+        zero_copy = t.device.type == "cuda" or (t.device.type == "cpu" and t.is_pinned())
+        check(zero_copy and t.is_contiguous() and dtype in (None, t.dtype), f"{name} must be a contiguous "
+              f"{dtype or ''} zero-copy view (zero_copy.device_view) or pinned CPU tensor; got {t.dtype} on "
+              f"{t.device}, pinned={t.device.type == 'cpu' and t.is_pinned()}, contiguous={t.is_contiguous()}")
 
 
 def _check_inputs(q, k_new, v_new, kv: PagedKV, variant: str, tile_q: int, tile_kv: int, out, host_load: str,
@@ -154,10 +163,7 @@ def _check_inputs(q, k_new, v_new, kv: PagedKV, variant: str, tile_q: int, tile_
               f"{t.dtype} {list(t.shape)}")
     for name, t in (("q", q), ("k_new", k_new), ("v_new", v_new), ("hbm_k", kv.hbm_k), ("hbm_v", kv.hbm_v)):
         check(t.device.type == "cuda" and t.is_contiguous(), f"{name} must be a contiguous CUDA tensor; got {t.device}")
-    for name, t in (("host_k", kv.host_k), ("host_v", kv.host_v)):
-        zero_copy = t.device.type == "cuda" or (t.device.type == "cpu" and t.is_pinned())
-        check(zero_copy and t.is_contiguous(), f"{name} must be a contiguous zero-copy view (zero_copy.device_view) or a "
-              f"pinned CPU tensor; got {t.device}")
+    check_host_pools(kv)
     if out is not None:
         check(out.shape == q.shape and out.dtype == q.dtype and out.device == q.device and out.is_contiguous(),
               f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}")
@@ -324,7 +330,7 @@ def _plan(keys: int, q: torch.Tensor, num_kv_heads: int, *, kv_chunk, num_splits
     """plan_tiled for `keys` keys per KV head on q's device."""
     q_len, num_heads, head_dim = q.shape
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    sms, smem = _device_limits(device)
+    sms, smem = device_limits(device)
     return plan_tiled(keys, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype_bytes=q.element_size(),
                       part_bytes_per_split=q_len * num_heads * (head_dim + 2) * 4, sms=sms, smem_optin=smem,
                       kv_chunk=kv_chunk, num_splits=num_splits, double_buffer=double_buffer)

@@ -32,7 +32,8 @@ from directkv.kernels.cuda.prefill_attention import (
     TILE_KV,
     TILE_Q,
     TiledPlan,
-    _device_limits,
+    check_host_pools,
+    device_limits,
     plan_tiled,
 )
 from directkv.kernels.cuda.zero_copy import device_view
@@ -48,11 +49,19 @@ _SLOTS_MEMO: dict[tuple, tuple[weakref.ref, _Slots]] = {}
 
 
 class _Slots:
-    """The new tokens' cache slots split by tier (GPU index tensors) and the token counts the closed form needs."""
+    """The new tokens' cache slots split by tier (GPU index tensors) and the token counts the closed form needs.
+    The entries are checked first: the kernels write the new tokens' slots through raw pointers, so an entry
+    out of its pool or a page listed twice would write outside the cache or over another token."""
 
-    def __init__(self, table: torch.Tensor, past_len: int, q_len: int, page_size: int, device: torch.device):
-        total = past_len + q_len
-        entries = table[: -(-total // page_size)].cpu().to(torch.int64)
+    def __init__(self, kv: PagedKV, past_len: int, q_len: int, device: torch.device):
+        total, page_size = past_len + q_len, kv.page_size
+        entries = kv.block_table[0, : -(-total // page_size)].cpu().to(torch.int64)
+        host_pages, hbm_pages = int(kv.host_k.shape[0]), int(kv.hbm_k.shape[0])
+        bad = entries[(entries >= host_pages) | (-(entries + 1) >= hbm_pages)]
+        check(not len(bad), f"block-table entries {bad[:4].tolist()} are outside the pools ({host_pages} host pages: "
+              f"entries 0..{host_pages - 1}; {hbm_pages} HBM pages: entries -1..{-hbm_pages})")
+        check(len(entries.unique()) == len(entries), f"the block table lists a page twice among its first "
+              f"{len(entries)} entries (the pages of past_len + q_len = {total} tokens)")
         pos = torch.arange(total)
         e = entries[pos // page_size]
         hbm = e < 0
@@ -68,12 +77,12 @@ class _Slots:
 
 def _slots(kv: PagedKV, past_len: int, q_len: int, device: torch.device) -> _Slots:
     table = kv.block_table
-    key = (id(table), table._version, past_len, q_len, kv.page_size, str(device))
+    key = (id(table), table._version, past_len, q_len, kv.page_size, kv.host_k.shape[0], kv.hbm_k.shape[0], str(device))
     ref, memo = _SLOTS_MEMO.get(key, (None, None))
     if ref is None or ref() is not table:
         if len(_SLOTS_MEMO) > 256:
             _SLOTS_MEMO.clear()
-        memo = _Slots(table[0], past_len, q_len, kv.page_size, device)
+        memo = _Slots(kv, past_len, q_len, device)
         _SLOTS_MEMO[key] = (weakref.ref(table), memo)
     return memo
 
@@ -128,13 +137,12 @@ def _check_inputs(x, wq, wk, wv, kv: PagedKV, variant: str, tile_q: int, tile_kv
     for name, w in (("wk", wk), ("wv", wv)):
         want = (hidden, kv.num_kv_heads * head_dim)
         check(tuple(w.shape) == want, f"{name} must be [hidden, num_kv_heads * head_dim] = {want}; got {tuple(w.shape)}")
+    check(x.device.type == "cuda", f"x must be a CUDA tensor; got {x.device}")
     for name, t in (("x", x), ("wq", wq), ("wk", wk), ("wv", wv), ("hbm_k", kv.hbm_k), ("hbm_v", kv.hbm_v)):
-        check(t.device.type == "cuda" and t.is_contiguous(), f"{name} must be a contiguous CUDA tensor; got {t.device}")
+        check(t.device == x.device, f"{name} is on {t.device}; x is on {x.device}: every tensor must be on x's device")
+        check(t.is_contiguous(), f"{name} must be contiguous; got strides {t.stride()} for shape {tuple(t.shape)}")
         check(t.dtype == x.dtype, f"{name} dtype {t.dtype} != x dtype {x.dtype}")
-    for name, t in (("host_k", kv.host_k), ("host_v", kv.host_v)):
-        zero_copy = t.device.type == "cuda" or (t.device.type == "cpu" and t.is_pinned())
-        check(zero_copy and t.is_contiguous() and t.dtype == x.dtype, f"{name} must be a contiguous {x.dtype} zero-copy "
-              f"view (zero_copy.device_view) or pinned CPU tensor; got {t.dtype} on {t.device}")
+    check_host_pools(kv, x.dtype)
     check(rope_theta is None or rope_theta > 0, f"rope_theta must be None or > 0; got {rope_theta}")
     check(kv.batch == 1, f"proj_attention takes one sequence; kv.batch is {kv.batch}")
     past_len = int(kv.seq_lens[0])
@@ -153,7 +161,7 @@ def plan(x: torch.Tensor, num_heads: int, kv: PagedKV, past_len: int, variant: s
     """plan_tiled for past_len + q_len keys; the fused kernel's chunks fit beside its weight stages."""
     q_len, _ = x.shape
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    sms, smem = _device_limits(device)
+    sms, smem = device_limits(device)
     if variant == "fused":
         smem -= stage_bytes(kv.head_dim, x.element_size())
     return plan_tiled(past_len + q_len, num_kv_heads=kv.num_kv_heads, head_dim=kv.head_dim,
@@ -197,18 +205,19 @@ def proj_attention(
 
     Returns
     -------
-    (out `[q_len, num_heads, head_dim]`, Traffic: proj_attention_traffic at tile_kv = the planned kv_chunk;
-    link bytes exact, HBM bytes the reference schedule's (the kernel's per-KV-head re-reads of x and its
-    weight stages hit L2 and are not counted)).
+    (out `[q_len, num_heads, head_dim]`, Traffic: proj_attention_traffic at tile_kv = the planned kv_chunk.
+    Link bytes are exact. HBM bytes are the reference schedule's, a lower bound on the fused kernel's: each
+    KV head's CTAs read x again and stream their Wk / Wv slices once per round of 16-row blocks, from L2 while
+    x and the slices fit in it (x is 4 MB at q_len 512 x hidden 4096), from HBM beyond.)
     """
     num_heads, past_len = _check_inputs(x, wq, wk, wv, kv, variant, tile_q, tile_kv, host_load, rope_theta, out)
     q_len, hidden = x.shape
     head_dim = kv.head_dim
     tiled = plan(x, num_heads, kv, past_len, variant, kv_chunk=kv_chunk, num_splits=num_splits)
+    slots = _slots(kv, past_len, q_len, x.device)  # checks the block table before any work
     rot = None if rope_theta is None else rope_tables(past_len, q_len, head_dim, float(rope_theta), x.device)
     q = project(x, wq, head_dim, rot).contiguous()
     host_k, host_v = (t if t.device.type == "cuda" else device_view(t) for t in (kv.host_k, kv.host_v))
-    slots = _slots(kv, past_len, q_len, x.device)
     if variant == "separate":
         k, v = project(x, wk, head_dim, rot), project(x, wv, head_dim, None)
         for (rows, pages, idx), (pk, pv) in ((slots.host, (host_k, host_v)), (slots.hbm, (kv.hbm_k, kv.hbm_v))):
@@ -223,13 +232,14 @@ def proj_attention(
     fused = variant == "fused"
     ptr = lambda t: t.data_ptr() if fused and t is not None else 0  # noqa: E731
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(head_dim)
-    build.load("proj_attention").run(
-        q.data_ptr(), ptr(x), ptr(wk), ptr(wv), ptr(rot[0] if rot else None), ptr(rot[1] if rot else None),
-        host_k.data_ptr(), host_v.data_ptr(), kv.hbm_k.data_ptr(), kv.hbm_v.data_ptr(), table.contiguous().data_ptr(),
-        out.data_ptr(), part_o.data_ptr(), part_ml.data_ptr(), q_len, past_len, hidden, num_heads, kv.num_kv_heads,
-        head_dim, kv.page_size, bool(causal), VARIANTS.index(variant), tiled.kv_chunk, tiled.num_splits, tiled.threads,
-        scale, DTYPE_CODES[x.dtype], HOST_LOADS.index(host_load), torch.cuda.current_stream(x.device).cuda_stream,
-    )  # fmt: skip
+    with torch.cuda.device(x.device):  # the launcher sizes and launches on the current device
+        build.load("proj_attention").run(
+            q.data_ptr(), ptr(x), ptr(wk), ptr(wv), ptr(rot[0] if rot else None), ptr(rot[1] if rot else None),
+            host_k.data_ptr(), host_v.data_ptr(), kv.hbm_k.data_ptr(), kv.hbm_v.data_ptr(), table.contiguous().data_ptr(),
+            out.data_ptr(), part_o.data_ptr(), part_ml.data_ptr(), q_len, past_len, hidden, num_heads, kv.num_kv_heads,
+            head_dim, kv.page_size, bool(causal), VARIANTS.index(variant), tiled.kv_chunk, tiled.num_splits, tiled.threads,
+            scale, DTYPE_CODES[x.dtype], HOST_LOADS.index(host_load), torch.cuda.current_stream(x.device).cuda_stream,
+        )  # fmt: skip
     t = proj_attention_traffic(q_len, past_len, hidden=hidden, num_heads=num_heads, num_kv_heads=kv.num_kv_heads,
                                head_dim=head_dim, dtype_bytes=x.element_size(), variant=variant, causal=bool(causal),
                                tile_q=TILE_Q, tile_kv=tiled.kv_chunk, past_hbm_tokens=slots.past_hbm_tokens,
