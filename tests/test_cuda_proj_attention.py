@@ -209,3 +209,17 @@ def test_bench_rows_are_checked_and_count_the_link():
         if r["variant"] in ("separate", "fused"):  # past read once; new written once (+ read back: separate)
             assert r["link_write_bytes"] == r["q_len"] * kv_tok
             assert r["link_read_bytes"] == (300 + r["q_len"] * (r["variant"] == "separate")) * kv_tok
+
+
+def test_fused_plan_fits_the_weight_stages_beside_its_chunks():
+    """The fused kernel's chunks are sized with its weight stages in the same shared memory, and two of its
+    CTAs share an SM only if both fit with their stages (H200 limits: 132 SMs, 227 KiB per CTA)."""
+    from directkv.kernels.cuda.prefill_attention import SMEM_PAD, plan_tiled
+    from directkv.kernels.cuda.proj_attention import stage_bytes
+
+    smem, stages, row = 232448, stage_bytes(128, 2), 2 * (128 + SMEM_PAD) * 2
+    shape = dict(num_kv_heads=8, head_dim=128, dtype_bytes=2, part_bytes_per_split=1 << 20, sms=132, smem_optin=smem)
+    auto = plan_tiled(18432, **shape, extra_smem=stages)
+    assert auto.kv_chunk == 256 and auto.kv_chunk * row + stages <= smem  # 320 keys would not fit beside them
+    assert plan_tiled(18432, **shape, kv_chunk=128).threads == 128  # 2 x 68 KiB of chunks: two CTAs per SM
+    assert plan_tiled(18432, **shape, kv_chunk=128, extra_smem=stages).threads == 256  # 2 x 136 KiB do not fit

@@ -95,17 +95,19 @@ def plan_tiled(
     kv_chunk: int | None = None,
     num_splits: int | None = None,
     double_buffer: bool = False,
+    extra_smem: int = 0,
 ) -> TiledPlan:
     """Plan the tiled kernel for `keys` = past_len + q_len keys per KV head.
 
     Default: one 8-warp CTA per SM and chunks as large as the buffers allow, sized so every CTA gets the
     same number of chunks (a big chunk keeps the partial-O traffic per key low). A given kv_chunk small
     enough for two CTAs per SM runs 4-warp CTAs, two per SM. num_splits is clipped to the chunk count and
-    to WORKSPACE_CAP bytes of partial state.
+    to WORKSPACE_CAP bytes of partial state. extra_smem: shared memory each CTA holds beside its chunk
+    buffers (proj_attention's weight stages).
     """
     buffers = 2 if double_buffer else 1
     chunk_bytes = 2 * (head_dim + SMEM_PAD) * dtype_bytes * buffers  # K + V row of every buffer
-    max_chunk = smem_optin // chunk_bytes // TILE_KV * TILE_KV
+    max_chunk = (smem_optin - extra_smem) // chunk_bytes // TILE_KV * TILE_KV
     check(max_chunk >= TILE_KV, f"shared memory ({smem_optin} B) holds no {buffers}-buffer chunk of {TILE_KV} keys")
     if kv_chunk is None:
         splits = max(1, sms // num_kv_heads)
@@ -118,7 +120,7 @@ def plan_tiled(
             f"kv_chunk {kv_chunk!r} must be a multiple of {TILE_KV} in {TILE_KV}..{max_chunk} "
             f"(shared memory) for head_dim {head_dim}",
         )
-        per_sm = 2 if 2 * kv_chunk * chunk_bytes <= smem_optin else 1
+        per_sm = 2 if 2 * (kv_chunk * chunk_bytes + extra_smem) <= smem_optin else 1
         splits = max(1, sms * per_sm // num_kv_heads)
     if num_splits is not None:
         check(isinstance(num_splits, int) and num_splits >= 1, f"num_splits must be a positive int; got {num_splits!r}")

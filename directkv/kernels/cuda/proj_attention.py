@@ -162,11 +162,10 @@ def plan(x: torch.Tensor, num_heads: int, kv: PagedKV, past_len: int, variant: s
     q_len, _ = x.shape
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     sms, smem = device_limits(device)
-    if variant == "fused":
-        smem -= stage_bytes(kv.head_dim, x.element_size())
+    extra = stage_bytes(kv.head_dim, x.element_size()) if variant == "fused" else 0
     return plan_tiled(past_len + q_len, num_kv_heads=kv.num_kv_heads, head_dim=kv.head_dim,
                       dtype_bytes=x.element_size(), part_bytes_per_split=q_len * num_heads * (kv.head_dim + 2) * 4,
-                      sms=sms, smem_optin=smem, kv_chunk=kv_chunk, num_splits=num_splits)
+                      sms=sms, smem_optin=smem, kv_chunk=kv_chunk, num_splits=num_splits, extra_smem=extra)
 
 
 def proj_attention(
