@@ -101,15 +101,23 @@ def new_slots(kv_cpu, past: int, q_len: int, *, host: bool) -> torch.Tensor:
 
 @pytest.mark.gpu
 @needs_cuda
-def test_bad_block_tables_are_refused_before_any_write():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bad_block_tables_are_refused_before_any_write(variant):
+    """Entries outside the pools or a page listed twice, among the past's pages (entry 3) or the new tokens'
+    (entry 8 of 11: tokens 128..143), are refused, and no pool was written."""
     case = (65, 100, 8, 2, 64, BF16, 16, 128, None, True)
     x, wq, wk, wv, kv_cpu, kv = make_case(case)
-    for i, e, match in ((3, kv.host_k.shape[0], "outside the pools"), (3, -kv.hbm_k.shape[0] - 1, "outside the pools"),
-                        (3, int(kv_cpu.block_table[0, 0]), "lists a page twice")):
-        table = kv_cpu.block_table.clone()
-        table[0, i] = e
-        with pytest.raises(ConfigError, match=match):
-            proj_attention(x, wq, wk, wv, dataclasses.replace(kv, block_table=table.cuda()), variant="fused")
+    for i in (3, 8):
+        for e, match in ((kv.host_k.shape[0], "outside the pools"), (-kv.hbm_k.shape[0] - 1, "outside the pools"),
+                         (int(kv_cpu.block_table[0, 0]), "lists a page twice")):
+            table = kv_cpu.block_table.clone()
+            table[0, i] = e
+            with pytest.raises(ConfigError, match=match):
+                proj_attention(x, wq, wk, wv, dataclasses.replace(kv, block_table=table.cuda()), variant=variant)
+    torch.cuda.synchronize()
+    for before, after in ((kv_cpu.host_k, kv.host_k), (kv_cpu.host_v, kv.host_v), (kv_cpu.hbm_k, kv.hbm_k),
+                          (kv_cpu.hbm_v, kv.hbm_v)):
+        assert torch.equal(after.cpu(), before)
 
 
 @pytest.mark.gpu

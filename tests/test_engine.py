@@ -107,6 +107,29 @@ def test_directkv_stream_reads_a_small_past_in_place():
     assert stream.gpu_mem_bytes - tiled.gpu_mem_bytes == 64 << 20
 
 
+def test_stream_step_of_in_place_chunks_costs_what_tiled_does(monkeypatch):
+    """A step of prompt chunks read in place and no decodes runs no streamed kernel (none is charged) and
+    holds no ring: it costs what tiled's step does. The simulation asks the rule with the run's page size."""
+    from dataclasses import replace
+
+    import directkv.engine.systems as systems
+    from directkv.engine.state import PrefillChunk, Step
+    from directkv.engine.systems import step_cost
+    from workloads.request import Request
+
+    prompt = tuple(PrefillChunk(ReqState(Request(i, 4096, 8), prefilled=1024), 512, 1024) for i in range(2))
+    step = Step((), prompt)
+    tiled = step_cost(SystemPolicy("directkv", "tiled"), step, LLAMA, CM)
+    stream = step_cost(SystemPolicy("directkv", "stream"), step, LLAMA, CM)
+    assert stream.time_s == pytest.approx(tiled.time_s, rel=1e-12) and stream.staging_bytes == 0
+    asked = []
+    rule = systems.stream_reads_in_place
+    monkeypatch.setattr(systems, "stream_reads_in_place", lambda past, ps, page: asked.append(ps) or rule(past, ps, page))
+    simulate(synthetic_workload(2, 4096, 4).requests, SystemPolicy("directkv", "stream"), LLAMA, CM,
+             mem=replace(MEM, page_size=32))
+    assert asked and set(asked) == {32}
+
+
 def _decodes(n: int, context: int) -> tuple:
     """n running requests of `context` cached tokens, each decoding its second token."""
     from workloads.request import Request

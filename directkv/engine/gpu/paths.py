@@ -23,6 +23,8 @@ so the same code runs in the CPU tests at toy sizes.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from directkv.engine.gpu.plan import StepPlan
@@ -76,10 +78,10 @@ class ZeroCopyPath:
                 host_table=(p.decode_table_cpu, p.decode_lens_cpu))
             self._kept["decode"] = self.decode_plan
         # A chunk whose past fits one ring chunk is read in place by the tiled kernel instead (decided before any
-        # planning): its one copy could overlap nothing but the new tokens' pass, and the passes and merge around
-        # it cost more than the read (H200, 2026-12-01: ShareGPT-like steps of 35-43 decodes beside a few prompt
-        # chunks took 172-182 ms with every chunk streamed, against swap's 82-105).
-        page_bytes = k0[0].numel() * k0.element_size()
+        # planning; stream_reads_in_place): the passes and merge around a one-chunk copy cost more than the read
+        # for small pasts (H200, 2026-12-01: ShareGPT-like steps of 35-43 decodes beside a few prompt chunks took
+        # 172-182 ms with every chunk streamed, against swap's 82-105).
+        page_bytes = math.prod(k0.shape[1:]) * k0.element_size()
         self.chunk_streamed = [self.tier == "host" and not stream_reads_in_place(c.past_len, k0.shape[1], page_bytes)
                                for c in p.chunks]
         # planned from the host copies of the chunk tables: reading the device ones back cost a sync per chunk

@@ -108,7 +108,8 @@ def plan_tiled(
     buffers = 2 if double_buffer else 1
     chunk_bytes = 2 * (head_dim + SMEM_PAD) * dtype_bytes * buffers  # K + V row of every buffer
     max_chunk = (smem_optin - extra_smem) // chunk_bytes // TILE_KV * TILE_KV
-    check(max_chunk >= TILE_KV, f"shared memory ({smem_optin} B) holds no {buffers}-buffer chunk of {TILE_KV} keys")
+    check(max_chunk >= TILE_KV, f"shared memory ({smem_optin} B, {extra_smem} B of it taken by weight stages) holds "
+          f"no {buffers}-buffer chunk of {TILE_KV} keys")
     if kv_chunk is None:
         splits = max(1, sms // num_kv_heads)
         rounds = math.ceil(keys / (splits * max_chunk))
@@ -136,13 +137,17 @@ def device_limits(device: int) -> tuple[int, int]:
         return tuple(build.load("prefill_attention").device_limits())
 
 
-def check_host_pools(kv: PagedKV, dtype: torch.dtype | None = None) -> None:
-    """The host pools must be zero-copy views of pinned memory (or pinned CPU tensors), contiguous, of `dtype`."""
+def check_host_pools(kv: PagedKV, dtype: torch.dtype | None = None, device: torch.device | None = None) -> None:
+    """The host pools must be zero-copy views of pinned memory (on `device` when given) or pinned CPU tensors,
+    contiguous, of `dtype` when given."""
     for name, t in (("host_k", kv.host_k), ("host_v", kv.host_v)):
-        zero_copy = t.device.type == "cuda" or (t.device.type == "cpu" and t.is_pinned())
-        check(zero_copy and t.is_contiguous() and dtype in (None, t.dtype), f"{name} must be a contiguous "
-              f"{dtype or ''} zero-copy view (zero_copy.device_view) or pinned CPU tensor; got {t.dtype} on "
-              f"{t.device}, pinned={t.device.type == 'cpu' and t.is_pinned()}, contiguous={t.is_contiguous()}")
+        view = t.device.type == "cuda" and device in (None, t.device)
+        zero_copy = view or (t.device.type == "cpu" and t.is_pinned())
+        check(zero_copy and t.is_contiguous() and dtype in (None, t.dtype),
+              f"{name} must be a contiguous{'' if dtype is None else ' ' + str(dtype)} zero-copy view "
+              f"(zero_copy.device_view{'' if device is None else ' on ' + str(device)}) or pinned CPU tensor; got "
+              f"{t.dtype} on {t.device}, pinned={t.device.type == 'cpu' and t.is_pinned()}, "
+              f"contiguous={t.is_contiguous()}")
 
 
 def _check_inputs(q, k_new, v_new, kv: PagedKV, variant: str, tile_q: int, tile_kv: int, out, host_load: str,

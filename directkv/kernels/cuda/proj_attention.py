@@ -142,7 +142,7 @@ def _check_inputs(x, wq, wk, wv, kv: PagedKV, variant: str, tile_q: int, tile_kv
         check(t.device == x.device, f"{name} is on {t.device}; x is on {x.device}: every tensor must be on x's device")
         check(t.is_contiguous(), f"{name} must be contiguous; got strides {t.stride()} for shape {tuple(t.shape)}")
         check(t.dtype == x.dtype, f"{name} dtype {t.dtype} != x dtype {x.dtype}")
-    check_host_pools(kv, x.dtype)
+    check_host_pools(kv, x.dtype, x.device)
     check(rope_theta is None or rope_theta > 0, f"rope_theta must be None or > 0; got {rope_theta}")
     check(kv.batch == 1, f"proj_attention takes one sequence; kv.batch is {kv.batch}")
     past_len = int(kv.seq_lens[0])
@@ -206,8 +206,9 @@ def proj_attention(
     -------
     (out `[q_len, num_heads, head_dim]`, Traffic: proj_attention_traffic at tile_kv = the planned kv_chunk.
     Link bytes are exact. HBM bytes are the reference schedule's, a lower bound on the fused kernel's: each
-    KV head's CTAs read x again and stream their Wk / Wv slices once per round of 16-row blocks, from L2 while
-    x and the slices fit in it (x is 4 MB at q_len 512 x hidden 4096), from HBM beyond.)
+    KV head's CTAs read x again and, in each chunk holding new rows, stream their Wk / Wv slices once per round
+    (one 16-row block per warp), from L2 while x and the slices fit in it (x is 4 MB at q_len 512 x hidden
+    4096), from HBM beyond.)
     """
     num_heads, past_len = _check_inputs(x, wq, wk, wv, kv, variant, tile_q, tile_kv, host_load, rope_theta, out)
     q_len, hidden = x.shape
@@ -216,7 +217,8 @@ def proj_attention(
     slots = _slots(kv, past_len, q_len, x.device)  # checks the block table before any work
     rot = None if rope_theta is None else rope_tables(past_len, q_len, head_dim, float(rope_theta), x.device)
     q = project(x, wq, head_dim, rot).contiguous()
-    host_k, host_v = (t if t.device.type == "cuda" else device_view(t) for t in (kv.host_k, kv.host_v))
+    with torch.cuda.device(x.device):  # a view of pinned CPU pools is made on the current device
+        host_k, host_v = (t if t.device.type == "cuda" else device_view(t) for t in (kv.host_k, kv.host_v))
     if variant == "separate":
         k, v = project(x, wk, head_dim, rot), project(x, wv, head_dim, None)
         for (rows, pages, idx), (pk, pv) in ((slots.host, (host_k, host_v)), (slots.hbm, (kv.hbm_k, kv.hbm_v))):
