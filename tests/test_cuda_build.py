@@ -24,5 +24,6 @@ def test_op_compiles(op, tmp_path):
 
 
 def test_ops_found():
-    assert {"decode_attention", "probe", "cpu_decode_attention"} <= set(build.available_ops())
+    assert {"decode_attention", "prefill_attention", "proj_attention", "gemm_case_study", "probe",
+            "cpu_decode_attention"} <= set(build.available_ops())
     assert build.is_host_op("cpu_decode_attention") and not build.is_host_op("decode_attention")
