@@ -526,3 +526,21 @@ def test_merge_passes_weighs_views_of_any_layout_by_their_lse():
     want = (os_ * torch.softmax(lse, 0).unsqueeze(-1)).sum(0)
     assert not out.isnan().any()
     torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=1e-2)
+
+
+def test_per_table_memo_follows_the_table_and_its_version():
+    """The wrappers' per-table memo computes once per (table, in-place version, key) and again after the table
+    is written in place or replaced."""
+    from directkv.kernels.paged import per_table
+
+    memo, calls = {}, []
+    table = torch.zeros(1, 4, dtype=torch.int32)
+
+    def get(t, key=()):
+        return per_table(memo, t, key, lambda: calls.append(1) or len(calls))
+
+    assert get(table) == get(table) == 1
+    assert get(table, ("other",)) == 2
+    table[0, 1] = 3  # written in place: its version moves
+    assert get(table) == 3
+    assert get(table.clone()) == 4 and len(calls) == 4

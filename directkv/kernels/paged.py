@@ -7,11 +7,16 @@ on a GPU machine the host pools are zero-copy CUDA views of pinned memory, so no
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from directkv.errors import check
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -104,3 +109,17 @@ def check_queries(q: torch.Tensor, kv: PagedKV, *, rows: str) -> tuple[int, int,
     check(num_heads % kv.num_kv_heads == 0, f"num_heads {num_heads} is not a multiple of num_kv_heads {kv.num_kv_heads}")
     check(q.dtype == kv.dtype, f"q dtype {q.dtype} != KV dtype {kv.dtype}")
     return n, num_heads, head_dim
+
+
+def per_table(memo: dict, table: torch.Tensor, key: tuple, make: Callable[[], T]) -> T:
+    """make(), memoised in `memo` per block table (the tensor object and its in-place version) and `key`: the
+    wrappers read a table on the CPU once per version, not once per call. The weakref keeps a new table at a
+    recycled address from hitting an old entry; the memo is dropped past 256 entries."""
+    full = (id(table), table._version, *key)
+    ref, value = memo.get(full, (None, None))
+    if ref is None or ref() is not table:
+        if len(memo) > 256:
+            memo.clear()
+        value = make()
+        memo[full] = (weakref.ref(table), value)
+    return value

@@ -237,10 +237,13 @@ def _methods(q, k_new, v_new, caches: tuple[PagedKV, PagedKV], k_all, v_all, ker
 
 
 def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, warmup: int, repeats: int) -> None:
-    """One checked call (rel_err against the HBM SDPA output; a kernel's closed-form link bytes), then timing."""
+    """One checked call (rel_err against the HBM SDPA output; a kernel's closed-form link bytes, writes only where
+    it has some), then timing. bench_proj measures the same way."""
     result = fn()
     if isinstance(result, tuple):  # a kernel: (out, Traffic)
         row["link_read_bytes"] = result[1].link_read_bytes
+        if result[1].link_write_bytes:
+            row["link_write_bytes"] = result[1].link_write_bytes
         result = result[0]
     else:
         result = result[0].transpose(0, 1)

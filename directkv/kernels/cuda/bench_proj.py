@@ -25,14 +25,15 @@ from functools import partial
 import torch
 
 from directkv.kernels.cuda.bench_prefill import (
+    _measure,
     _paged_host_cache,
     _sdpa,
     get_ceilings,
     print_table,
     run_point,
-    timed,
 )
 from directkv.kernels.cuda.proj_attention import VARIANTS, proj_attention, project, rope_tables
+from directkv.kernels.cuda.zero_copy import pinned_empty
 
 
 def bench_proj(
@@ -86,7 +87,7 @@ def _methods(x, weights, kv, k_past, v_past, rope_theta, head_dim: int) -> dict[
     """name -> call for one q_len, plus "_reference" (sdpa_hbm's output, float64)."""
     wq, wk, wv = weights
     q_len, past = x.shape[0], k_past.shape[0]
-    k_pin, v_pin = torch.empty_like(k_past, device="cpu").pin_memory(), torch.empty_like(v_past, device="cpu").pin_memory()
+    k_pin, v_pin = pinned_empty(k_past.shape, k_past.dtype), pinned_empty(v_past.shape, v_past.dtype)
     k_pin.copy_(k_past)
     v_pin.copy_(v_past)
     k_buf, v_buf = torch.empty_like(k_past), torch.empty_like(v_past)
@@ -95,7 +96,7 @@ def _methods(x, weights, kv, k_past, v_past, rope_theta, head_dim: int) -> dict[
         rot = None if rope_theta is None else rope_tables(past, q_len, head_dim, float(rope_theta), x.device)
         q, k, v = project(x, wq, head_dim, rot), project(x, wk, head_dim, rot), project(x, wv, head_dim, None)
         layout = lambda t: t.transpose(0, 1)[None]  # noqa: E731
-        return _sdpa(layout(q), layout(torch.cat([k_old, k])), layout(torch.cat([v_old, v])))[0].transpose(0, 1)
+        return _sdpa(layout(q), layout(torch.cat([k_old, k])), layout(torch.cat([v_old, v])))  # SDPA's layout
 
     def swap() -> torch.Tensor:
         k_buf.copy_(k_pin, non_blocking=True)
@@ -106,19 +107,8 @@ def _methods(x, weights, kv, k_past, v_past, rope_theta, head_dim: int) -> dict[
     methods: dict[str, Callable] = {v: partial(proj_attention, x, wq, wk, wv, kv, variant=v, rope_theta=rope_theta, out=out)
                                     for v in VARIANTS}
     methods |= {"sdpa_hbm": lambda: dense(k_past, v_past), "swap_sdpa": swap}
-    methods["_reference"] = dense(k_past, v_past).double()
+    methods["_reference"] = dense(k_past, v_past)[0].transpose(0, 1).double()
     return methods
-
-
-def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, warmup: int, repeats: int) -> None:
-    """One checked call (rel_err against sdpa_hbm; a kernel's closed-form link bytes), then timing."""
-    result = fn()
-    if isinstance(result, tuple):  # a kernel: (out, Traffic)
-        row["link_read_bytes"] = result[1].link_read_bytes
-        row["link_write_bytes"] = result[1].link_write_bytes
-        result = result[0]
-    row["rel_err"] = float((result.double() - reference).norm() / reference.norm())
-    row.update(timed(fn, warmup=warmup, repeats=repeats))
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:

@@ -35,7 +35,6 @@ writes the pages, so L1's lack of coherence within a launch cannot serve stale b
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from functools import cache
 
@@ -53,7 +52,7 @@ from directkv.kernels.cuda.prefill_stream import (
     plan_prefill_stream,
 )
 from directkv.kernels.cuda.side_stream import side_stream
-from directkv.kernels.paged import PagedKV, check_queries
+from directkv.kernels.paged import PagedKV, check_queries, per_table
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import prefill_traffic
 
@@ -67,8 +66,7 @@ TILE_Q = 64  # query rows per naive CTA (4 warps x 16): the kernel's only Q tile
 TILE_KV = 64  # keys per shared-memory tile: the kernel's only K/V tile
 SMEM_PAD = 8  # elements of padding per shared-memory row (bank-conflict-free ldmatrix)
 WORKSPACE_CAP = 3 << 30  # bytes of split partial state at most; fewer splits beyond it
-# key -> (weakref to the block table, Traffic): a new table at a recycled address must not hit an old entry
-_TRAFFIC_MEMO: dict[tuple, tuple[weakref.ref, Traffic]] = {}
+_TRAFFIC_MEMO: dict = {}  # per_table's memo of the closed-form Traffic
 
 
 @dataclass(frozen=True)
@@ -192,12 +190,9 @@ def traffic(q_len: int, past_len: int, kv: PagedKV, *, num_heads: int, variant: 
         return Traffic(t.link_read_bytes, t.link_write_bytes, t.hbm_read_bytes + t.link_read_bytes,
                        t.hbm_write_bytes + t.link_read_bytes, t.flops)
     table = kv.block_table
-    key = (variant, q_len, past_len, num_heads, kv.num_kv_heads, kv.head_dim, kv.dtype, causal, kv_chunk,
-           id(table), table._version, kv.page_size)
-    ref, memo = _TRAFFIC_MEMO.get(key, (None, None))
-    if ref is None or ref() is not table:
-        if len(_TRAFFIC_MEMO) > 256:
-            _TRAFFIC_MEMO.clear()
+    key = (variant, q_len, past_len, num_heads, kv.num_kv_heads, kv.head_dim, kv.dtype, causal, kv_chunk, kv.page_size)
+
+    def closed_form() -> Traffic:
         pages = -(-past_len // kv.page_size)
         entries = table[0, :pages].cpu().to(torch.int64)
         tokens = (past_len - torch.arange(pages) * kv.page_size).clamp(max=kv.page_size)
@@ -210,9 +205,9 @@ def traffic(q_len: int, past_len: int, kv: PagedKV, *, num_heads: int, variant: 
         if variant == "naive":  # exact also when G does not divide 64 (a CTA then holds part of a token's heads)
             ctas = -(-q_len * group // TILE_Q)
             t.link_read_bytes = ctas * (past_len - hbm_tokens) * 2 * kv.num_kv_heads * kv.head_dim * kv.host_k.element_size()
-        _TRAFFIC_MEMO[key] = (weakref.ref(table), t)
-        memo = t
-    return memo
+        return t
+
+    return per_table(_TRAFFIC_MEMO, table, key, closed_form)
 
 
 def prefill_attention(

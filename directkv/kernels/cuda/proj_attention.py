@@ -18,7 +18,6 @@ product); the fused kernel accumulates K / V in fp32 and rotates before its one 
 from __future__ import annotations
 
 import math
-import weakref
 
 import torch
 
@@ -37,15 +36,14 @@ from directkv.kernels.cuda.prefill_attention import (
     plan_tiled,
 )
 from directkv.kernels.cuda.zero_copy import device_view
-from directkv.kernels.paged import PagedKV
+from directkv.kernels.paged import PagedKV, per_table
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import proj_attention_traffic
 
 VARIANTS = ("separate", "fused")
 HIDDEN_STEP = 64  # rows of Wk / Wv per shared-memory stage of the fused kernel (kHiddenStep)
 STAGES = 2  # weight stages of the fused kernel
-# key -> (weakref to the block table, _Slots): where the new tokens go, read from the table once per version
-_SLOTS_MEMO: dict[tuple, tuple[weakref.ref, _Slots]] = {}
+_SLOTS_MEMO: dict = {}  # per_table's memo of _Slots: where the new tokens go
 
 
 class _Slots:
@@ -76,15 +74,8 @@ class _Slots:
 
 
 def _slots(kv: PagedKV, past_len: int, q_len: int, device: torch.device) -> _Slots:
-    table = kv.block_table
-    key = (id(table), table._version, past_len, q_len, kv.page_size, kv.host_k.shape[0], kv.hbm_k.shape[0], str(device))
-    ref, memo = _SLOTS_MEMO.get(key, (None, None))
-    if ref is None or ref() is not table:
-        if len(_SLOTS_MEMO) > 256:
-            _SLOTS_MEMO.clear()
-        memo = _Slots(kv, past_len, q_len, device)
-        _SLOTS_MEMO[key] = (weakref.ref(table), memo)
-    return memo
+    key = (past_len, q_len, kv.page_size, kv.host_k.shape[0], kv.hbm_k.shape[0], str(device))
+    return per_table(_SLOTS_MEMO, kv.block_table, key, lambda: _Slots(kv, past_len, q_len, device))
 
 
 def stage_bytes(head_dim: int, dtype_bytes: int) -> int:
