@@ -343,6 +343,16 @@ def test_profiler_refuses_bad_pipelining_in_one_line(capsys):
     assert err == ["error: executor.directkv_pipeline_min_kv_mb must be a number >= 0; got -1.0"]
 
 
+def test_profiler_python_mode_attributes_host_time_of_the_picked_steps(capsys):
+    from directkv.engine.gpu.profile import main
+
+    assert main(["--system", "directkv", "--model", "tiny", "--context", "64", "--batch", "4", "--output", "6",
+                 "--skip", "3", "--count", "2", "--python", "--rows", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "0d+256p*" in out and "4d+0p*" in out  # the picked steps are marked
+    assert "Ordered by: cumulative time" in out and "paths.py" in out and "(attend)" in out
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("chunk_bytes", [None, 8 << 10])

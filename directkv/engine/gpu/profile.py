@@ -6,11 +6,17 @@ steps and prompt-chunk steps can be told apart; only the steps picked by `skip` 
 profiler (a whole 16K-context run under it took minutes to parse on the H200).
 
 Run: python -m directkv.engine.gpu.profile --system swap --context 16384 --batch 4 --output 4 --skip 8 --count 2
+
+With --python the picked steps run under cProfile instead of torch.profiler: host time per Python function
+(cumulative), to find which of the executor's calls a host-bound step spends its time in.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import sys
 from collections import Counter
 
@@ -40,7 +46,7 @@ WATCHED = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchroni
 def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled", context: int = 16384,
             batch: int = 4, output: int = 4, max_batched_tokens: int = 2048, rows: int = 25,
             hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2, graphs: bool = False,
-            pipelining: Pipelining = NO_PIPELINING) -> None:
+            pipelining: Pipelining = NO_PIPELINING, python: bool = False) -> None:
     spec = get_model(model)
     policy = SystemPolicy(system, variant if system == "directkv" else "")
     mem = MemoryConfig(hbm_budget_gb * 1e9, 0.9 * 128e9)
@@ -51,15 +57,18 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    prof = torch.profiler.profile(activities=activities)
+    prof = cProfile.Profile() if python else torch.profiler.profile(activities=activities)
+    start, stop = (prof.enable, prof.disable) if python else (prof.start, prof.stop)
 
     def run_step(self, step):  # records (kind, seconds) of every step, the executor's warm-up first
         picked = skip <= len(steps) < skip + count
         if picked and len(steps) == skip:
-            prof.start()
+            start()
         cost = inner(self, step)
         if picked and len(steps) == skip + count - 1:
-            prof.stop()
+            if python and torch.cuda.is_available():
+                torch.cuda.synchronize()  # the steps' queued work is theirs
+            stop()
         kind = f"{len(step.decodes)}d+{sum(c.chunk_len for c in step.prefills)}p"
         steps.append((kind + ("*" if picked else ""), cost.time_s))
         return cost
@@ -77,10 +86,15 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     if len(steps) < skip + count:
         print(f"only {len(steps)} steps: nothing profiled past step {skip}")
         return
+    print("steps (kind: decodes d + prompt tokens p, * = profiled; ms):", ", ".join(f"{k} {t * 1e3:.1f}" for k, t in steps))
+    if python:
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(rows * 2)
+        print(text.getvalue())
+        return
     events = prof.key_averages()
     counts = Counter({e.key: e.count for e in events if e.key in WATCHED})
     print("host calls:", dict(counts))
-    print("steps (kind: decodes d + prompt tokens p, * = profiled; ms):", ", ".join(f"{k} {t * 1e3:.1f}" for k, t in steps))
     print(events.table(sort_by="self_cpu_time_total", row_limit=rows))
     print(events.table(sort_by="self_device_time_total" if hasattr(events[0], "self_device_time_total")
                        else "self_cuda_time_total", row_limit=rows))
@@ -98,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--skip", type=int, default=8, help="steps (warm-up included) to run before profiling")
     ap.add_argument("--count", type=int, default=2, help="steps to profile")
+    ap.add_argument("--python", action="store_true", help="cProfile the picked steps (host time per Python function)")
     ap.add_argument("--graphs", action="store_true", help="the dense layer parts as CUDA graphs (executor.cuda_graphs)")
     ap.add_argument("--pipelined", action="store_true", help="directkv's two-half steps (executor.directkv_pipelined)")
     ap.add_argument("--side-ctas", type=int, default=DEFAULT_DIRECTKV_SIDE_CTAS,
@@ -110,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
                 max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
-                pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed))
+                pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
