@@ -186,6 +186,42 @@ def test_prefetched_stream_sees_the_last_tokens_stored_after_it(chunk_kb, reuse)
 
 @pytest.mark.gpu
 @needs_gpu
+def test_prefetch_after_the_slots_readers_only_serves_layer_after_layer():
+    """A serving step's later prefetches wait only for the ring slots' last readers (after_stream=False), not for
+    everything the stream queued: layer after layer, each over its own random pools, queued with no sync in
+    between, every output must match the reference (a copy landing in a slot still being read would mix layers'
+    K/V). Many 64 KiB chunks, so both slots are prefetched and reused within each call."""
+    from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
+
+    base = make_kv([5000, 700, 3000, 64], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16,
+                   hbm_fraction=0.0)
+
+    def layer() -> PagedKV:
+        pools = []
+        for t in (base.host_k, base.host_v):
+            pinned = pinned_empty(t.shape, t.dtype)
+            pinned.copy_(torch.randn(t.shape).to(t.dtype))
+            pools.append(device_view(pinned))
+        return PagedKV(*pools, base.hbm_k, base.hbm_v, base.block_table, base.seq_lens)
+
+    layers = [layer() for _ in range(4)]
+    plan = plan_stream(base, chunk_bytes=64 << 10)
+    assert len(plan.copies) > 2
+    qs = [torch.randn(base.batch, 8, 128, device="cuda").to(base.dtype) for _ in layers]
+    outs = [torch.full_like(q, float("nan")) for q in qs]  # poisoned: an unwritten element fails
+    prefetch_stream(plan, layers[0].host_k, layers[0].host_v)
+    for i, (q, kv, out) in enumerate(zip(qs, layers, outs, strict=True)):
+        decode_attention(q, kv, variant="stream", out=out, plan=plan)
+        if i + 1 < len(layers):
+            assert prefetch_stream(plan, layers[i + 1].host_k, layers[i + 1].host_v, after_stream=False) == 2
+    for q, kv, out in zip(qs, layers, outs, strict=True):
+        ref = dense_reference(q, kv, 1.0 / math.sqrt(128))
+        err = float((out.double() - ref).norm() / ref.norm())
+        assert err < TOL[torch.bfloat16], f"rel err {err:.2e}"
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_stream_plan_takes_over_an_earlier_ring_or_grows_it():
     """plan_stream(reuse=...) keeps an earlier plan's ring (and stream, events) when it holds enough pages per
     slot, else allocates one at least a quarter larger; results stay exact either way."""

@@ -87,7 +87,7 @@ def test_naive_directkv_reads_more_than_tiled():
 def test_directkv_stream_moves_tiled_bytes_by_copy_engine_into_a_small_ring():
     """stream's bytes are tiled's, timed at the copy engine's rate (faster than SM loads on PCIe), and its
     GPU memory holds two 64 MiB rings on top of tiled's (decodes' and a prompt chunk's, in the steps where a
-    request decodes beside another's later chunk whose past outgrew one ring chunk)."""
+    request decodes beside another's later chunk whose past is streamed)."""
     reqs = synthetic_workload(4, 16384, 8).requests
     tiled = simulate(reqs, SystemPolicy("directkv", "tiled"), LLAMA, CM, mem=MEM)
     stream = simulate(reqs, SystemPolicy("directkv", "stream"), LLAMA, CM, mem=MEM)
@@ -98,9 +98,10 @@ def test_directkv_stream_moves_tiled_bytes_by_copy_engine_into_a_small_ring():
 
 
 def test_directkv_stream_reads_a_small_past_in_place():
-    """A prompt chunk whose past fits one ring chunk is read by the tiled kernel (SM rate, no ring): with 4K
-    prompts the second chunk's 2K-token past (8 MiB per layer) is one, so only the decodes' ring is held."""
-    reqs = synthetic_workload(4, 4096, 8).requests
+    """A prompt chunk of a small past (<= 2 MiB of K) is read by the tiled kernel (SM rate, no ring): with
+    1,024-token prompts and 2,048 tokens a step a split prompt's past is < 1,024 tokens (< 2 MiB of K per layer),
+    so only the decodes' ring is held."""
+    reqs = synthetic_workload(4, 1024, 8).requests
     tiled = simulate(reqs, SystemPolicy("directkv", "tiled"), LLAMA, CM, mem=MEM)
     stream = simulate(reqs, SystemPolicy("directkv", "stream"), LLAMA, CM, mem=MEM)
     assert stream.traffic.link_read_bytes == tiled.traffic.link_read_bytes
@@ -142,7 +143,7 @@ def _decodes(n: int, context: int) -> tuple:
 def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(context, chunk):
     """stream's per-layer time is the dense work plus its attention at the copy engine's rate, less the copy of
     the decodes' and the first prompt chunk's first ring-full of K/V (at most 64 MiB each), which runs during
-    the dense work before it. A prompt chunk whose past fits one ring chunk (here 256 and 1024 tokens) is read
+    the dense work before it. A prompt chunk of a past of <= 2 MiB of K (here 256 and 1024 tokens) is read
     in place at the SM rate and has no ring."""
     from directkv.engine import step_traffic as st
     from directkv.engine.state import PrefillChunk, Step
@@ -175,21 +176,22 @@ def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(conte
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "opt-13b", "opt-30b"])
 def test_stream_in_place_rule_is_the_plans(model):
     """The executor and the simulation ask stream_reads_in_place which prompt chunks skip the ring; it must say
-    yes exactly where plan_prefill_stream would plan at most one ring chunk (pages, not bytes, are rounded)."""
+    yes exactly where plan_prefill_stream would plan at most one ring chunk of STREAM_MIN_CHUNK_BYTES (pages,
+    not bytes, are rounded)."""
     from directkv.kernels.cuda.prefill_stream import plan_prefill_stream
     from directkv.kernels.paged import PagedKV
-    from directkv.kernels.traffic_model import STREAM_CHUNK_BYTES, stream_reads_in_place
+    from directkv.kernels.traffic_model import STREAM_MIN_CHUNK_BYTES, stream_reads_in_place
 
     spec, ps = get_model(model), 16
     shape = (1, ps, spec.num_kv_heads, spec.head_dim)
     page = ps * spec.num_kv_heads * spec.head_dim * 2  # bytes of K per page, bf16
-    edge = STREAM_CHUNK_BYTES // page * ps  # the most tokens one ring chunk holds
+    edge = STREAM_MIN_CHUNK_BYTES // page * ps  # the most tokens read in place
     pool = torch.empty(shape, dtype=torch.bfloat16, device="meta")
     for past in (0, 1, edge - ps, edge - 1, edge, edge + 1, edge + 6, edge + ps, 3 * edge):
         pages = -(-past // ps)
         kv = PagedKV(pool, pool, pool[:0], pool[:0], torch.arange(max(pages, 1), dtype=torch.int32)[None],
                      torch.tensor([past], dtype=torch.int32))
-        rings = sum(p.ring for p in plan_prefill_stream(kv, device="cpu").passes)
+        rings = sum(p.ring for p in plan_prefill_stream(kv, chunk_bytes=STREAM_MIN_CHUNK_BYTES, device="cpu").passes)
         assert stream_reads_in_place(past, ps, page) == (rings <= 1), (model, past, rings)
 
 

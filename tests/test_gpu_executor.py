@@ -399,7 +399,14 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
 
     monkeypatch.setattr(ZeroCopyPath, "__init__", poisoned_init)
     monkeypatch.setattr(ZeroCopyPath, "attend", checked_attend)
-    monkeypatch.setattr(dec, "prefetch_stream", lambda *a: issued.append(prefetch(*a)) or issued[-1])
+    waits = []  # after_stream of each decode prefetch: the step's first waits for the main stream, later ones not
+
+    def checked_prefetch(*a, after_stream=True):
+        waits.append(after_stream)
+        issued.append(prefetch(*a, after_stream=after_stream))
+        return issued[-1]
+
+    monkeypatch.setattr(dec, "prefetch_stream", checked_prefetch)
     run_stream, used = dec._run_stream, []
 
     def checked_run_stream(q, kv, plan, *args):  # was this call's first chunk copied ahead, from these pools?
@@ -408,7 +415,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
 
     monkeypatch.setattr(dec, "_run_stream", checked_run_stream)
     monkeypatch.setattr(pre, "prefetch_prefill_stream",
-                        lambda *a: issued_chunk.append(prefetch_chunk(*a)) or issued_chunk[-1])
+                        lambda *a, **kw: issued_chunk.append(prefetch_chunk(*a, **kw)) or issued_chunk[-1])
     mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
     try:
         res, _ = run_gpu(_requests(), SystemPolicy("directkv", "stream"), SPEC, mem=mem, sched_cfg=SCHED,
@@ -419,8 +426,10 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
     assert errors and all(e < 2e-2 for e in errors), errors  # a NaN fails the comparison
     assert used and all(used), used  # every layer's decode call found its chunks prefetched from its own pools
     assert max(issued) == (2 if chunk_bytes else 1)  # a clean chunk per ring slot was copied ahead
+    layers = SPEC.num_layers  # per step with decodes: layer 0's prefetch follows the main stream, the rest not
+    assert waits and waits == [True, *[False] * (layers - 1)] * (len(waits) // layers), waits
     if chunk_bytes:  # and prompt chunks' past, when it spans several ring chunks
         assert max(issued_chunk) >= 1 and any(streamed for _, streamed in chunks)
-    else:  # a past that fits one ring chunk is read in place by the tiled kernel: no ring, nothing copied ahead
+    else:  # a past of <= 2 MiB of K is read in place by the tiled kernel: no ring, nothing copied ahead
         assert not issued_chunk and not any(streamed for _, streamed in chunks)
     assert any(past > 0 for past, _ in chunks)  # chunks with a past were served, streamed or in place

@@ -116,7 +116,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
         layer_t = t_lin + cm.time(attn, link="ce" if stream else "sm")
         layer_traffic, staging = lin + attn, 0
         if stream:
-            # a prompt chunk whose past fits one ring chunk is read in place by the tiled kernel, as the
+            # a prompt chunk of a small past is read in place by the tiled kernel, as the
             # executor does (stream_reads_in_place): its bytes cross at the SM rate
             k_page = page_size * kvl // 2
             small = [stream_reads_in_place(c.past_len, page_size, k_page) for c in step.prefills]

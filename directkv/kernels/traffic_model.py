@@ -30,16 +30,21 @@ from directkv.kernels.traffic import TIERS, Traffic
 STREAM_RING_BYTES = 64 << 20
 STREAM_SLOTS = 2  # ring slots: one is filled by the copy engine while the kernel reads the other
 STREAM_CHUNK_BYTES = STREAM_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (V the same): 16 MiB
+# A min_chunks cut stops at chunks this small (each chunk costs ~0.1 ms of launches); serving also reads a prompt
+# chunk's past this small in place (stream_reads_in_place).
+STREAM_MIN_CHUNK_BYTES = 2 << 20
 
 
 def stream_reads_in_place(past_len: int, page_size: int, k_page_bytes: int) -> bool:
     """Whether directkv `stream` serving reads a prompt chunk's past in place with the tiled kernel instead of
-    through a prefill ring: when its host pages fit one ring chunk (STREAM_CHUNK_BYTES of K). Such a copy
-    overlaps only the new tokens' pass, or for a step's first chunk the dense work before it (prefetched); the
-    measured gain (ShareGPT, H200, 2026-12-01) came from pasts of a few hundred tokens, while the simulation
-    favours streaming a first chunk of a few thousand. The executor (ZeroCopyPath) and the simulation both ask
-    this, so they stay in step."""
-    return -(-past_len // page_size) <= STREAM_CHUNK_BYTES // k_page_bytes
+    through a prefill ring: when its host pages hold at most STREAM_MIN_CHUNK_BYTES of K (1,024 Llama-3.1-8B
+    tokens). Below that the passes and merge around a ring cost more than the read (ShareGPT-like steps, H200,
+    2026-12-01: in place, pasts of a few hundred tokens, stream went 1.30x -> 1.18x swap). Above it the ring wins:
+    a step's first chunk is copied during the dense work before it (prefetched), while the tiled kernel reads
+    at the SM rate after it (Llama 4 x 16K, the same day: chunks read in place up to 8K of past took 4-13 ms
+    more per step than swap's, streamed ones 6-10 ms less). The executor (ZeroCopyPath) and the simulation both
+    ask this, so they stay in step."""
+    return -(-past_len // page_size) <= STREAM_MIN_CHUNK_BYTES // k_page_bytes
 
 
 def floor_sum(n: int, m: int, a: int, b: int) -> int:

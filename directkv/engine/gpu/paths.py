@@ -9,7 +9,7 @@ so the same code runs in the CPU tests at toy sizes.
   pages through rings of <= 64 MiB on a side stream (decode and prefill ``stream`` variants); the decode
   ring's first chunks of layer L+1 are copied during the dense work before its attention (prefetch_stream),
   as swap's copies overlap compute, but into the small ring instead of a whole layer's staging. A prompt
-  chunk whose past fits one ring chunk (16 MiB of K) is read in place by the tiled kernel instead.
+  chunk of a small past (<= 2 MiB of K) is read in place by the tiled kernel instead.
   With ``executor.directkv_pipelined`` a step runs as two parts (``attend_async``): halves of a decode-only
   step, or decodes | prompt chunks of a mixed one; one part's zero-copy attention runs on a side stream
   while the other part's dense layers run on the main one.
@@ -77,10 +77,10 @@ class ZeroCopyPath:
                 self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens), reuse=self._kept["decode"],
                 host_table=(p.decode_table_cpu, p.decode_lens_cpu))
             self._kept["decode"] = self.decode_plan
-        # A chunk whose past fits one ring chunk is read in place by the tiled kernel instead (decided before any
-        # planning; stream_reads_in_place): the passes and merge around a one-chunk copy cost more than the read
-        # for small pasts (H200, 2026-12-01: ShareGPT-like steps of 35-43 decodes beside a few prompt chunks took
-        # 172-182 ms with every chunk streamed, against swap's 82-105).
+        # A chunk of a small past is read in place by the tiled kernel instead (decided before any planning;
+        # stream_reads_in_place): the passes and merge around its ring cost more than the read (H200, 2026-12-01:
+        # ShareGPT-like steps of 35-43 decodes beside a few prompt chunks took 172-182 ms with every chunk
+        # streamed, against swap's 82-105).
         page_bytes = math.prod(k0.shape[1:]) * k0.element_size()
         self.chunk_streamed = [self.tier == "host" and not stream_reads_in_place(c.past_len, k0.shape[1], page_bytes)
                                for c in p.chunks]
@@ -136,14 +136,17 @@ class ZeroCopyPath:
         """stream: start copying the first ring chunks of `layer`'s K/V (the decodes' and the first prompt
         chunk's past) now, so the copy engine works while the GPU runs the dense work before that layer's
         attention (the previous layer's output projection and MLP, this one's norm and QKV); the rest is
-        copied during its attention."""
+        copied during its attention. The step's first prefetch waits for all the main stream has queued (the
+        previous step's stores); later ones only for their ring slots' readers, since the step stores into a
+        layer's pools after that layer's prefetch (last_kv covers the decodes' new tokens)."""
         if self.tier != "host":
             return
         pools = self.kv.pools(layer, self.tier)
+        first = layer == 0
         if self.decode_plan is not None:
-            cuda_decode.prefetch_stream(self.decode_plan, *pools)
+            cuda_decode.prefetch_stream(self.decode_plan, *pools, after_stream=first)
         if self.chunk_ring is not None:
-            prefill_stream.prefetch_prefill_stream(self.chunk_plans[0], self.chunk_ring, *pools)
+            prefill_stream.prefetch_prefill_stream(self.chunk_plans[0], self.chunk_ring, *pools, after_stream=first)
 
     def attention(self, p: StepPlan, tier: str, q, k, v, k_pool, v_pool, decode_table, chunk_tables
                   ) -> torch.Tensor:

@@ -19,10 +19,12 @@ from directkv.kernels.cuda.decode_attention import (
     stream_schedule,
 )
 from directkv.kernels.paged import PagedKV, sequence_runs
-from directkv.kernels.traffic_model import STREAM_CHUNK_BYTES, STREAM_RING_BYTES, STREAM_SLOTS
-
-# A min_chunks cut stops at chunks this small: each chunk costs ~0.1 ms of launches (decode's plan_stream).
-STREAM_MIN_CHUNK_BYTES = 2 << 20
+from directkv.kernels.traffic_model import (
+    STREAM_CHUNK_BYTES,
+    STREAM_MIN_CHUNK_BYTES,
+    STREAM_RING_BYTES,
+    STREAM_SLOTS,
+)
 
 
 def check_stream_options(variant: str, chunk_bytes: int | None, min_chunks: int) -> None:
@@ -168,14 +170,19 @@ def prefill_ring(plan: PrefillStreamPlan, pool: torch.Tensor, device: torch.devi
 
 
 def prefetch_prefill_stream(plan: PrefillStreamPlan, ring: PrefillRing, host_k: torch.Tensor,
-                            host_v: torch.Tensor) -> int:
+                            host_v: torch.Tensor, *, after_stream: bool = True) -> int:
     """Start copying the plan's first ring chunks of the pools (host_k, host_v) into `ring` now, on its copy
     stream (one chunk per slot at most); the next prefill_attention call with this plan and ring over the same
     pools skips those copies (decode_attention.prefetch_stream does the same for decodes). The past pages a
     prompt chunk attends to are complete before its step, so any of them may be copied early. Returns the
-    chunks issued."""
+    chunks issued. after_stream: as decode_attention.prefetch_stream's (False: wait for each slot's last readers
+    only)."""
     n = min(sum(p.ring for p in plan.passes), STREAM_SLOTS)  # ring passes come first
-    ring.side.wait_stream(torch.cuda.current_stream(ring.ring_k.device))  # the ring's readers, the pools' writers
+    if after_stream:
+        ring.side.wait_stream(torch.cuda.current_stream(ring.ring_k.device))  # the ring's readers, the pools' writers
+    else:
+        for slot in range(n):
+            ring.side.wait_event(ring.freed[slot])
     for c in range(n):
         copy_pass(plan, ring.ring_k, ring.ring_v, ring.side, ring.filled, ring.freed, host_k, host_v, c)
     ring.prefetched = (plan, host_k.data_ptr(), host_v.data_ptr(), n)
