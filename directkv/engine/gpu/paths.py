@@ -52,6 +52,9 @@ class ZeroCopyPath:
         which fills every SM and leaves none to the other half's dense layers)."""
         self.kv, self.tier, self.variant, self.side_ctas = kv, tier, variant, side_ctas
         backend = kernel_backend()
+        # the CUDA kernels write their rows of the step's output in place (out=): a copy after them was a
+        # device-to-device cudaMemcpy on the main stream per layer, beside the ring's copies
+        self.in_place = backend == "cuda"
         self.decode = get_op("decode_attention", backend)
         self.prefill = get_op("prefill_attention", backend)
         self.traffic = Traffic()  # link / HBM bytes this path caused, added to in place
@@ -158,9 +161,12 @@ class ZeroCopyPath:
         if nd:
             # stream: the decodes' new K/V were stored after this layer's prefetch, so they go into its ring too
             opts = {"plan": self.decode_plan, "last_kv": (k[:nd], v[:nd])} if stream else {}
+            if self.in_place:
+                opts["out"] = out[:nd]
             o, t = self.decode(q[:nd], self._paged(tier, k_pool, v_pool, decode_table, p.decode_lens),
                                variant=variant, **opts)
-            out[:nd] = o
+            if not self.in_place:
+                out[:nd] = o
             self.traffic = self.traffic + t
         self._chunks(p, tier, variant, q, k, v, k_pool, v_pool, chunk_tables, out, stream=stream)
         return out
@@ -174,9 +180,12 @@ class ZeroCopyPath:
             lens = torch.tensor([c.past_len], dtype=torch.int32)  # host-side: the kernel takes past_len as an int, no sync
             streamed = stream and self.chunk_streamed[i]
             opts = {"stream_plan": self.chunk_plans[i], "stream_ring": self.chunk_ring if i == 0 else None} if streamed else {}
+            if self.in_place:
+                opts["out"] = out[rows]
             o, t = self.prefill(q[rows], k[rows], v[rows], self._paged(tier, k_pool, v_pool, table, lens),
                                 variant="tiled" if stream and not streamed else variant, causal=True, **opts)
-            out[rows] = o
+            if not self.in_place:
+                out[rows] = o
             self.traffic = self.traffic + t
 
     def attend_async(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
