@@ -6,9 +6,7 @@ naive  : one query head per CTA, zero-copy: each K/V byte is read once per query
 tiled  : all query heads of a KV head in one CTA, zero-copy: each K/V byte crosses the link once.
 stream : beyond the paper: the copy engine moves host pages into a small HBM ring on a side stream while
          the tiled kernel consumes the previous chunk; partial (O, lse) per chunk merged at the end (one
-         chunk and no HBM pages: one pass straight into the output). Consecutive calls with one plan (a serving
-         step's layers) cycle through the ring's slots as one sequence of chunks (StreamPlan.base), so the
-         next layer's first chunk can be copied while this layer's last one is read.
+         chunk and no HBM pages: one pass straight into the output).
 
 Both zero-copy variants split each sequence over CTAs (flash-decoding) when there are too few
 (sequence, head group) pairs to fill the GPU; the split plan is host-side arithmetic on the SM count,
@@ -246,14 +244,9 @@ class StreamPlan:
     lens : [num_passes, batch] int32 CUDA, tokens of each sequence in each pass.
     copies : per chunk, the (first host page, first ring position, pages) runs to copy.
     ring_k, ring_v : [num_slots, >= chunk_pages, page_size, num_kv_heads, head_dim] HBM rings.
-    last_rows : [n] int64 CUDA: the sequences whose last token's page is in one of the first num_slots chunks
-        (those prefetch_stream copies ahead); last_slots : [num_slots, n] int64 CUDA, that token's row in the
-        ring `ring_k.view(-1, num_kv_heads, head_dim)` when the call's chunk 0 sits in slot s (row s); a call
-        given last_kv writes the token there too.
-    base : chunk c of the next call goes to ring slot (base + c) % num_slots; every call advances it by its
-        chunks, so consecutive calls (a serving step's layers) cycle through the slots as one sequence and a
-        layer of one chunk does not wait for the previous layer's kernel to free slot 0 while slot 1 sits idle
-        (double-buffered across layers, as swap's staging is).
+    last_rows, last_slots : [n] int64 CUDA: the sequences whose last token's page is in one of the first
+        num_slots chunks (those prefetch_stream copies ahead), and that token's row in the ring
+        `ring_k.view(-1, num_kv_heads, head_dim)`; a call given last_kv writes the token there too.
     A ring taken over from an earlier plan (plan_stream's reuse) may hold more than chunk_pages pages per slot;
     chunks use the first ones.
     prefetched : (host K pointer, host V pointer, chunks) that prefetch_stream copied ahead, which the next
@@ -274,11 +267,6 @@ class StreamPlan:
     last_slots: torch.Tensor
     page_bytes: int
     prefetched: tuple[int, int, int] | None = None
-    base: int = 0
-
-    def slot(self, c: int) -> int:
-        """Ring slot of the next call's chunk c."""
-        return (self.base + c) % self.ring_k.shape[0]
 
 
 def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, chunk_pages: int, *,
@@ -411,10 +399,10 @@ def release_ring(owner) -> None:
 
 def _last_token_slots(table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, pages: torch.Tensor,
                       chunk_pages: int, num_slots: int, slot_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sequences [n], ring token rows [num_slots, n]) of the last tokens whose pages are in the first num_slots
-    chunks (CPU). stream_schedule cuts the sorted host pages `pages` into chunks of chunk_pages, so page i is
-    chunk i // chunk_pages at position i % chunk_pages, and chunk c < num_slots sits in slot (s + c) % num_slots
-    of a ring of slot_pages pages per slot when the call's base is s (row s of the rows)."""
+    """(sequences, ring token rows) of the last tokens whose pages are in the first num_slots chunks (CPU).
+    stream_schedule cuts the sorted host pages `pages` into chunks of chunk_pages, so page i is chunk
+    i // chunk_pages at position i % chunk_pages, and chunk c < num_slots sits in slot c of a ring of
+    slot_pages pages per slot."""
     lens = seq_lens.to(torch.int64)
     rows = torch.nonzero(lens > 0).flatten()
     last = table.to(torch.int64)[rows, (lens[rows] - 1) // page_size]
@@ -422,8 +410,7 @@ def _last_token_slots(table: torch.Tensor, seq_lens: torch.Tensor, page_size: in
     found = pages[i] == last if len(pages) else torch.zeros_like(last, dtype=torch.bool)
     keep = (last >= 0) & (i < num_slots * chunk_pages) & found
     i, rows = i[keep], rows[keep]
-    shifts = torch.arange(num_slots)[:, None]
-    ring_page = (shifts + i // chunk_pages) % num_slots * slot_pages + i % chunk_pages
+    ring_page = i // chunk_pages * slot_pages + i % chunk_pages
     return rows, ring_page * page_size + (lens[rows] - 1) % page_size
 
 
@@ -447,20 +434,24 @@ def prefetch_stream(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor
     n = min(len(plan.copies), plan.ring_k.shape[0])
     if after_stream:
         plan.side.wait_stream(main)
-    _copy_chunks(plan, host_k, host_v, range(n))  # each waits for its slot's last readers
+    else:
+        for slot in range(n):
+            plan.side.wait_event(plan.freed[slot])
+    _copy_chunks(plan, host_k, host_v, range(n))
     plan.prefetched = (host_k.data_ptr(), host_v.data_ptr(), n)
     return n
 
 
 def _copy_chunks(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor, chunks) -> None:
-    """Queue the copies of `chunks` (ascending) into their ring slots on the side stream; each waits until the
-    kernels that last read its slot (an earlier chunk of this call or of an earlier one) are done with it."""
-    slot_bytes = plan.ring_k.stride(0) * plan.ring_k.element_size()
+    """Queue the copies of `chunks` (ascending) into their ring slots on the side stream; chunk c waits
+    until the kernels of chunk c - num_slots (same slot) are done with it."""
+    num_slots, slot_bytes = plan.ring_k.shape[0], plan.ring_k.stride(0) * plan.ring_k.element_size()
     ring_k, ring_v, host = plan.ring_k.data_ptr(), plan.ring_v.data_ptr(), [host_k.data_ptr(), host_v.data_ptr()]
     copy_runs = _module().copy_runs_async
     for c in chunks:
-        slot = plan.slot(c)
-        plan.side.wait_event(plan.freed[slot])
+        slot = c % num_slots
+        if c >= num_slots:
+            plan.side.wait_event(plan.freed[slot])
         copy_runs([ring_k + slot * slot_bytes, ring_v + slot * slot_bytes], host, plan.copies[c], plan.page_bytes,
                   plan.side.cuda_stream)
         plan.filled[slot].record(plan.side)
@@ -479,11 +470,10 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
     # them (same side stream, so in order) and then hold every store
     skip = ahead[2] if ahead is not None and ahead[:2] == (kv.host_k.data_ptr(), kv.host_v.data_ptr()) else 0
     if skip and last_kv is not None and len(plan.last_rows):
-        for c in range(skip):
-            main.wait_event(plan.filled[plan.slot(c)])  # the copy must not land on top of the tokens written next
-        rows = plan.last_slots[plan.base % num_slots]
+        for slot in range(skip):
+            main.wait_event(plan.filled[slot])  # the copy must not land on top of the tokens written next
         for ring, new in zip((plan.ring_k, plan.ring_v), last_kv, strict=True):
-            ring.view(-1, *ring.shape[-2:])[rows] = new[plan.last_rows]
+            ring.view(-1, *ring.shape[-2:])[plan.last_slots] = new[plan.last_rows]
     kwargs = dict(variant="tiled", tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits)
     plan.side.wait_stream(main)  # q, pools and the ring's previous readers come first
     single = len(plan.copies) == 1 and not plan.hbm_pass  # one pass: the kernel writes out, no merge
@@ -491,7 +481,7 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
         o_parts = torch.empty((plan.passes.shape[0], *q.shape), dtype=torch.float32, device=q.device)
         lse_parts = torch.empty(plan.passes.shape[:2] + q.shape[1:2], dtype=torch.float32, device=q.device)
     for c in range(len(plan.copies)):
-        slot = plan.slot(c)
+        slot = c % num_slots
         if c >= skip:
             _copy_chunks(plan, kv.host_k, kv.host_v, (c,))
         main.wait_event(plan.filled[slot])
@@ -502,7 +492,6 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
     if plan.hbm_pass:
         _launch(q, kv.hbm_k, kv.hbm_v, kv.hbm_k, kv.hbm_v, plan.passes[-1], plan.lens[-1], out_f32=o_parts[-1],
                 lse_out=lse_parts[-1], **kwargs)
-    plan.base += len(plan.copies)  # the next call (the next layer) starts in the slot after this one's last
     if not single:
         merge_passes(list(zip(o_parts, lse_parts, strict=True)), out)  # a pass without a sequence's tokens: weight 0
 

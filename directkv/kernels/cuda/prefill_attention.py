@@ -385,7 +385,6 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
 
     main = torch.cuda.current_stream(q.device)
     skip = 0  # ring passes a prefetch already copied from these pools
-    base = 0 if ring is None else ring.base  # ring pass c sits in slot (base + c) % STREAM_SLOTS
     if any(p.ring for p in passes):
         if ring is None:
             ring_shape = (STREAM_SLOTS, chunk_pages, *kv.host_k.shape[1:])
@@ -415,9 +414,9 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
         if not ps.ring:
             tiled_pass((kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), tables[c], ps.past_len, False)
             continue
-        slot = (base + c) % STREAM_SLOTS  # ring chunks come first in stream_passes, so c counts them
+        slot = c % STREAM_SLOTS  # ring chunks come first in stream_passes, so c counts them
         if c >= skip:
-            copy_pass(plan, ring_k, ring_v, side, filled, freed, kv.host_k, kv.host_v, c, slot)
+            copy_pass(plan, ring_k, ring_v, side, filled, freed, kv.host_k, kv.host_v, c)
         rings = (ring_k[slot], ring_v[slot])
         main.wait_event(filled[slot])
         if flash:
@@ -426,8 +425,6 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
         else:
             tiled_pass((*rings, *rings), tables[c], ps.past_len, False)
         freed[slot].record(main)
-    if ring is not None:
-        ring.base = base + sum(p.ring for p in passes)  # the next call (the next layer) starts in the next slot
     # Every row sees at least its first new token in the new tokens' pass, so no row's LSEs are all -inf. The
     # flash passes' permuted views only hold as [q_len, Hkv, G, D]: every pass is merged in that form.
     hkv, g = kv.num_kv_heads, num_heads // kv.num_kv_heads

@@ -136,8 +136,7 @@ class PrefillRing:
     """The stream variant's HBM ring kept across calls (every layer of a serving step), with its own copy stream
     and events: ring_k, ring_v `[STREAM_SLOTS, >= chunk_pages, page_size, num_kv_heads, head_dim]`. prefetched:
     (the plan, host K pointer, host V pointer, passes) that prefetch_prefill_stream copied ahead; None when
-    none. base: ring pass c of the next call goes to slot (base + c) % STREAM_SLOTS, and each call advances it
-    by its ring passes, so a serving step's layers of one ring chunk alternate slots (decode's StreamPlan.base)."""
+    none."""
 
     ring_k: torch.Tensor
     ring_v: torch.Tensor
@@ -145,7 +144,6 @@ class PrefillRing:
     filled: list[torch.cuda.Event]
     freed: list[torch.cuda.Event]
     prefetched: tuple[PrefillStreamPlan, int, int, int] | None = None
-    base: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -177,21 +175,25 @@ def prefetch_prefill_stream(plan: PrefillStreamPlan, ring: PrefillRing, host_k: 
     stream (one chunk per slot at most); the next prefill_attention call with this plan and ring over the same
     pools skips those copies (decode_attention.prefetch_stream does the same for decodes). The past pages a
     prompt chunk attends to are complete before its step, so any of them may be copied early. Returns the
-    chunks issued. after_stream: as decode_attention.prefetch_stream's (False: each copy waits for its slot's last
-    readers only, as every copy does)."""
+    chunks issued. after_stream: as decode_attention.prefetch_stream's (False: wait for each slot's last readers
+    only)."""
     n = min(sum(p.ring for p in plan.passes), STREAM_SLOTS)  # ring passes come first
     if after_stream:
         ring.side.wait_stream(torch.cuda.current_stream(ring.ring_k.device))  # the ring's readers, the pools' writers
+    else:
+        for slot in range(n):
+            ring.side.wait_event(ring.freed[slot])
     for c in range(n):
-        copy_pass(plan, ring.ring_k, ring.ring_v, ring.side, ring.filled, ring.freed, host_k, host_v, c,
-                  (ring.base + c) % STREAM_SLOTS)
+        copy_pass(plan, ring.ring_k, ring.ring_v, ring.side, ring.filled, ring.freed, host_k, host_v, c)
     ring.prefetched = (plan, host_k.data_ptr(), host_v.data_ptr(), n)
     return n
 
 
-def copy_pass(plan: PrefillStreamPlan, ring_k, ring_v, side, filled, freed, host_k, host_v, c: int, slot: int) -> None:
-    """Queue ring pass c's copies into `slot` on `side`, after the passes that last read the slot."""
-    side.wait_event(freed[slot])
+def copy_pass(plan: PrefillStreamPlan, ring_k, ring_v, side, filled, freed, host_k, host_v, c: int) -> None:
+    """Queue ring pass c's copies into slot c % STREAM_SLOTS on `side`, after the passes of c - STREAM_SLOTS."""
+    slot = c % STREAM_SLOTS
+    if c >= STREAM_SLOTS:
+        side.wait_event(freed[slot])  # the passes of chunk c - STREAM_SLOTS are done with the slot
     slot_bytes = ring_k.stride(0) * ring_k.element_size()
     _copy_module().copy_runs_async([ring_k.data_ptr() + slot * slot_bytes, ring_v.data_ptr() + slot * slot_bytes],
                                    [host_k.data_ptr(), host_v.data_ptr()], list(plan.passes[c].copies),
