@@ -433,3 +433,23 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
     else:  # a past of <= 2 MiB of K is read in place by the tiled kernel: no ring, nothing copied ahead
         assert not issued_chunk and not any(streamed for _, streamed in chunks)
     assert any(past > 0 for past, _ in chunks)  # chunks with a past were served, streamed or in place
+
+
+def test_device_busy_merges_each_kind_and_measures_their_overlap():
+    """The profiler's device-busy summary: host-to-device copies and other device work each merged over
+    overlapping intervals (and streams), their overlap counted once, CPU events ignored; None without device
+    events."""
+    from types import SimpleNamespace
+
+    from directkv.engine.gpu.profile import device_busy
+
+    def ev(name, start, end, kind=torch.autograd.DeviceType.CUDA):
+        return SimpleNamespace(name=name, device_type=kind, time_range=SimpleNamespace(start=start, end=end))
+
+    events = [ev("Memcpy HtoD (Pinned -> Device)", 0, 400), ev("Memcpy HtoD (Pinned -> Device)", 300, 1000),
+              ev("Memcpy HtoD (Pinned -> Device)", 2000, 2500), ev("decode_attention_kernel", 900, 1200),
+              ev("Memcpy DtoD (Device -> Device)", 1100, 1300), ev("nvjet_gemm", 2400, 3000),
+              ev("aten::mm", -500, 5000, torch.autograd.DeviceType.CPU)]
+    busy = device_busy(events)
+    assert busy == pytest.approx({"span": 3.0, "h2d": 1.5, "kernels": 1.0, "both": 0.2})  # us -> ms
+    assert device_busy([ev("aten::mm", 0, 1, torch.autograd.DeviceType.CPU)]) is None

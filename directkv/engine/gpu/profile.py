@@ -7,8 +7,11 @@ profiler (a whole 16K-context run under it took minutes to parse on the H200).
 
 Run: python -m directkv.engine.gpu.profile --system swap --context 16384 --batch 4 --output 4 --skip 8 --count 2
 
-With --python the picked steps run under cProfile instead of torch.profiler: host time per Python function
-(cumulative), to find which of the executor's calls a host-bound step spends its time in.
+Under torch.profiler it also prints how busy the GPU was in the picked steps (device_busy): the host-to-device
+copies' time (the copy engine's work in swap and directkv `stream`), the kernels' on any stream, and how much
+of the two overlapped, each over the span from the first to the last device event. With --python the picked steps
+run under cProfile instead: host time per Python function (cumulative), to find which of the executor's calls a
+host-bound step spends its time in.
 """
 
 from __future__ import annotations
@@ -37,6 +40,52 @@ from directkv.engine.systems import (
 from directkv.errors import ConfigError
 from directkv.specs import get_model
 from workloads import synthetic_workload
+
+
+def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of (start, end) intervals as sorted disjoint intervals."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of the intersection of two sorted disjoint interval lists."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def device_busy(events) -> dict[str, float] | None:
+    """Milliseconds of the profiled device work (torch.profiler FunctionEvents; None without device events):
+    `span` from the first device event's start to the last one's end, `h2d` the union of host-to-device copies,
+    `kernels` the union of everything else on any stream (device-to-device copies included), `both` the time
+    the two ran at once. A copy engine idle while the stream variant's kernels wait for it shows as h2d well
+    under span where swap's is not."""
+    h2d, other = [], []
+    for e in events:
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        span = (e.time_range.start, e.time_range.end)
+        (h2d if e.name.startswith("Memcpy HtoD") else other).append(span)
+    if not (h2d or other):
+        return None
+    copies, kernels = _merged(h2d), _merged(other)
+    every = copies + kernels
+    span = max(end for _, end in every) - min(start for start, _ in every)
+    total = lambda spans: sum(end - start for start, end in spans)  # noqa: E731
+    return {"span": span / 1e3, "h2d": total(copies) / 1e3, "kernels": total(kernels) / 1e3,
+            "both": _overlap(copies, kernels) / 1e3}
+
 
 # host-side calls whose counts reveal a slow executor: syncs stall the launch queue, copies cost per call
 WATCHED = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpyAsync",
@@ -95,6 +144,14 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     events = prof.key_averages()
     counts = Counter({e.key: e.count for e in events if e.key in WATCHED})
     print("host calls:", dict(counts))
+    busy = device_busy(prof.events())
+    if busy is None:
+        print("device busy: no device events (no GPU)")
+    else:
+        pct = {k: 100 * v / busy["span"] for k, v in busy.items() if k != "span"}
+        print(f"device busy over {busy['span']:.1f} ms of the picked steps: host-to-device copies {busy['h2d']:.1f} ms "
+              f"({pct['h2d']:.0f}%), kernels {busy['kernels']:.1f} ms ({pct['kernels']:.0f}%), both at once "
+              f"{busy['both']:.1f} ms ({pct['both']:.0f}%)")
     print(events.table(sort_by="self_cpu_time_total", row_limit=rows))
     print(events.table(sort_by="self_device_time_total" if hasattr(events[0], "self_device_time_total")
                        else "self_cuda_time_total", row_limit=rows))
