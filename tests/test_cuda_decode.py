@@ -186,12 +186,24 @@ def test_prefetched_stream_sees_the_last_tokens_stored_after_it(chunk_kb, reuse)
 
 @pytest.mark.gpu
 @needs_gpu
-def test_prefetch_after_the_slots_readers_only_serves_layer_after_layer():
+@pytest.mark.parametrize("hide_readers", [False, True])
+def test_prefetch_after_the_slots_readers_only_serves_layer_after_layer(hide_readers, monkeypatch):
     """A serving step's later prefetches wait only for the ring slots' last readers (after_stream=False), not for
     everything the stream queued: layer after layer, each over its own random pools, queued with no sync in
     between, every output must match the reference (a copy landing in a slot still being read would mix layers'
-    K/V). Many 64 KiB chunks, so both slots are prefetched and reused within each call."""
+    K/V). Many 64 KiB chunks, so both slots are prefetched and reused within each call. Each kernel launch is
+    delayed on the GPU (a sleep before it) so the readers lag the copies: with the slots' freed events hidden from
+    the prefetch (hide_readers), its copies land under them and the outputs must be wrong, so the check can fail."""
+    import directkv.kernels.cuda.decode_attention as dec
     from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
+
+    launch = dec._launch
+
+    def lagging(*args, **kwargs):
+        torch.cuda._sleep(1_000_000)  # ~0.5 ms of GPU time on the current stream
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(dec, "_launch", lagging)
 
     base = make_kv([5000, 700, 3000, 64], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16,
                    hbm_fraction=0.0)
@@ -213,11 +225,19 @@ def test_prefetch_after_the_slots_readers_only_serves_layer_after_layer():
     for i, (q, kv, out) in enumerate(zip(qs, layers, outs, strict=True)):
         decode_attention(q, kv, variant="stream", out=out, plan=plan)
         if i + 1 < len(layers):
+            freed = plan.freed
+            if hide_readers:
+                plan.freed = [torch.cuda.Event() for _ in freed]  # never recorded: waiting on them waits for nothing
             assert prefetch_stream(plan, layers[i + 1].host_k, layers[i + 1].host_v, after_stream=False) == 2
+            plan.freed = freed
+    errs = []
     for q, kv, out in zip(qs, layers, outs, strict=True):
         ref = dense_reference(q, kv, 1.0 / math.sqrt(128))
-        err = float((out.double() - ref).norm() / ref.norm())
-        assert err < TOL[torch.bfloat16], f"rel err {err:.2e}"
+        errs.append(float((out.double() - ref).norm() / ref.norm()))
+    if hide_readers:
+        assert any(not e < TOL[torch.bfloat16] for e in errs[:-1]), errs  # the last layer has no prefetch after it
+    else:
+        assert all(e < TOL[torch.bfloat16] for e in errs), errs
 
 
 @pytest.mark.gpu

@@ -138,13 +138,13 @@ def _decodes(n: int, context: int) -> tuple:
     return tuple(ReqState(Request(i, context, 8), prefilled=context, generated=1) for i in range(n))
 
 
-@pytest.mark.parametrize("context", [256, 1024, 32768])
+@pytest.mark.parametrize("context", [256, 1024, 2048, 32768])
 @pytest.mark.parametrize("chunk", [False, True])
 def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(context, chunk):
     """stream's per-layer time is the dense work plus its attention at the copy engine's rate, less the copy of
     the decodes' and the first prompt chunk's first ring-full of K/V (at most 64 MiB each), which runs during
     the dense work before it. A prompt chunk of a past of <= 2 MiB of K (here 256 and 1024 tokens) is read
-    in place at the SM rate and has no ring."""
+    in place at the SM rate and has no ring; 2,048 tokens (4 MiB of K) are streamed."""
     from directkv.engine import step_traffic as st
     from directkv.engine.state import PrefillChunk, Step
     from directkv.engine.systems import step_cost
@@ -164,7 +164,7 @@ def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(conte
     t_head = CM.time(st.lm_head_traffic(LLAMA, step.num_logits), flops_kind="matmul")
     past = sum(step.decode_kv_lens) * kvl
     assert (past < STREAM_RING_BYTES) == (context < 32768)  # cases under the ring and one over it
-    assert in_place == (chunk and context < 32768)
+    assert in_place == (chunk and context <= 1024)
     chunk_past = context * kvl if chunk and not in_place else 0
     copy = CM.copy_time(min(past, STREAM_RING_BYTES) + min(chunk_past, STREAM_RING_BYTES), "h2d")
     hidden = min(t_lin, copy)
@@ -175,9 +175,9 @@ def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(conte
 
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "opt-13b", "opt-30b"])
 def test_stream_in_place_rule_is_the_plans(model):
-    """The executor and the simulation ask stream_reads_in_place which prompt chunks skip the ring; it must say
-    yes exactly where plan_prefill_stream would plan at most one ring chunk of STREAM_MIN_CHUNK_BYTES (pages,
-    not bytes, are rounded)."""
+    """The executor and the simulation ask stream_reads_in_place which prompt chunks skip the ring: those whose
+    past pages hold at most STREAM_MIN_CHUNK_BYTES of K (1,024 Llama tokens), i.e. exactly those a ring of
+    such chunks would copy in one chunk (pages, not bytes, are rounded: checked around the edge)."""
     from directkv.kernels.cuda.prefill_stream import plan_prefill_stream
     from directkv.kernels.paged import PagedKV
     from directkv.kernels.traffic_model import STREAM_MIN_CHUNK_BYTES, stream_reads_in_place
@@ -186,6 +186,7 @@ def test_stream_in_place_rule_is_the_plans(model):
     shape = (1, ps, spec.num_kv_heads, spec.head_dim)
     page = ps * spec.num_kv_heads * spec.head_dim * 2  # bytes of K per page, bf16
     edge = STREAM_MIN_CHUNK_BYTES // page * ps  # the most tokens read in place
+    assert model != "llama-3.1-8b" or edge == 1024
     pool = torch.empty(shape, dtype=torch.bfloat16, device="meta")
     for past in (0, 1, edge - ps, edge - 1, edge, edge + 1, edge + 6, edge + ps, 3 * edge):
         pages = -(-past // ps)

@@ -361,7 +361,8 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
     work before its attention: every layer's output must equal tiled's over the same pools. The host arena is poisoned, so a prefetch
     that copied a page before the step's new token was stored into it would give NaN. 8 KiB chunks (two toy
     pages) make many chunks per layer, so both ring slots are prefetched, and prompt chunks' pasts span several
-    ring chunks, so they are streamed too (with the default 16 MiB chunks they are read in place)."""
+    ring chunks, so they are streamed too (with the default chunks and in-place rule, 2 MiB of K, they are read in
+    place). Every step's first prefetch waits for the main stream, the later ones only for their slots' readers."""
     from functools import partial
 
     import directkv.engine.gpu.paths as paths
@@ -414,8 +415,14 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
         return run_stream(q, kv, plan, *args)
 
     monkeypatch.setattr(dec, "_run_stream", checked_run_stream)
-    monkeypatch.setattr(pre, "prefetch_prefill_stream",
-                        lambda *a, **kw: issued_chunk.append(prefetch_chunk(*a, **kw)) or issued_chunk[-1])
+    waits_chunk = []
+
+    def checked_prefetch_chunk(*a, after_stream=True):
+        waits_chunk.append(after_stream)
+        issued_chunk.append(prefetch_chunk(*a, after_stream=after_stream))
+        return issued_chunk[-1]
+
+    monkeypatch.setattr(pre, "prefetch_prefill_stream", checked_prefetch_chunk)
     mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
     try:
         res, _ = run_gpu(_requests(), SystemPolicy("directkv", "stream"), SPEC, mem=mem, sched_cfg=SCHED,
@@ -430,6 +437,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
     assert waits and waits == [True, *[False] * (layers - 1)] * (len(waits) // layers), waits
     if chunk_bytes:  # and prompt chunks' past, when it spans several ring chunks
         assert max(issued_chunk) >= 1 and any(streamed for _, streamed in chunks)
+        assert waits_chunk == [True, *[False] * (layers - 1)] * (len(waits_chunk) // layers), waits_chunk
     else:  # a past of <= 2 MiB of K is read in place by the tiled kernel: no ring, nothing copied ahead
         assert not issued_chunk and not any(streamed for _, streamed in chunks)
     assert any(past > 0 for past, _ in chunks)  # chunks with a past were served, streamed or in place

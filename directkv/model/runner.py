@@ -263,6 +263,7 @@ class ModelRunner:
         # An elementwise kernel, not copy_: a contiguous copy_ is a device-to-device cudaMemcpy, which seems to
         # queue behind a side stream's host-to-device copies (ZeroCopyPath's note). H200, 2026-12-01, one call:
         # stream 42.9 vs 43.9 ms per token on ShareGPT at 10 req/s, 15.9 vs 16.2 / 28.5 vs 29.5 at 4 x 1K / 2K.
+        # _check_attention above has checked out's shape: mul would resize a mismatched output view, not raise.
         torch.mul(out, 1, out=gs.attn[:n])
         gs.post[index]()
         return gs.post_out[index][:n]

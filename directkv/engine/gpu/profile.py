@@ -68,12 +68,13 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> floa
 def device_busy(events) -> dict[str, float] | None:
     """Milliseconds of the profiled device work (torch.profiler FunctionEvents; None without device events):
     `span` from the first device event's start to the last one's end, `h2d` the union of host-to-device copies,
-    `kernels` the union of everything else on any stream (device-to-device copies included), `both` the time
+    `kernels` the union of everything else on any stream (device-to-device and device-to-host copies included;
+    user annotations, which span other events, left out), `both` the time
     the two ran at once. A copy engine idle while the stream variant's kernels wait for it shows as h2d well
     under span where swap's is not."""
     h2d, other = [], []
     for e in events:
-        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA or getattr(e, "is_user_annotation", False):
             continue
         span = (e.time_range.start, e.time_range.end)
         (h2d if e.name.startswith("Memcpy HtoD") else other).append(span)
@@ -115,9 +116,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
             start()
         cost = inner(self, step)
         if picked and len(steps) == skip + count - 1:
-            if python and torch.cuda.is_available():
-                torch.cuda.synchronize()  # the steps' queued work is theirs
-            stop()
+            stop()  # the step has synchronized: its queued work is in the profile
         kind = f"{len(step.decodes)}d+{sum(c.chunk_len for c in step.prefills)}p"
         steps.append((kind + ("*" if picked else ""), cost.time_s))
         return cost
@@ -145,8 +144,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     counts = Counter({e.key: e.count for e in events if e.key in WATCHED})
     print("host calls:", dict(counts))
     busy = device_busy(prof.events())
-    if busy is None:
-        print("device busy: no device events (no GPU)")
+    if busy is None or busy["span"] <= 0:
+        print("device busy: no device work in the picked steps")
     else:
         pct = {k: 100 * v / busy["span"] for k, v in busy.items() if k != "span"}
         print(f"device busy over {busy['span']:.1f} ms of the picked steps: host-to-device copies {busy['h2d']:.1f} ms "
