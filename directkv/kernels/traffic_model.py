@@ -42,9 +42,9 @@ def stream_reads_in_place(past_len: int, page_size: int, k_page_bytes: int) -> b
     2026-12-01: in place, pasts of a few hundred tokens, stream went 1.30x -> 1.18x swap). Above it the ring wins:
     a step's first chunk is copied during the dense work before it (prefetched), while the tiled kernel reads
     at the SM rate after it (Llama 4 x 16K, the same day: chunks read in place up to 8K of past took 4-13 ms
-    more per step than swap's, streamed ones 6-10 ms less; on ShareGPT at 30 req/s 52.6 ms per token with this
-    rule against 55.6 with the earlier one of 16 MiB, one call). The executor (ZeroCopyPath) and the simulation
-    both ask this, so they stay in step."""
+    more per step than swap's, streamed ones 6-10 ms less). ShareGPT's prompts are at most 1,024 tokens
+    (conf/workload), so there every chunk is read in place under this rule and under the earlier one of 16 MiB.
+    The executor (ZeroCopyPath) and the simulation both ask this, so they stay in step."""
     return -(-past_len // page_size) <= STREAM_MIN_CHUNK_BYTES // k_page_bytes
 
 

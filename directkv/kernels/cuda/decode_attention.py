@@ -429,7 +429,8 @@ def prefetch_stream(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor
         first prefetch (after_stream=True, on this plan's side stream, which every later copy shares) waited for
         them, and the step stores into a layer's pools only after that layer's prefetch. On the
         H200 (2026-12-01, one call each way) serving with False took 43.3-43.6 ms per decode step at 16K x 1
-        against 44.2-45.0 with True (swap 41), and 51.8 against 52.6 ms per token on ShareGPT at 30 req/s.
+        against 44.2-45.0 with True (swap 41); on ShareGPT at 30 req/s 51.8 against 52.6 ms per token, within
+        that workload's run-to-run spread.
     """
     main = torch.cuda.current_stream(plan.ring_k.device)
     n = min(len(plan.copies), plan.ring_k.shape[0])
