@@ -10,7 +10,8 @@
 # carry it, and export DIRECTKV_DATA_DIR=$PWD/.data for the rate step.
 # Results are packed into $OUT/results.tar.gz (the device tool returns at most 2 folder levels), logs into $OUT.
 # The tool also returns at most 8 files: the test step writes two logs and the profile step one per system,
-# so send other output to one log file (a call that left 10 files in $OUT lost its results.tar.gz).
+# so send other output to one log file (a call that left 10 files in $OUT lost its results.tar.gz). PROFILE_TAG=x
+# names the profile step's files profile_x<system>.txt, so a second profile step does not overwrite the first's.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -45,7 +46,7 @@ for step in "${steps[@]}"; do
     ncu) run python3 -m experiments.run +exp=kernel_ablation device=cuda results_root=$RES progress=false counters=ncu ${NCU_ARGS:-}
          run python3 -m experiments.run +exp=gemm_case_study device=cuda results_root=$RES progress=false counters=ncu sizes=[10240] ;;
     profile) for sys in ${PROFILE_SYSTEMS:-swap directkv}; do
-               run python3 -m directkv.engine.gpu.profile --system $sys ${PROFILE_ARGS:-} 2>&1 | tee $OUT/profile_$sys.txt | head -60
+               run python3 -m directkv.engine.gpu.profile --system $sys ${PROFILE_ARGS:-} 2>&1 | tee $OUT/profile_${PROFILE_TAG:-}$sys.txt | head -60
              done ;;
     *) echo "unknown step $step" ;;
   esac
