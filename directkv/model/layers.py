@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from directkv.kernels.reference.rope import rope_angles
 from directkv.model.weights import LayerWeights
 
 NORM_EPS = 1e-5  # Llama-3.1 rms_norm_eps and OPT's LayerNorm eps
@@ -28,16 +29,14 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 class RopeCache:
     """cos/sin of every position up to `max_positions`, computed once, rotate-half convention.
 
-    Frequencies theta ** (-2i / head_dim) for i < head_dim / 2, without Llama-3.1's long-context
-    rescaling, exactly as directkv.kernels.reference.rope does (kernels that fuse RoPE must agree).
+    Angles from directkv.kernels.reference.rope.rope_angles, the rule the references and the kernels that
+    fuse RoPE share.
     Tables are `[max_positions, head_dim / 2]` float32 (64 MiB for 131072 positions at head_dim 128).
     """
 
     def __init__(self, head_dim: int, theta: float, max_positions: int, device: torch.device):
         self.max_positions = max_positions
-        inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        # float64 angles: position * freq loses digits in float32 beyond ~1e4 positions.
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+        angles = rope_angles(0, max_positions, head_dim, theta)  # float64, on the CPU
         self.cos = angles.cos().to(device=device, dtype=torch.float32)
         self.sin = angles.sin().to(device=device, dtype=torch.float32)
 

@@ -17,13 +17,12 @@ Run: python -m directkv.kernels.cuda.bench_gemm [--sizes 4096 10240] [--out resu
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
 
-from directkv.kernels.cuda.bench_prefill import get_ceilings, print_table, run_point, timed
+from directkv.kernels.cuda.bench_prefill import get_ceilings, report, run_point, timed
 from directkv.kernels.cuda.gemm_case_study import gemm, host_panels
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 
@@ -147,10 +146,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     rows = bench_gemm(args.sizes)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1, default=str)
-    print_table(rows, ["m", "variant", "status", "time_ms", "target_ms", "floor_ms", "tflops", "link_gbps",
+    report(rows, args.out, ["m", "variant", "status", "time_ms", "target_ms", "floor_ms", "tflops", "link_gbps",
                        "link_read_bytes", "rel_err"])
     return rows
 

@@ -95,6 +95,14 @@ def run_point(row: dict, measure: Callable[[], None]) -> dict:
     return row
 
 
+def report(rows: list[dict], out: str | None, cols: Sequence[str]) -> None:
+    """A bench CLI's output: the rows as JSON at `out` when given, and the table of `cols`."""
+    if out:
+        with open(out, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+    print_table(rows, cols)
+
+
 def print_table(rows: list[dict], cols: Sequence[str]) -> None:
     def fmt(v: object) -> str:
         if isinstance(v, float):
@@ -271,10 +279,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     rows = bench_prefill(args.q_lens, args.past_len)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1, default=str)
-    print_table(rows, ["q_len", "variant", "status", "time_ms", "target_ms", "floor_ms", "link_gbps",
+    report(rows, args.out, ["q_len", "variant", "status", "time_ms", "target_ms", "floor_ms", "link_gbps",
                        "link_read_bytes", "kv_bytes", "rel_err"])
     return rows
 

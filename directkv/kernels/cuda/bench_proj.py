@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -29,7 +28,7 @@ from directkv.kernels.cuda.bench_prefill import (
     _paged_host_cache,
     _sdpa,
     get_ceilings,
-    print_table,
+    report,
     run_point,
 )
 from directkv.kernels.cuda.proj_attention import VARIANTS, proj_attention, project, rope_tables
@@ -118,10 +117,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     rows = bench_proj(args.q_lens, args.past_len)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1, default=str)
-    print_table(rows, ["q_len", "variant", "status", "time_ms", "floor_ms", "link_gbps", "link_read_bytes",
+    report(rows, args.out, ["q_len", "variant", "status", "time_ms", "floor_ms", "link_gbps", "link_read_bytes",
                        "link_write_bytes", "rel_err"])
     return rows
 

@@ -37,6 +37,7 @@ from directkv.kernels.cuda.prefill_attention import (
 )
 from directkv.kernels.cuda.zero_copy import device_view
 from directkv.kernels.paged import PagedKV, per_table
+from directkv.kernels.reference.rope import rope_angles
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import proj_attention_traffic
 
@@ -84,10 +85,8 @@ def stage_bytes(head_dim: int, dtype_bytes: int) -> int:
 
 
 def rope_tables(past_len: int, q_len: int, head_dim: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin `[q_len, head_dim / 2]` float32 at positions past_len.. (angles in float64, as the reference)."""
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
-    pos = torch.arange(past_len, past_len + q_len, dtype=torch.float64, device=device)
-    angles = torch.outer(pos, inv_freq)
+    """cos, sin `[q_len, head_dim / 2]` float32 at positions past_len.. (the reference's float64 angles)."""
+    angles = rope_angles(past_len, q_len, head_dim, theta, device)
     return angles.cos().float().contiguous(), angles.sin().float().contiguous()
 
 
