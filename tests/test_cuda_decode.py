@@ -166,7 +166,8 @@ def test_prefetched_stream_sees_the_last_tokens_stored_after_it(chunk_kb, reuse)
     for give in (True, False):
         plan = plan_stream(kv, chunk_bytes=chunk_kb << 10, reuse=plan_stream(kv) if reuse else None)
         # sequence 1's last page is the lowest host page, so the first (prefetched) chunk holds it
-        assert 1 in plan.last_rows.tolist() and len(plan.last_rows) >= (kv.batch if len(plan.copies) == 1 else 1)
+        last_rows = torch.cat([rows for rows, _ in filter(None, plan.last)]).tolist()
+        assert 1 in plan.last[0][0].tolist() and len(last_rows) >= (kv.batch if len(plan.copies) == 1 else 1)
         assert (plan.ring_k.shape[1] > 8) == reuse or chunk_kb > 64  # 64 KiB: 8 pages of 8 KiB per chunk
         new = []
         for pool in (kv.host_k, kv.host_v):
@@ -381,13 +382,15 @@ def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages,
     hp = host_pages(kv.block_table, kv.seq_lens, 16)
     _, _, copies, _ = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages, hp=hp)
     slot_pages = chunk_pages + spare
-    rows, slots = _last_token_slots(kv.block_table, kv.seq_lens, 16, hp[3], chunk_pages, 2, slot_pages)
+    rows, slots, chunks = _last_token_slots(kv.block_table, kv.seq_lens, 16, hp[3], chunk_pages, 2, slot_pages)
     ring = {c * slot_pages + dst + i: src + i for c, runs in enumerate(copies[:2]) for src, dst, n in runs
             for i in range(n)}  # ring page -> host page
     want = [b for b, n in enumerate(lens) if n and int(kv.block_table[b, (n - 1) // 16]) in ring.values()]
     assert rows.tolist() == want
     for b, s in zip(rows.tolist(), slots.tolist(), strict=True):
         assert ring[s // 16] == int(kv.block_table[b, (lens[b] - 1) // 16]) and s % 16 == (lens[b] - 1) % 16
+    for s, c in zip(slots.tolist(), chunks.tolist(), strict=True):
+        assert s // 16 // slot_pages == c and any(dst <= s // 16 - c * slot_pages < dst + n for _, dst, n in copies[c])
 
 
 def test_stream_schedule_of_no_tokens_has_no_pass():

@@ -244,9 +244,10 @@ class StreamPlan:
     lens : [num_passes, batch] int32 CUDA, tokens of each sequence in each pass.
     copies : per chunk, the (first host page, first ring position, pages) runs to copy.
     ring_k, ring_v : [num_slots, >= chunk_pages, page_size, num_kv_heads, head_dim] HBM rings.
-    last_rows, last_slots : [n] int64 CUDA: the sequences whose last token's page is in one of the first
-        num_slots chunks (those prefetch_stream copies ahead), and that token's row in the ring
-        `ring_k.view(-1, num_kv_heads, head_dim)`; a call given last_kv writes the token there too.
+    last : per chunk c < num_slots (those prefetch_stream copies ahead), (rows, ring rows): `[n]` int64 CUDA,
+        the sequences whose last token's page chunk c holds and that token's row in the ring
+        `ring_k.view(-1, num_kv_heads, head_dim)`; None where chunk c holds no last token. A call given last_kv
+        writes the tokens there, each chunk's just before its kernel, so that kernel waits for its own copy only.
     A ring taken over from an earlier plan (plan_stream's reuse) may hold more than chunk_pages pages per slot;
     chunks use the first ones.
     prefetched : (host K pointer, host V pointer, chunks) that prefetch_stream copied ahead, which the next
@@ -263,8 +264,7 @@ class StreamPlan:
     side: torch.cuda.Stream
     filled: list[torch.cuda.Event]
     freed: list[torch.cuda.Event]
-    last_rows: torch.Tensor
-    last_slots: torch.Tensor
+    last: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]
     page_bytes: int
     prefetched: tuple[int, int, int] | None = None
 
@@ -365,12 +365,13 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
         if reuse is not None:
             release_ring(reuse)
         ring_k, ring_v, side, filled, freed = new_ring((num_slots, held, *page_shape), kv.dtype, device, num_slots)
-    last_rows, last_slots = _last_token_slots(table, seq_lens, kv.page_size, hp[3], chunk_pages, num_slots,
-                                              ring_k.shape[1])
+    rows, at, chunk = _last_token_slots(table, seq_lens, kv.page_size, hp[3], chunk_pages, num_slots, ring_k.shape[1])
+    last = tuple((rows[chunk == c].to(device), at[chunk == c].to(device)) if (chunk == c).any() else None
+                 for c in range(min(num_slots, len(copies))))
     return StreamPlan(
         passes=tables.to(device), lens=lens.to(device), copies=copies, hbm_pass=hbm_pass,
         ring_k=ring_k, ring_v=ring_v, side=side, filled=filled, freed=freed,
-        last_rows=last_rows.to(device), last_slots=last_slots.to(device), page_bytes=page_bytes,
+        last=last, page_bytes=page_bytes,
     )  # fmt: skip
 
 
@@ -398,8 +399,10 @@ def release_ring(owner) -> None:
 
 
 def _last_token_slots(table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, pages: torch.Tensor,
-                      chunk_pages: int, num_slots: int, slot_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sequences, ring token rows) of the last tokens whose pages are in the first num_slots chunks (CPU).
+                      chunk_pages: int, num_slots: int, slot_pages: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sequences, ring token rows, chunks) of the last tokens whose pages are in the first num_slots chunks
+    (CPU).
     stream_schedule cuts the sorted host pages `pages` into chunks of chunk_pages, so page i is chunk
     i // chunk_pages at position i % chunk_pages, and chunk c < num_slots sits in slot c of a ring of
     slot_pages pages per slot."""
@@ -411,7 +414,7 @@ def _last_token_slots(table: torch.Tensor, seq_lens: torch.Tensor, page_size: in
     keep = (last >= 0) & (i < num_slots * chunk_pages) & found
     i, rows = i[keep], rows[keep]
     ring_page = i // chunk_pages * slot_pages + i % chunk_pages
-    return rows, ring_page * page_size + (lens[rows] - 1) % page_size
+    return rows, ring_page * page_size + (lens[rows] - 1) % page_size, i // chunk_pages
 
 
 def prefetch_stream(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor, *, after_stream: bool = True) -> int:
@@ -471,11 +474,6 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
     # chunks prefetch_stream already copied from these pools; copies of other pools are simply redone after
     # them (same side stream, so in order) and then hold every store
     skip = ahead[2] if ahead is not None and ahead[:2] == (kv.host_k.data_ptr(), kv.host_v.data_ptr()) else 0
-    if skip and last_kv is not None and len(plan.last_rows):
-        for slot in range(skip):
-            main.wait_event(plan.filled[slot])  # the copy must not land on top of the tokens written next
-        for ring, new in zip((plan.ring_k, plan.ring_v), last_kv, strict=True):
-            ring.view(-1, *ring.shape[-2:])[plan.last_slots] = new[plan.last_rows]
     kwargs = dict(variant="tiled", tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits)
     plan.side.wait_stream(main)  # q, pools and the ring's previous readers come first
     single = len(plan.copies) == 1 and not plan.hbm_pass  # one pass: the kernel writes out, no merge
@@ -486,7 +484,13 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
         slot = c % num_slots
         if c >= skip:
             _copy_chunks(plan, kv.host_k, kv.host_v, (c,))
-        main.wait_event(plan.filled[slot])
+        main.wait_event(plan.filled[slot])  # the copy must not land on top of the last tokens written next
+        if c < skip and last_kv is not None and plan.last[c] is not None:
+            # per chunk, not all prefetched chunks before the first kernel: that held the first kernel (and so the
+            # freed event the next copies wait for) until the last prefetched copy was done, idling the copy engine
+            rows, at = plan.last[c]
+            for ring, new in zip((plan.ring_k, plan.ring_v), last_kv, strict=True):
+                ring.view(-1, *ring.shape[-2:])[at] = new[rows]
         ring_k, ring_v = plan.ring_k[slot], plan.ring_v[slot]
         dest = dict(out=out) if single else dict(out_f32=o_parts[c], lse_out=lse_parts[c])
         _launch(q, ring_k, ring_v, ring_k, ring_v, plan.passes[c], plan.lens[c], **dest, **kwargs)
