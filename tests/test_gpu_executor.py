@@ -461,3 +461,44 @@ def test_device_busy_merges_each_kind_and_measures_their_overlap():
     busy = device_busy(events)
     assert busy == pytest.approx({"span": 3.0, "h2d": 1.5, "kernels": 1.0, "both": 0.2})  # us -> ms
     assert device_busy([ev("aten::mm", 0, 1, torch.autograd.DeviceType.CPU)]) is None
+
+
+def test_copy_gaps_finds_the_copy_engines_idle_time_and_what_host_and_device_did_then():
+    """copy_gaps: gaps between merged host-to-device copies of >= min_us only, longest first, each with the
+    device op that ended last before the copies restarted and the innermost host call over its start and end; None without copies."""
+    from types import SimpleNamespace
+
+    from directkv.engine.gpu.profile import copy_gaps
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def ev(name, start, end, kind=cuda):
+        return SimpleNamespace(name=name, device_type=kind, time_range=SimpleNamespace(start=start, end=end))
+
+    h2d = "Memcpy HtoD (Pinned -> Device)"
+    events = [ev(h2d, 0, 100), ev(h2d, 90, 200), ev(h2d, 210, 300), ev(h2d, 400, 500), ev(h2d, 1500, 1600),
+              ev("decode_attention_kernel", 250, 350), ev("merge", 360, 380),
+              ev("run_step", 0, 2000, cpu), ev("cudaStreamSynchronize", 390, 1450, cpu), ev("aten::item", 1400, 1420, cpu),
+              ev("plan_stream", 1450, 1550, cpu)]
+    gaps = copy_gaps(events, min_us=20)
+    assert gaps["count"] == 2 and gaps["total"] == pytest.approx(1.1)  # 300-400 and 500-1500; 200-210 is too short
+    assert gaps["top"] == [(0.5, 1000, "merge", "cudaStreamSynchronize", "plan_stream"),
+                           (0.3, 100, "merge", "run_step", "cudaStreamSynchronize")]
+    assert copy_gaps(events, min_us=5)["count"] == 3
+    assert copy_gaps([ev("merge", 0, 1)]) is None
+
+
+def test_print_blocking_stacks_lists_the_longest_blocking_host_calls_with_our_frames(capsys):
+    from types import SimpleNamespace
+
+    from directkv.engine.gpu.profile import print_blocking_stacks
+
+    def ev(name, start, end, stack=()):
+        return SimpleNamespace(name=name, device_type=torch.autograd.DeviceType.CPU, stack=list(stack),
+                               time_range=SimpleNamespace(start=start, end=end))
+
+    print_blocking_stacks([ev("cudaMemcpyAsync", 0, 50, ["torch/x.py(1): f", "directkv/a.py(3): g"]),
+                           ev("aten::item", 0, 900, ["directkv/b.py(7): h"]), ev("aten::mm", 0, 5000)], rows=5)
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert len(lines) == 2 and "aten::item" in lines[0] and "directkv/b.py(7): h" in lines[0]
+    assert "cudaMemcpyAsync" in lines[1] and "directkv/a.py(3): g" in lines[1] and "torch/x.py" not in lines[1]

@@ -11,7 +11,8 @@ Under torch.profiler it also prints how busy the GPU was in the picked steps (de
 copies' time (the copy engine's work in swap and directkv `stream`), the kernels' on any stream, and how much
 of the two overlapped, each over the span from the first to the last device event. With --python the picked steps
 run under cProfile instead: host time per Python function (cumulative), to find which of the executor's calls a
-host-bound step spends its time in.
+host-bound step spends its time in. It also lists the copy engine's longest idle gaps (copy_gaps) with what the
+host was doing then, and with --stacks the longest host calls that can block on the device, with their callers.
 """
 
 from __future__ import annotations
@@ -88,6 +89,56 @@ def device_busy(events) -> dict[str, float] | None:
             "both": _overlap(copies, kernels) / 1e3}
 
 
+def copy_gaps(events, *, min_us: float = 20.0, top: int = 8) -> dict | None:
+    """The copy engine's idle gaps between its first and last host-to-device copy of the profiled steps
+    (torch.profiler FunctionEvents; None without copies): `count` and `total` (ms) of the gaps of >= min_us, and
+    the `top` longest as (ms from the first copy, gap us, the device op that ended last before the copy engine
+    restarted (what a copy waiting on an event waited for), what the host was in when the gap began, what it was
+    in when the gap ended). The host's innermost call is the
+    CPU event of shortest duration over that instant, so a gap spent in a sync or a pageable copy names it,
+    and one whose next copy was issued late names the host work before it."""
+    h2d, other, host = [], [], []
+    for e in events:
+        if getattr(e, "is_user_annotation", False):
+            continue
+        span = (e.time_range.start, e.time_range.end, e.name)
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            (h2d if e.name.startswith("Memcpy HtoD") else other).append(span)
+        else:
+            host.append(span)
+    if not h2d:
+        return None
+    copies = _merged([(a, b) for a, b, _ in h2d])
+
+    def before(t: float) -> str:
+        ended = [(b, name) for a, b, name in other if b <= t]
+        return max(ended)[1] if ended else "-"
+
+    def host_at(t: float) -> str:
+        over = [(b - a, name) for a, b, name in host if a <= t <= b]
+        return min(over)[1] if over else "-"
+
+    gaps = [(a, b) for (_, a), (b, _) in zip(copies, copies[1:], strict=False) if b - a >= min_us]
+    longest = sorted(gaps, key=lambda g: g[0] - g[1])[:top]
+    return {"count": len(gaps), "total": sum(b - a for a, b in gaps) / 1e3,
+            "top": [((a - copies[0][0]) / 1e3, b - a, before(b), host_at(a), host_at(b)) for a, b in longest]}
+
+
+BLOCKING = ("cudaMemcpyAsync", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+            "aten::item", "aten::_local_scalar_dense")
+
+
+def print_blocking_stacks(events, *, rows: int, frames: int = 4) -> None:
+    """The `rows` longest host calls that can block on the device (BLOCKING), each with the innermost
+    `frames` Python frames of this package that made it (torch.profiler's with_stack)."""
+    calls = sorted((e for e in events if e.name in BLOCKING and getattr(e, "device_type", None)
+                    != torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start - e.time_range.end)
+    print(f"longest blocking host calls (us, name, innermost {frames} directkv frames):")
+    for e in calls[:rows]:
+        ours = [f for f in (getattr(e, "stack", None) or []) if "directkv" in f or "workloads" in f][:frames]
+        print(f"  {e.time_range.end - e.time_range.start:8.0f}  {e.name}  " + " < ".join(ours))
+
+
 # host-side calls whose counts reveal a slow executor: syncs stall the launch queue, copies cost per call
 WATCHED = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpyAsync",
            "cudaStreamWaitEvent", "cudaLaunchKernel", "aten::item", "aten::_local_scalar_dense", "aten::copy_")
@@ -96,7 +147,7 @@ WATCHED = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchroni
 def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled", context: int = 16384,
             batch: int = 4, output: int = 4, max_batched_tokens: int = 2048, rows: int = 25,
             hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2, graphs: bool = False,
-            pipelining: Pipelining = NO_PIPELINING, python: bool = False) -> None:
+            pipelining: Pipelining = NO_PIPELINING, python: bool = False, stacks: bool = False) -> None:
     spec = get_model(model)
     policy = SystemPolicy(system, variant if system == "directkv" else "")
     mem = MemoryConfig(hbm_budget_gb * 1e9, 0.9 * 128e9)
@@ -107,7 +158,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    prof = cProfile.Profile() if python else torch.profiler.profile(activities=activities)
+    prof = cProfile.Profile() if python else torch.profiler.profile(activities=activities, with_stack=stacks)
     start, stop = (prof.enable, prof.disable) if python else (prof.start, prof.stop)
 
     def run_step(self, step):  # records (kind, seconds) of every step, the executor's warm-up first
@@ -151,6 +202,14 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         print(f"device busy over {busy['span']:.1f} ms of the picked steps: host-to-device copies {busy['h2d']:.1f} ms "
               f"({pct['h2d']:.0f}%), kernels {busy['kernels']:.1f} ms ({pct['kernels']:.0f}%), both at once "
               f"{busy['both']:.1f} ms ({pct['both']:.0f}%)")
+    gaps = copy_gaps(prof.events())
+    if gaps is not None:
+        print(f"copy engine idle gaps >= 20 us between its copies: {gaps['count']}, {gaps['total']:.2f} ms in all; "
+              "longest (at ms, us, last device op to end in it, host call at its start, host call at its end):")
+        for at, us, dev, h0, h1 in gaps["top"]:
+            print(f"  {at:8.2f} {us:7.0f}  {dev[:50]} | {h0[:40]} | {h1[:40]}")
+    if stacks:
+        print_blocking_stacks(prof.events(), rows=rows)
     print(events.table(sort_by="self_cpu_time_total", row_limit=rows))
     print(events.table(sort_by="self_device_time_total" if hasattr(events[0], "self_device_time_total")
                        else "self_cuda_time_total", row_limit=rows))
@@ -169,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", type=int, default=8, help="steps (warm-up included) to run before profiling")
     ap.add_argument("--count", type=int, default=2, help="steps to profile")
     ap.add_argument("--python", action="store_true", help="cProfile the picked steps (host time per Python function)")
+    ap.add_argument("--stacks", action="store_true",
+                    help="record Python stacks and print the longest blocking host calls with their callers")
     ap.add_argument("--graphs", action="store_true", help="the dense layer parts as CUDA graphs (executor.cuda_graphs)")
     ap.add_argument("--pipelined", action="store_true", help="directkv's two-half steps (executor.directkv_pipelined)")
     ap.add_argument("--side-ctas", type=int, default=DEFAULT_DIRECTKV_SIDE_CTAS,
@@ -181,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
                 max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
-                pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python)
+                pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python, stacks=a.stacks)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
