@@ -425,3 +425,31 @@ def test_last_kv_of_the_wrong_dtype_is_one_line():
     with pytest.raises(ConfigError, match=r"last_kv is an option of variant 'stream' with a plan: \(K, V\) of shape "
                                           r"\(2, 2, 64\), torch.bfloat16"):
         decode_attention(q, kv, variant="stream", plan=plan_stream(kv), last_kv=(bad, bad))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("variant", ["tiled", "stream"])
+def test_host_table_spares_the_device_sync_and_changes_no_result(variant):
+    """Given CPU copies of the block table and lens (a serving step has them), a call reads those for its
+    closed-form Traffic instead of the device tables: no synchronising operation under torch's sync debug mode
+    (which raises on one), the same output and Traffic. Without them, a fresh table is read back: the control
+    must raise, so the check can fail."""
+    kv = make_kv([300, 17, 1000], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16)
+    host = (kv.block_table.cpu(), kv.seq_lens.cpu())
+    q = torch.randn(kv.batch, 8, 128, device="cuda").to(kv.dtype)
+    plan = plan_stream(kv, host_table=host) if variant == "stream" else None
+    out = torch.full_like(q, float("nan"))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _, t = decode_attention(q, kv, variant=variant, out=out, plan=plan, host_table=host)
+        fresh = PagedKV(kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v, kv.block_table.clone(), kv.seq_lens.clone())
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            decode_attention(q, fresh, variant=variant, plan=plan)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ref = dense_reference(q, kv, 1.0 / math.sqrt(128))
+    assert float((out.double() - ref).norm() / ref.norm()) < TOL[kv.dtype]
+    fresh = PagedKV(kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v, kv.block_table.clone(), kv.seq_lens.clone())
+    assert t == traffic(fresh, num_heads=8, variant=variant)

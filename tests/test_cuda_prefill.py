@@ -544,3 +544,28 @@ def test_per_table_memo_follows_the_table_and_its_version():
     table[0, 1] = 3  # written in place: its version moves
     assert get(table) == 3
     assert get(table.clone()) == 4 and len(calls) == 4
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("variant", ["tiled", "stream"])
+def test_prefill_host_table_spares_the_device_sync_and_changes_no_result(variant):
+    """As decode's: with a CPU copy of the block table the call's Traffic is read from it, with no
+    synchronising operation (torch's sync debug mode raises on one); without it a fresh table is read back
+    and the control must raise."""
+    q, k_new, v_new, kv_cpu, kv = make_inputs((65, 1000, 8, 2, 128, BF16, 16))
+    plan = plan_prefill_stream(kv) if variant == "stream" else None
+    out = torch.full_like(q, float("nan"))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _, t = prefill_attention(q, k_new, v_new, kv, variant=variant, out=out, stream_plan=plan,
+                                 host_table=kv_cpu.block_table)
+        fresh = PagedKV(kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v, kv.block_table.clone(), kv.seq_lens)
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            prefill_attention(q, k_new, v_new, fresh, variant=variant, stream_plan=plan)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_matches(out, dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(128)))
+    fresh = PagedKV(kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v, kv.block_table.clone(), kv.seq_lens)
+    assert t == prefill_attention(q, k_new, v_new, fresh, variant=variant, stream_plan=plan)[1]

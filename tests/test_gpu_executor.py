@@ -502,3 +502,27 @@ def test_print_blocking_stacks_lists_the_longest_blocking_host_calls_with_our_fr
     lines = capsys.readouterr().out.splitlines()[1:]
     assert len(lines) == 2 and "aten::item" in lines[0] and "directkv/b.py(7): h" in lines[0]
     assert "cudaMemcpyAsync" in lines[1] and "directkv/a.py(3): g" in lines[1] and "torch/x.py" not in lines[1]
+
+
+@pytest.mark.parametrize("name,variant", [("directkv", "tiled"), ("swap", ""), ("flexgen", "")])
+def test_attention_gets_host_copies_equal_to_the_device_tables(runner, name, variant, monkeypatch):
+    """Each step's attention is handed CPU copies of its decode and chunk tables (the CUDA kernels read their
+    Traffic from them instead of syncing to read the device tables back); they must be the tables it attends
+    with: swap's and flexgen's remapped staging tables, directkv's own."""
+    from directkv.engine.gpu.paths import ZeroCopyPath
+
+    seen = []
+    inner = ZeroCopyPath.attention
+
+    def attention(self, p, tier, q, k, v, k_pool, v_pool, decode_table, chunk_tables, *, host=None):
+        seen.append((p, decode_table, chunk_tables, host))
+        return inner(self, p, tier, q, k, v, k_pool, v_pool, decode_table, chunk_tables, host=host)
+
+    monkeypatch.setattr(ZeroCopyPath, "attention", attention)
+    _serve(SystemPolicy(name, variant), runner, _requests())
+    assert seen and any(p.num_decodes for p, *_ in seen) and any(p.chunks for p, *_ in seen)
+    for p, table, chunk_tables, ((host_table, host_lens), host_chunks) in seen:
+        if p.num_decodes:
+            assert torch.equal(host_table, table.cpu()) and torch.equal(host_lens, p.decode_lens.cpu())
+        assert len(host_chunks) == len(chunk_tables)
+        assert all(torch.equal(h, t.cpu()) for h, t in zip(host_chunks, chunk_tables, strict=True))

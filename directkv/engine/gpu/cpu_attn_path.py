@@ -46,7 +46,8 @@ class CpuAttnPath(StagedPath):
         lists = plan.page_lists(self.kv, decodes=flash)
         first_chunk = plan.num_decodes if flash else 0
         # the chunks' pages are staged like swap's
-        self.chunk_tables = [t.to(self.stager.device) for t in self.stager.plan(lists[first_chunk:])]
+        self.chunk_tables_cpu = self.stager.plan(lists[first_chunk:])
+        self.chunk_tables = [t.to(self.stager.device) for t in self.chunk_tables_cpu]
         self.staging_bytes = max(self.staging_bytes, self.stager.nbytes)
         ps = self.kv.page_size
         # the decodes' tables (native) or runs of consecutive pages (flash), once per step rather than once per
@@ -79,7 +80,7 @@ class CpuAttnPath(StagedPath):
             self.traffic.link_read_bytes += self.stager.layer_bytes
             rows = slice(p.num_decodes, None)
             self._chunks(p, "hbm", self.variant, q[rows], k[rows], v[rows], k_st, v_st, self.chunk_tables, out[rows],
-                         base=p.num_decodes)
+                         base=p.num_decodes, host_tables=self.chunk_tables_cpu if self.in_place else None)
             self.stager.release(layer)
         if p.num_decodes:
             out[: p.num_decodes] = self._cpu_decode(layer, q_cpu).to(q.device, q.dtype)

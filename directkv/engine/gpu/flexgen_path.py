@@ -81,7 +81,8 @@ class FlexgenPath(StagedPath):
         v_st.view(flat)[self.remap] = v
         self.traffic.link_read_bytes += self.stager.layer_bytes
         self.staging_bytes = max(self.staging_bytes, self.stager.nbytes + 2 * k_st.numel() * k_st.element_size())
-        out = self.attention(self.plan, "hbm", q, k, v, k_st, v_st, self.decode_table, self.chunk_tables)
+        out = self.attention(self.plan, "hbm", q, k, v, k_st, v_st, self.decode_table, self.chunk_tables,
+                             host=self.host_tables)
         if layer == 0 and self.plan.num_decodes:
             self._compare(q, out)
         return out

@@ -130,8 +130,9 @@ class ZeroCopyPath:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_pool, v_pool = self.store(layer, k, v)
-        out = self.attention(self.plan, self.tier, q, k, v, k_pool, v_pool, self.plan.decode_table,
-                             self.plan.chunk_tables)
+        p = self.plan
+        out = self.attention(p, self.tier, q, k, v, k_pool, v_pool, p.decode_table, p.chunk_tables,
+                             host=((p.decode_table_cpu, p.decode_lens_cpu), p.chunk_tables_cpu))
         if self.variant == "stream" and layer + 1 < self.kv.model.num_layers:
             self._prefetch(layer + 1)
         return out
@@ -152,9 +153,12 @@ class ZeroCopyPath:
         if self.chunk_ring is not None:
             prefill_stream.prefetch_prefill_stream(self.chunk_plans[0], self.chunk_ring, *pools, after_stream=first)
 
-    def attention(self, p: StepPlan, tier: str, q, k, v, k_pool, v_pool, decode_table, chunk_tables
-                  ) -> torch.Tensor:
-        """Attention of the plan's rows over pools of `tier`; q/k/v rows are those of `p`."""
+    def attention(self, p: StepPlan, tier: str, q, k, v, k_pool, v_pool, decode_table, chunk_tables, *,
+                  host: tuple | None = None) -> torch.Tensor:
+        """Attention of the plan's rows over pools of `tier`; q/k/v rows are those of `p`. host: CPU copies of
+        ((decode_table, decode lens), chunk_tables) for the CUDA kernels' closed-form Traffic, which would
+        otherwise read the device tables back: a device sync in a step's first layer that left the copy engine
+        idle until the host caught up (H200, 2026-12-01 profiles of stream: one 1.3-1.6 ms gap per read)."""
         out = torch.empty_like(q)
         variant = self.variant  # naive | tiled | stream (make_path refuses the rest; the staged systems are tiled)
         stream = variant == "stream"
@@ -164,18 +168,21 @@ class ZeroCopyPath:
             opts = {"plan": self.decode_plan, "last_kv": (k[:nd], v[:nd])} if stream else {}
             if self.in_place:
                 opts["out"] = out[:nd]
+                if host is not None:
+                    opts["host_table"] = host[0]
             o, t = self.decode(q[:nd], self._paged(tier, k_pool, v_pool, decode_table, p.decode_lens),
                                variant=variant, **opts)
             if not self.in_place:
                 out[:nd] = o
             self.traffic = self.traffic + t
-        self._chunks(p, tier, variant, q, k, v, k_pool, v_pool, chunk_tables, out, stream=stream)
+        self._chunks(p, tier, variant, q, k, v, k_pool, v_pool, chunk_tables, out, stream=stream,
+                     host_tables=None if host is None else host[1])
         return out
 
     def _chunks(self, p: StepPlan, tier: str, variant: str, q, k, v, k_pool, v_pool, chunk_tables, out, *,
-                stream: bool = False, base: int = 0) -> None:
+                stream: bool = False, base: int = 0, host_tables: list | None = None) -> None:
         """Prefill attention of every prompt chunk of `p` into `out`; q/k/v/out rows start at the plan's row
-        `base`."""
+        `base`; host_tables: CPU copies of chunk_tables (attention's `host`)."""
         for i, (c, table) in enumerate(zip(p.chunks, chunk_tables, strict=True)):
             rows = slice(c.start - base, c.start - base + c.length)
             lens = torch.tensor([c.past_len], dtype=torch.int32)  # host-side: the kernel takes past_len as an int, no sync
@@ -183,6 +190,8 @@ class ZeroCopyPath:
             opts = {"stream_plan": self.chunk_plans[i], "stream_ring": self.chunk_ring if i == 0 else None} if streamed else {}
             if self.in_place:
                 opts["out"] = out[rows]
+                if host_tables is not None:
+                    opts["host_table"] = host_tables[i]
             o, t = self.prefill(q[rows], k[rows], v[rows], self._paged(tier, k_pool, v_pool, table, lens),
                                 variant="tiled" if stream and not streamed else variant, causal=True, **opts)
             if not self.in_place:
@@ -209,17 +218,21 @@ class ZeroCopyPath:
             # the same table and lens tensors every layer: the kernels' Traffic memo reads them once per step
             key = (rows.start, rows.stop)
             if key not in self._parts:
-                self._parts[key] = (p.decode_table[rows], p.decode_lens[rows])
-            table, lens = self._parts[key]
+                self._parts[key] = (p.decode_table[rows], p.decode_lens[rows],
+                                    (p.decode_table_cpu[rows], p.decode_lens_cpu[rows]))
+            table, lens, host = self._parts[key]
             paged = self._paged(self.tier, k_pool, v_pool, table, lens)
 
         def attention(splits: int | None = None) -> torch.Tensor:
             if chunks:
                 out = torch.empty_like(q)
                 self._chunks(p, self.tier, self.variant, q, k, v, k_pool, v_pool, p.chunk_tables, out,
-                             base=rows.start)
+                             base=rows.start, host_tables=p.chunk_tables_cpu if self.in_place else None)
                 return out
-            out, t = self.decode(q, paged, variant=self.variant, **({} if splits is None else {"num_splits": splits}))
+            opts = {} if splits is None else {"num_splits": splits}
+            if self.in_place:
+                opts["host_table"] = host
+            out, t = self.decode(q, paged, variant=self.variant, **opts)
             self.traffic = self.traffic + t
             return out
 
@@ -356,9 +369,11 @@ class StagedPath(ZeroCopyPath):
         dev = self.stager.device
         nd = plan.num_decodes
         width = max(t.shape[1] for t in tables) if tables else 1
-        self.decode_table = (torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tables[:nd]])
-                             if nd else torch.zeros((0, 1), dtype=torch.int32)).to(dev)
+        decode_cpu = (torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tables[:nd]])
+                      if nd else torch.zeros((0, 1), dtype=torch.int32))
+        self.decode_table = decode_cpu.to(dev)
         self.chunk_tables = [t.to(dev) for t in tables[nd:]]
+        self.host_tables = ((decode_cpu, plan.decode_lens_cpu), tables[nd:])  # attention's host copies
         self.staging_bytes = max(self.staging_bytes, self.stager.nbytes)
         self.remap = self._slot_remap(plan.slots)  # once per step, not per layer
         self.stager.issue(0)
@@ -373,7 +388,8 @@ class StagedPath(ZeroCopyPath):
         k_st.view(flat)[self.remap] = k
         v_st.view(flat)[self.remap] = v
         self.traffic.link_read_bytes += self.stager.layer_bytes
-        out = self.attention(self.plan, "hbm", q, k, v, k_st, v_st, self.decode_table, self.chunk_tables)
+        out = self.attention(self.plan, "hbm", q, k, v, k_st, v_st, self.decode_table, self.chunk_tables,
+                             host=self.host_tables)
         self.stager.release(layer)
         return out
 

@@ -150,8 +150,11 @@ def _check_inputs(q: torch.Tensor, kv: PagedKV, variant: str, tile_kv: int, out:
               f"out must be a contiguous {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}")
 
 
-def traffic(kv: PagedKV, *, num_heads: int, variant: str) -> Traffic:
-    """Closed-form Traffic of one call (memoised per block table and seq_lens contents version)."""
+def traffic(kv: PagedKV, *, num_heads: int, variant: str,
+            host_table: tuple[torch.Tensor, torch.Tensor] | None = None) -> Traffic:
+    """Closed-form Traffic of one call (memoised per block table and seq_lens contents version). host_table:
+    CPU copies of kv's (block table, seq_lens), read instead of kv's, whose reading is a device sync when
+    they live on the GPU."""
     key = (variant, num_heads, kv.seq_lens.data_ptr(), kv.seq_lens._version, kv.block_table._version)
     ref, memo = _TRAFFIC.get(id(kv.block_table), (None, None))
     if ref is None or ref() is not kv.block_table:
@@ -160,7 +163,8 @@ def traffic(kv: PagedKV, *, num_heads: int, variant: str) -> Traffic:
         memo = {}
         _TRAFFIC[id(kv.block_table)] = (weakref.ref(kv.block_table), memo)
     if key not in memo:
-        table, lens = kv.block_table.cpu(), kv.seq_lens.cpu().to(torch.int64)
+        table, lens = host_table if host_table is not None else (kv.block_table.cpu(), kv.seq_lens.cpu())
+        lens = lens.to(torch.int64)
         cols = torch.arange(table.shape[1])
         tokens = (lens[:, None] - cols[None, :] * kv.page_size).clamp(0, kv.page_size)  # tokens per column's page
         hbm_tokens = (tokens * (table < 0)).sum(1)
@@ -188,6 +192,7 @@ def decode_attention(
     num_splits: int | None = None,
     plan: StreamPlan | None = None,
     last_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    host_table: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, Traffic]:
     """Attention of each sequence's one query token over its kv.seq_lens[b] cached tokens.
 
@@ -206,11 +211,13 @@ def decode_attention(
     last_kv : stream with a plan only: (K, V) `[batch, num_kv_heads, head_dim]` of each sequence's last token,
         which the caller stored into the pools after a prefetch_stream (a serving step's new tokens): the
         prefetched chunks were copied before that store, so the call writes the tokens into them too.
+    host_table : CPU copies of kv's (block_table, seq_lens), where the caller has them (a serving step): the
+        closed-form Traffic (and a stream plan made here) read them instead of kv's, with no device sync.
 
     Returns
     -------
-    (out `[batch, num_heads, head_dim]`, Traffic from the closed form; the first call per block table syncs
-    to read it, later calls reuse it)
+    (out `[batch, num_heads, head_dim]`, Traffic from the closed form; without host_table the first call per
+    block table syncs to read it, later calls reuse it)
     """
     _check_inputs(q, kv, variant, tile_kv, out)
     if last_kv is not None:  # the message is built only when the check fails: this runs per layer in serving
@@ -224,11 +231,12 @@ def decode_attention(
     out = torch.empty_like(q) if out is None else out
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[2])
     if variant == "stream":
-        _run_stream(q, kv, plan if plan is not None else plan_stream(kv), out, tile_kv, scale, num_splits, last_kv)
+        plan = plan if plan is not None else plan_stream(kv, host_table=host_table)
+        _run_stream(q, kv, plan, out, tile_kv, scale, num_splits, last_kv)
     else:
         _launch(q, kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v, kv.block_table, kv.seq_lens, variant=variant,
                 tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits, out=out)
-    return out, traffic(kv, num_heads=q.shape[1], variant=variant)
+    return out, traffic(kv, num_heads=q.shape[1], variant=variant, host_table=host_table)
 
 
 # --- stream variant -------------------------------------------------------------------------------

@@ -175,7 +175,7 @@ def _check_inputs(q, k_new, v_new, kv: PagedKV, variant: str, tile_q: int, tile_
 
 
 def traffic(q_len: int, past_len: int, kv: PagedKV, *, num_heads: int, variant: str, causal: bool,
-            kv_chunk: int = TILE_KV) -> Traffic:
+            kv_chunk: int = TILE_KV, host_table: torch.Tensor | None = None) -> Traffic:
     """Closed-form Traffic of one call (traffic_model.prefill_traffic), memoised per block-table version.
 
     Link bytes are exact: naive reads every past host token once per CTA of 64 rows, tiled and stream once.
@@ -183,10 +183,12 @@ def traffic(q_len: int, past_len: int, kv: PagedKV, *, num_heads: int, variant: 
     kv_chunk); the kernel's chunks also straddle the past / new boundary and its merge adds one partial pass
     per split, which the closed form leaves out. stream is tiled's closed form (at the kv_chunk tiled would
     plan for the whole call) plus the ring: every host byte is written into it and read back from it; its
-    per-pass plans, fp32 pass outputs and final merge are left out.
+    per-pass plans, fp32 pass outputs and final merge are left out. host_table: a CPU copy of kv.block_table,
+    read instead of it (reading a GPU table is a device sync).
     """
     if variant == "stream":
-        t = traffic(q_len, past_len, kv, num_heads=num_heads, variant="tiled", causal=causal, kv_chunk=kv_chunk)
+        t = traffic(q_len, past_len, kv, num_heads=num_heads, variant="tiled", causal=causal, kv_chunk=kv_chunk,
+                    host_table=host_table)
         return Traffic(t.link_read_bytes, t.link_write_bytes, t.hbm_read_bytes + t.link_read_bytes,
                        t.hbm_write_bytes + t.link_read_bytes, t.flops)
     table = kv.block_table
@@ -194,7 +196,7 @@ def traffic(q_len: int, past_len: int, kv: PagedKV, *, num_heads: int, variant: 
 
     def closed_form() -> Traffic:
         pages = -(-past_len // kv.page_size)
-        entries = table[0, :pages].cpu().to(torch.int64)
+        entries = (table if host_table is None else host_table).reshape(1, -1)[0, :pages].cpu().to(torch.int64)
         tokens = (past_len - torch.arange(pages) * kv.page_size).clamp(max=kv.page_size)
         hbm_tokens = int((tokens * (entries < 0)).sum())
         group = num_heads // kv.num_kv_heads
@@ -232,6 +234,7 @@ def prefill_attention(
     state_dtype: str = "float32",
     stream_plan: PrefillStreamPlan | None = None,
     stream_ring: PrefillRing | None = None,
+    host_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Traffic]:
     """Attention of q_len new tokens over the past_len = kv.seq_lens[0] cached tokens and themselves.
 
@@ -268,6 +271,8 @@ def prefill_attention(
     stream_ring : stream with a stream_plan only: a `prefill_ring(stream_plan, pool, device)` kept across calls
         instead of a ring allocated per call, so `prefetch_prefill_stream` can copy the next call's first
         chunks ahead.
+    host_table : a CPU copy of kv.block_table, where the caller has one (a serving step): the closed-form
+        Traffic reads it instead, with no device sync.
 
     Returns
     -------
@@ -324,7 +329,7 @@ def prefill_attention(
         _launch(q, k_new, v_new, pools, table.contiguous(), past_len, variant=variant, plan=plan, include_new=True,
                 out=out, **launch)
     t = traffic(q_len, past_len, kv, num_heads=num_heads, variant=variant, causal=causal,
-                kv_chunk=TILE_KV if plan is None else plan.kv_chunk)
+                kv_chunk=TILE_KV if plan is None else plan.kv_chunk, host_table=host_table)
     return out, t
 
 
