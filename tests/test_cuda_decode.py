@@ -172,13 +172,13 @@ def test_prefetched_stream_sees_the_last_tokens_stored_after_it(chunk_kb, reuse)
         new = []
         for pool in (kv.host_k, kv.host_v):
             pool.view(-1, 2, 128)[slots] = float("nan")
-        assert prefetch_stream(plan, kv.host_k, kv.host_v) == min(len(plan.copies), 2) == plan.prefetched[2]
+        assert prefetch_stream(plan, [(kv.host_k, kv.host_v)]) == min(len(plan.copies), 2) == plan.copied
         for pool in (kv.host_k, kv.host_v):  # queued after the prefetch, as a serving step's store is
             new.append(torch.randn(kv.batch, 2, 128, device="cuda").to(kv.dtype))
             pool.view(-1, 2, 128)[slots] = new[-1]
         out = torch.full_like(q, float("nan"))
         decode_attention(q, kv, variant="stream", out=out, plan=plan, last_kv=tuple(new) if give else None)
-        assert plan.prefetched is None  # consumed
+        assert plan.call == 1 and plan.consumed == plan.copied == len(plan.copies)  # the queue's one call ran
         ref = dense_reference(q, kv, 1.0 / math.sqrt(128))
         errs[give] = float((out.double() - ref).norm() / ref.norm())
     assert errs[True] < TOL[torch.bfloat16], errs
@@ -187,14 +187,17 @@ def test_prefetched_stream_sees_the_last_tokens_stored_after_it(chunk_kb, reuse)
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("chunk_kb", [64, 16 << 10])
 @pytest.mark.parametrize("hide_readers", [False, True])
-def test_prefetch_after_the_slots_readers_only_serves_layer_after_layer(hide_readers, monkeypatch):
-    """A serving step's later prefetches wait only for the ring slots' last readers (after_stream=False), not for
-    everything the stream queued: layer after layer, each over its own random pools, queued with no sync in
-    between, every output must match the reference (a copy landing in a slot still being read would mix layers'
-    K/V). Many 64 KiB chunks, so both slots are prefetched and reused within each call. Each kernel launch is
-    delayed on the GPU (a sleep before it) so the readers lag the copies: with the slots' freed events hidden from
-    the prefetch (hide_readers), its copies land under them and the outputs must be wrong, so the check can fail."""
+def test_queued_calls_copy_ahead_into_slots_their_readers_have_freed(chunk_kb, hide_readers, monkeypatch):
+    """A serving step's layers as one copy queue (prefetch_stream over every layer's pools): each copy, of this
+    call or of a later one, is queued right after the kernel that last reads its slot and waits for it only.
+    Layer after layer, each over its own random pools, queued with no sync in between, every output must match
+    the reference (a copy landing in a slot still being read would mix layers' K/V). Many 64 KiB chunks (slots
+    reused within each call) and one 16 MiB chunk per call (the next calls' chunks copied while this one's
+    is read). Each kernel launch is delayed on the GPU (a sleep before it) so the readers lag the copies: with the
+    waits for the slots' readers skipped (hide_readers), copies land under them and the outputs must be wrong, so
+    the check can fail."""
     import directkv.kernels.cuda.decode_attention as dec
     from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 
@@ -205,6 +208,8 @@ def test_prefetch_after_the_slots_readers_only_serves_layer_after_layer(hide_rea
         return launch(*args, **kwargs)
 
     monkeypatch.setattr(dec, "_launch", lagging)
+    if hide_readers:
+        monkeypatch.setattr(dec, "_wait_for_readers", lambda plan, slot: None)
 
     base = make_kv([5000, 700, 3000, 64], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16,
                    hbm_fraction=0.0)
@@ -218,25 +223,20 @@ def test_prefetch_after_the_slots_readers_only_serves_layer_after_layer(hide_rea
         return PagedKV(*pools, base.hbm_k, base.hbm_v, base.block_table, base.seq_lens)
 
     layers = [layer() for _ in range(4)]
-    plan = plan_stream(base, chunk_bytes=64 << 10)
-    assert len(plan.copies) > 2
+    plan = plan_stream(base, chunk_bytes=chunk_kb << 10)
+    assert (len(plan.copies) > 2) == (chunk_kb == 64) and len(plan.copies) >= 1
     qs = [torch.randn(base.batch, 8, 128, device="cuda").to(base.dtype) for _ in layers]
     outs = [torch.full_like(q, float("nan")) for q in qs]  # poisoned: an unwritten element fails
-    prefetch_stream(plan, layers[0].host_k, layers[0].host_v)
-    for i, (q, kv, out) in enumerate(zip(qs, layers, outs, strict=True)):
+    assert prefetch_stream(plan, [(kv.host_k, kv.host_v) for kv in layers]) == 2
+    for q, kv, out in zip(qs, layers, outs, strict=True):
         decode_attention(q, kv, variant="stream", out=out, plan=plan)
-        if i + 1 < len(layers):
-            freed = plan.freed
-            if hide_readers:
-                plan.freed = [torch.cuda.Event() for _ in freed]  # never recorded: waiting on them waits for nothing
-            assert prefetch_stream(plan, layers[i + 1].host_k, layers[i + 1].host_v, after_stream=False) == 2
-            plan.freed = freed
+    assert plan.call == len(layers) and plan.copied == plan.consumed == len(layers) * len(plan.copies)
     errs = []
     for q, kv, out in zip(qs, layers, outs, strict=True):
         ref = dense_reference(q, kv, 1.0 / math.sqrt(128))
         errs.append(float((out.double() - ref).norm() / ref.norm()))
     if hide_readers:
-        assert any(not e < TOL[torch.bfloat16] for e in errs[:-1]), errs  # the last layer has no prefetch after it
+        assert any(not e < TOL[torch.bfloat16] for e in errs), errs
     else:
         assert all(e < TOL[torch.bfloat16] for e in errs), errs
 
@@ -266,8 +266,9 @@ def test_prefetch_of_other_pools_is_redone():
     kv = make_kv([3000, 700], page_size=16, num_kv_heads=2, head_dim=64, dtype=torch.float16, hbm_fraction=0.0)
     other = make_kv([3000, 700], page_size=16, num_kv_heads=2, head_dim=64, dtype=torch.float16, hbm_fraction=0.0)
     plan = plan_stream(kv, chunk_bytes=64 << 10)
-    prefetch_stream(plan, other.host_k, other.host_v)
+    prefetch_stream(plan, [(other.host_k, other.host_v)])
     run_and_check(kv, 8, "stream", plan=plan)
+    assert plan.queue == [(kv.host_k.data_ptr(), kv.host_v.data_ptr())]  # a queue of the call alone
 
 
 @pytest.mark.gpu
@@ -368,12 +369,10 @@ def test_bad_arguments_raise_config_error():
 
 
 @pytest.mark.parametrize("chunk_pages", [1, 3, 64])
-@pytest.mark.parametrize("spare", [0, 5])
 @pytest.mark.parametrize("seed,hbm_fraction", [(0, 0.3), (1, 0.3), (2, 0.0), (3, 1.0)])
-def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages, spare, seed, hbm_fraction):
-    """The ring rows a call writes last_kv to: the row holding the last token's copy, for exactly the sequences
-    whose last page one of the first two chunks (the ones prefetch_stream copies ahead) holds; also in a ring
-    with `spare` pages more per slot than the chunks use (taken over from an earlier plan)."""
+def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages, seed, hbm_fraction):
+    """The rows a call writes last_kv to: for every sequence whose last token's page is read from host memory,
+    the chunk that copies that page and the token's row within the chunk's ring slot."""
     from directkv.kernels.cuda.decode_attention import _last_token_slots
 
     lens = [1, 15, 16, 17, 200, 64, 0]
@@ -381,16 +380,12 @@ def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages,
                          hbm_fraction=hbm_fraction, generator=torch.Generator().manual_seed(seed))
     hp = host_pages(kv.block_table, kv.seq_lens, 16)
     _, _, copies, _ = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages, hp=hp)
-    slot_pages = chunk_pages + spare
-    rows, slots, chunks = _last_token_slots(kv.block_table, kv.seq_lens, 16, hp[3], chunk_pages, 2, slot_pages)
-    ring = {c * slot_pages + dst + i: src + i for c, runs in enumerate(copies[:2]) for src, dst, n in runs
-            for i in range(n)}  # ring page -> host page
-    want = [b for b, n in enumerate(lens) if n and int(kv.block_table[b, (n - 1) // 16]) in ring.values()]
+    rows, at, chunks = _last_token_slots(kv.block_table, kv.seq_lens, 16, hp[3], chunk_pages)
+    in_slot = [{dst + i: src + i for src, dst, n in runs for i in range(n)} for runs in copies]  # slot page -> host
+    want = [b for b, n in enumerate(lens) if n and int(kv.block_table[b, (n - 1) // 16]) >= 0]
     assert rows.tolist() == want
-    for b, s in zip(rows.tolist(), slots.tolist(), strict=True):
-        assert ring[s // 16] == int(kv.block_table[b, (lens[b] - 1) // 16]) and s % 16 == (lens[b] - 1) % 16
-    for s, c in zip(slots.tolist(), chunks.tolist(), strict=True):
-        assert s // 16 // slot_pages == c and any(dst <= s // 16 - c * slot_pages < dst + n for _, dst, n in copies[c])
+    for b, r, c in zip(rows.tolist(), at.tolist(), chunks.tolist(), strict=True):
+        assert in_slot[c][r // 16] == int(kv.block_table[b, (lens[b] - 1) // 16]) and r % 16 == (lens[b] - 1) % 16
 
 
 def test_stream_schedule_of_no_tokens_has_no_pass():

@@ -6,10 +6,12 @@ so the same code runs in the CPU tests at toy sizes.
 
 * ``ZeroCopyPath`` — directkv (KV in pinned host pages, read in place by the kernels) and hbm (pages in HBM).
   directkv's variant ``stream`` is the exception beyond the paper: its kernels' copy engine stages the
-  pages through rings of <= 64 MiB on a side stream (decode and prefill ``stream`` variants); the decode
-  ring's first chunks of layer L+1 are copied during the dense work before its attention (prefetch_stream),
-  as swap's copies overlap compute, but into the small ring instead of a whole layer's staging. A prompt
-  chunk of a small past (<= 2 MiB of K) is read in place by the tiled kernel instead.
+  pages through rings of <= 64 MiB on a side stream (decode and prefill ``stream`` variants). The decodes'
+  copies of all the step's layers are queued at its start (prefetch_stream): each is issued as soon as the
+  kernel that last reads its ring slot is, so the next layers' chunks are copied during the dense work before
+  their attention, as swap's copies overlap compute, but into the small ring instead of a whole layer's
+  staging. The first prompt chunk's ring is prefetched one layer ahead. A prompt chunk of a small past
+  (<= 2 MiB of K) is read in place by the tiled kernel instead.
   With ``executor.directkv_pipelined`` a step runs as two parts (``attend_async``): halves of a decode-only
   step, or decodes | prompt chunks of a mixed one; one part's zero-copy attention runs on a side stream
   while the other part's dense layers run on the main one.
@@ -67,7 +69,10 @@ class ZeroCopyPath:
         self._parts: dict[tuple[int, int], tuple] = {}  # attend_async: (block table, lens) of each half, per step
         if self.variant == "stream":
             self._plan_streams(plan)
-            self._prefetch(0)
+            if self.decode_plan is not None and self.tier == "host":
+                layers = range(self.kv.model.num_layers)
+                cuda_decode.prefetch_stream(self.decode_plan, [self.kv.pools(i, self.tier) for i in layers])
+            self._prefetch_chunk(0)
 
     def _plan_streams(self, p: StepPlan) -> None:
         """stream: the step's copy schedules, made once (one host read of each block table) and reused by every
@@ -134,24 +139,19 @@ class ZeroCopyPath:
         out = self.attention(p, self.tier, q, k, v, k_pool, v_pool, p.decode_table, p.chunk_tables,
                              host=((p.decode_table_cpu, p.decode_lens_cpu), p.chunk_tables_cpu))
         if self.variant == "stream" and layer + 1 < self.kv.model.num_layers:
-            self._prefetch(layer + 1)
+            self._prefetch_chunk(layer + 1)
         return out
 
-    def _prefetch(self, layer: int) -> None:
-        """stream: start copying the first ring chunks of `layer`'s K/V (the decodes' and the first prompt
-        chunk's past) now, so the copy engine works while the GPU runs the dense work before that layer's
-        attention (the previous layer's output projection and MLP, this one's norm and QKV); the rest is
-        copied during its attention. The step's first prefetch waits for all the main stream has queued (the
-        previous step's stores); later ones only for their ring slots' readers, since the step stores into a
-        layer's pools after that layer's prefetch (last_kv covers the decodes' new tokens)."""
-        if self.tier != "host":
+    def _prefetch_chunk(self, layer: int) -> None:
+        """stream: start copying the first ring chunks of the first prompt chunk's past in `layer`'s pools now,
+        so the copy engine works while the GPU runs the dense work before that layer's attention (the previous
+        layer's output projection and MLP, this one's norm and QKV); the rest is copied during its attention.
+        The step's first prefetch waits for all the main stream has queued (the previous step's stores); later
+        ones only for their ring slots' readers (a prompt chunk's past is complete before its step)."""
+        if self.tier != "host" or self.chunk_ring is None:
             return
-        pools = self.kv.pools(layer, self.tier)
-        first = layer == 0
-        if self.decode_plan is not None:
-            cuda_decode.prefetch_stream(self.decode_plan, *pools, after_stream=first)
-        if self.chunk_ring is not None:
-            prefill_stream.prefetch_prefill_stream(self.chunk_plans[0], self.chunk_ring, *pools, after_stream=first)
+        prefill_stream.prefetch_prefill_stream(self.chunk_plans[0], self.chunk_ring, *self.kv.pools(layer, self.tier),
+                                               after_stream=layer == 0)
 
     def attention(self, p: StepPlan, tier: str, q, k, v, k_pool, v_pool, decode_table, chunk_tables, *,
                   host: tuple | None = None) -> torch.Tensor:

@@ -6,7 +6,9 @@ naive  : one query head per CTA, zero-copy: each K/V byte is read once per query
 tiled  : all query heads of a KV head in one CTA, zero-copy: each K/V byte crosses the link once.
 stream : beyond the paper: the copy engine moves host pages into a small HBM ring on a side stream while
          the tiled kernel consumes the previous chunk; partial (O, lse) per chunk merged at the end (one
-         chunk and no HBM pages: one pass straight into the output).
+         chunk and no HBM pages: one pass straight into the output). Consecutive calls over different pools
+         with one plan (a serving step's layers, queued by prefetch_stream) take the ring's slots in turn as
+         one sequence of chunks, so the copies of later calls are queued as soon as a slot's last reader is.
 
 Both zero-copy variants split each sequence over CTAs (flash-decoding) when there are too few
 (sequence, head group) pairs to fill the GPU; the split plan is host-side arithmetic on the SM count,
@@ -252,15 +254,18 @@ class StreamPlan:
     lens : [num_passes, batch] int32 CUDA, tokens of each sequence in each pass.
     copies : per chunk, the (first host page, first ring position, pages) runs to copy.
     ring_k, ring_v : [num_slots, >= chunk_pages, page_size, num_kv_heads, head_dim] HBM rings.
-    last : per chunk c < num_slots (those prefetch_stream copies ahead), (rows, ring rows): `[n]` int64 CUDA,
-        the sequences whose last token's page chunk c holds and that token's row in the ring
-        `ring_k.view(-1, num_kv_heads, head_dim)`; None where chunk c holds no last token. A call given last_kv
-        writes the tokens there, each chunk's just before its kernel, so that kernel waits for its own copy only.
+    last : per chunk c < num_slots (the ones a call may find copied before it began), (rows, ring rows by
+        slot): `[n]` int64 CUDA, the sequences whose last token's page chunk c holds, and per ring slot s that
+        token's row in `ring_k.view(-1, num_kv_heads, head_dim)` when the chunk sits in slot s; None where chunk
+        c holds no last token. A call given last_kv writes the tokens there, each chunk's just before its kernel.
     A ring taken over from an earlier plan (plan_stream's reuse) may hold more than chunk_pages pages per slot;
     chunks use the first ones.
-    prefetched : (host K pointer, host V pointer, chunks) that prefetch_stream copied ahead, which the next
-        call over those pools skips; None when nothing is in flight.
     page_bytes : bytes of one page of K (V the same).
+    queue, call, copied, consumed : the copy queue. queue holds the (host K, host V) data pointers of the calls
+        this plan serves in order (prefetch_stream's pools; one entry, the call's own, without it); call is the
+        queue index of the next call; chunk c of call i is chunk g = i * len(copies) + c of the queue and sits in
+        slot g % num_slots; copied / consumed count the queue's chunks whose copies / kernels are queued. A
+        copy waits for its slot's last reader, so copied <= consumed + num_slots.
     """
 
     passes: torch.Tensor
@@ -274,7 +279,10 @@ class StreamPlan:
     freed: list[torch.cuda.Event]
     last: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]
     page_bytes: int
-    prefetched: tuple[int, int, int] | None = None
+    queue: list[tuple[int, int]] = field(default_factory=list)
+    call: int = 0
+    copied: int = 0
+    consumed: int = 0
 
 
 def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, chunk_pages: int, *,
@@ -373,9 +381,11 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
         if reuse is not None:
             release_ring(reuse)
         ring_k, ring_v, side, filled, freed = new_ring((num_slots, held, *page_shape), kv.dtype, device, num_slots)
-    rows, at, chunk = _last_token_slots(table, seq_lens, kv.page_size, hp[3], chunk_pages, num_slots, ring_k.shape[1])
-    last = tuple((rows[chunk == c].to(device), at[chunk == c].to(device)) if (chunk == c).any() else None
-                 for c in range(min(num_slots, len(copies))))
+    rows, at, chunk = _last_token_slots(table, seq_lens, kv.page_size, hp[3], chunk_pages)
+    slot_rows = ring_k.shape[1] * kv.page_size  # token rows per ring slot
+    last = tuple((rows[chunk == c].to(device), tuple((at[chunk == c] + s * slot_rows).to(device)
+                                                     for s in range(num_slots)))
+                 if (chunk == c).any() else None for c in range(min(num_slots, len(copies))))
     return StreamPlan(
         passes=tables.to(device), lens=lens.to(device), copies=copies, hbm_pass=hbm_pass,
         ring_k=ring_k, ring_v=ring_v, side=side, filled=filled, freed=freed,
@@ -407,102 +417,102 @@ def release_ring(owner) -> None:
 
 
 def _last_token_slots(table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, pages: torch.Tensor,
-                      chunk_pages: int, num_slots: int, slot_pages: int
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sequences, ring token rows, chunks) of the last tokens whose pages are in the first num_slots chunks
-    (CPU).
-    stream_schedule cuts the sorted host pages `pages` into chunks of chunk_pages, so page i is chunk
-    i // chunk_pages at position i % chunk_pages, and chunk c < num_slots sits in slot c of a ring of
-    slot_pages pages per slot."""
+                      chunk_pages: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sequences, token rows within a ring slot, chunks) of each sequence's last token whose page is read from
+    host memory (CPU). stream_schedule cuts the sorted host pages `pages` into chunks of chunk_pages, so page i
+    is chunk i // chunk_pages at position i % chunk_pages of its ring slot."""
     lens = seq_lens.to(torch.int64)
     rows = torch.nonzero(lens > 0).flatten()
     last = table.to(torch.int64)[rows, (lens[rows] - 1) // page_size]
     i = torch.searchsorted(pages, last).clamp(max=max(len(pages) - 1, 0))
     found = pages[i] == last if len(pages) else torch.zeros_like(last, dtype=torch.bool)
-    keep = (last >= 0) & (i < num_slots * chunk_pages) & found
+    keep = (last >= 0) & found
     i, rows = i[keep], rows[keep]
-    ring_page = i // chunk_pages * slot_pages + i % chunk_pages
-    return rows, ring_page * page_size + (lens[rows] - 1) % page_size, i // chunk_pages
+    return rows, (i % chunk_pages) * page_size + (lens[rows] - 1) % page_size, i // chunk_pages
 
 
-def prefetch_stream(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor, *, after_stream: bool = True) -> int:
-    """Start copying the plan's first chunks of the pools (host_k, host_v) into its ring now, on its side
-    stream; the next decode_attention call with this plan over the same pools skips those copies. The copy
-    engine then works during whatever the current stream runs in between (a serving step: the next layer's
-    norms and projections, which swap overlaps with its copies the same way). At most one chunk per ring slot.
-    A token the caller stores into the pools afterwards must reach the call as last_kv. Returns the number of
-    chunks issued.
-
-    after_stream : the copies wait for everything the current stream has queued (the kernels still reading the
-        ring and every earlier store into the pools). False: only for each slot's last readers (its freed
-        event), so the copy engine can start on slot 0 while the current stream still reads slot 1 and merges;
-        the caller vouches that the pools' writers are already ordered before the side stream: a serving step's
-        first prefetch (after_stream=True, on this plan's side stream, which every later copy shares) waited for
-        them, and the step stores into a layer's pools only after that layer's prefetch. On the
-        H200 (2026-12-01, one call each way) serving with False took 43.3-43.6 ms per decode step at 16K x 1
-        against 44.2-45.0 with True (swap 41); on ShareGPT at 30 req/s 51.8 against 52.6 ms per token, within
-        that workload's run-to-run spread.
-    """
-    main = torch.cuda.current_stream(plan.ring_k.device)
-    n = min(len(plan.copies), plan.ring_k.shape[0])
-    if after_stream:
-        plan.side.wait_stream(main)
-    else:
-        for slot in range(n):
-            plan.side.wait_event(plan.freed[slot])
-    _copy_chunks(plan, host_k, host_v, range(n))
-    plan.prefetched = (host_k.data_ptr(), host_v.data_ptr(), n)
-    return n
+def prefetch_stream(plan: StreamPlan, pools: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+    """Queue the plan's calls over `pools` (host K, host V per call, in the order the calls will come: a
+    serving step's layers) and start copying their first chunks into the ring now, on its side stream, after
+    everything the current stream has queued (the ring's readers, every store into the pools). Each call
+    then finds its chunks copied or queued, and tops the queue up as it frees ring slots: a slot's next copy,
+    of this call or of a later one, is queued right after the kernel that last reads the slot, so the copy
+    engine never waits for the host to reach the next call (a serving step's dense work in between, which
+    swap's copies overlap the same way). A token the caller stores into the pools after this must reach its
+    call as last_kv. Returns the number of chunks issued (at most one per ring slot)."""
+    plan.side.wait_stream(torch.cuda.current_stream(plan.ring_k.device))
+    plan.queue = [(k.data_ptr(), v.data_ptr()) for k, v in pools]
+    plan.call = plan.copied = plan.consumed = 0
+    _fill(plan, plan.ring_k.shape[0])
+    return plan.copied
 
 
-def _copy_chunks(plan: StreamPlan, host_k: torch.Tensor, host_v: torch.Tensor, chunks) -> None:
-    """Queue the copies of `chunks` (ascending) into their ring slots on the side stream; chunk c waits
-    until the kernels of chunk c - num_slots (same slot) are done with it."""
-    num_slots, slot_bytes = plan.ring_k.shape[0], plan.ring_k.stride(0) * plan.ring_k.element_size()
-    ring_k, ring_v, host = plan.ring_k.data_ptr(), plan.ring_v.data_ptr(), [host_k.data_ptr(), host_v.data_ptr()]
+def _wait_for_readers(plan: StreamPlan, slot: int) -> None:
+    """The side stream waits for the kernel that last read `slot` (its freed event, already recorded)."""
+    plan.side.wait_event(plan.freed[slot])
+
+
+def _fill(plan: StreamPlan, upto: int) -> None:
+    """Queue copies of the queue's chunks up to (excluding) chunk `upto`, as far as free slots allow: chunk g
+    goes into slot g % num_slots after the kernel of chunk g - num_slots is queued, and waits for it."""
+    num_slots, n = plan.ring_k.shape[0], len(plan.copies)
+    limit = min(upto, plan.consumed + num_slots, len(plan.queue) * n)
+    if plan.copied >= limit:
+        return
+    slot_bytes = plan.ring_k.stride(0) * plan.ring_k.element_size()
+    ring_k, ring_v = plan.ring_k.data_ptr(), plan.ring_v.data_ptr()
     copy_runs = _module().copy_runs_async
-    for c in chunks:
-        slot = c % num_slots
-        if c >= num_slots:
-            plan.side.wait_event(plan.freed[slot])
-        copy_runs([ring_k + slot * slot_bytes, ring_v + slot * slot_bytes], host, plan.copies[c], plan.page_bytes,
-                  plan.side.cuda_stream)
+    while plan.copied < limit:
+        g = plan.copied
+        slot = g % num_slots
+        if g >= num_slots:  # the first chunks follow the wait_stream before them
+            _wait_for_readers(plan, slot)
+        copy_runs([ring_k + slot * slot_bytes, ring_v + slot * slot_bytes], list(plan.queue[g // n]),
+                  plan.copies[g % n], plan.page_bytes, plan.side.cuda_stream)
         plan.filled[slot].record(plan.side)
+        plan.copied += 1
 
 
 def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_splits, last_kv=None) -> None:
     if plan.passes.shape[1] != q.shape[0]:
         raise ConfigError(f"stream plan is for batch {plan.passes.shape[1]}, q has batch {q.shape[0]}")
     main = torch.cuda.current_stream(q.device)
-    num_slots = plan.ring_k.shape[0]
-    ahead, plan.prefetched = plan.prefetched, None
+    num_slots, n = plan.ring_k.shape[0], len(plan.copies)
+    pools = (kv.host_k.data_ptr(), kv.host_v.data_ptr())
+    if not (plan.call < len(plan.queue) and plan.queue[plan.call] == pools):
+        # not the call the queue expects (no prefetch, or other pools): a queue of this call alone, whose copies
+        # follow everything queued so far (copies queued for other pools are simply never read)
+        plan.side.wait_stream(main)
+        plan.queue, plan.call, plan.copied, plan.consumed = [pools], 0, 0, 0
+    first, early = plan.call * n, plan.copied  # chunks copied before this call: before its caller's stores
+    plan.call += 1
     if plan.passes.shape[0] == 0:  # no sequence has a token
         out.zero_()
         return
-    # chunks prefetch_stream already copied from these pools; copies of other pools are simply redone after
-    # them (same side stream, so in order) and then hold every store
-    skip = ahead[2] if ahead is not None and ahead[:2] == (kv.host_k.data_ptr(), kv.host_v.data_ptr()) else 0
     kwargs = dict(variant="tiled", tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits)
-    plan.side.wait_stream(main)  # q, pools and the ring's previous readers come first
-    single = len(plan.copies) == 1 and not plan.hbm_pass  # one pass: the kernel writes out, no merge
+    plan.side.wait_stream(main)  # q and this call's stores come before the copies queued from here on
+    single = n == 1 and not plan.hbm_pass  # one pass: the kernel writes out, no merge
     if not single:
         o_parts = torch.empty((plan.passes.shape[0], *q.shape), dtype=torch.float32, device=q.device)
         lse_parts = torch.empty(plan.passes.shape[:2] + q.shape[1:2], dtype=torch.float32, device=q.device)
-    for c in range(len(plan.copies)):
-        slot = c % num_slots
-        if c >= skip:
-            _copy_chunks(plan, kv.host_k, kv.host_v, (c,))
+    for c in range(n):
+        g = first + c
+        slot = g % num_slots
+        _fill(plan, g + 1)
         main.wait_event(plan.filled[slot])  # the copy must not land on top of the last tokens written next
-        if c < skip and last_kv is not None and plan.last[c] is not None:
-            # per chunk, not all prefetched chunks before the first kernel: that held the first kernel (and so the
-            # freed event the next copies wait for) until the last prefetched copy was done, idling the copy engine
+        if g < early and last_kv is not None and plan.last[c] is not None:
+            # copied before the caller stored this step's tokens: write them in, per chunk, just before its
+            # kernel (all prefetched chunks before the first kernel held the first kernel, and so the next copy
+            # into its slot, until the last prefetched copy was done)
             rows, at = plan.last[c]
             for ring, new in zip((plan.ring_k, plan.ring_v), last_kv, strict=True):
-                ring.view(-1, *ring.shape[-2:])[at] = new[rows]
+                ring.view(-1, *ring.shape[-2:])[at[slot]] = new[rows]
         ring_k, ring_v = plan.ring_k[slot], plan.ring_v[slot]
         dest = dict(out=out) if single else dict(out_f32=o_parts[c], lse_out=lse_parts[c])
         _launch(q, ring_k, ring_v, ring_k, ring_v, plan.passes[c], plan.lens[c], **dest, **kwargs)
         plan.freed[slot].record(main)
+        plan.consumed = g + 1
+        _fill(plan, plan.consumed + num_slots)  # the slot's next chunk: of this call, or of a queued later one
     if plan.hbm_pass:
         _launch(q, kv.hbm_k, kv.hbm_v, kv.hbm_k, kv.hbm_v, plan.passes[-1], plan.lens[-1], out_f32=o_parts[-1],
                 lse_out=lse_parts[-1], **kwargs)

@@ -175,8 +175,10 @@ def prefetch_prefill_stream(plan: PrefillStreamPlan, ring: PrefillRing, host_k: 
     stream (one chunk per slot at most); the next prefill_attention call with this plan and ring over the same
     pools skips those copies (decode_attention.prefetch_stream does the same for decodes). The past pages a
     prompt chunk attends to are complete before its step, so any of them may be copied early. Returns the
-    chunks issued. after_stream: as decode_attention.prefetch_stream's (False: wait for each slot's last readers
-    only)."""
+    chunks issued. after_stream: the copies wait for everything the current stream has queued (the ring's
+    readers and the pools' writers: a serving step's first prefetch); False: only for each slot's last readers
+    (its freed event), for the step's later layers, whose pools' writers the first prefetch already waited for
+    on this ring's copy stream."""
     n = min(sum(p.ring for p in plan.passes), STREAM_SLOTS)  # ring passes come first
     if after_stream:
         ring.side.wait_stream(torch.cuda.current_stream(ring.ring_k.device))  # the ring's readers, the pools' writers
