@@ -497,10 +497,12 @@ def test_print_blocking_stacks_lists_the_longest_blocking_host_calls_with_our_fr
                                time_range=SimpleNamespace(start=start, end=end))
 
     print_blocking_stacks([ev("cudaMemcpyAsync", 0, 50, ["torch/x.py(1): f", "directkv/a.py(3): g"]),
-                           ev("aten::item", 0, 900, ["directkv/b.py(7): h"]), ev("aten::mm", 0, 5000)], rows=5)
+                           ev("aten::item", 0, 900, ["directkv/b.py(7): h"]), ev("aten::mm", 0, 5000),
+                           ev("cudaStreamSynchronize", 0, 10)], rows=5)
     lines = capsys.readouterr().out.splitlines()[1:]
-    assert len(lines) == 2 and "aten::item" in lines[0] and "directkv/b.py(7): h" in lines[0]
+    assert len(lines) == 3 and "aten::item" in lines[0] and "directkv/b.py(7): h" in lines[0]
     assert "cudaMemcpyAsync" in lines[1] and "directkv/a.py(3): g" in lines[1] and "torch/x.py" not in lines[1]
+    assert "cudaStreamSynchronize" in lines[2] and "(no Python frames)" in lines[2]  # runtime calls carry no stack
 
 
 @pytest.mark.parametrize("name,variant", [("directkv", "tiled"), ("swap", ""), ("flexgen", "")])

@@ -124,19 +124,21 @@ def copy_gaps(events, *, min_us: float = 20.0, top: int = 8) -> dict | None:
             "top": [((a - copies[0][0]) / 1e3, b - a, before(b), host_at(a), host_at(b)) for a, b in longest]}
 
 
-BLOCKING = ("cudaMemcpyAsync", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-            "aten::item", "aten::_local_scalar_dense")
+# host calls that can block on the device: torch.profiler records Python stacks on the aten ops (a D2H copy_,
+# item, nonzero), not on the runtime calls under them (cudaMemcpyAsync, the syncs), which print without frames
+BLOCKING = ("aten::copy_", "aten::_to_copy", "aten::item", "aten::_local_scalar_dense", "aten::nonzero",
+            "cudaMemcpyAsync", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
 def print_blocking_stacks(events, *, rows: int, frames: int = 4) -> None:
-    """The `rows` longest host calls that can block on the device (BLOCKING), each with the innermost
-    `frames` Python frames of this package that made it (torch.profiler's with_stack)."""
+    """The `rows` longest host calls that can block on the device (BLOCKING), each with the first `frames`
+    Python frames of this package the profiler lists for it (torch.profiler's with_stack)."""
     calls = sorted((e for e in events if e.name in BLOCKING and getattr(e, "device_type", None)
                     != torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start - e.time_range.end)
-    print(f"longest blocking host calls (us, name, innermost {frames} directkv frames):")
+    print(f"longest blocking host calls (us, name, first {frames} directkv frames):")
     for e in calls[:rows]:
         ours = [f for f in (getattr(e, "stack", None) or []) if "directkv" in f or "workloads" in f][:frames]
-        print(f"  {e.time_range.end - e.time_range.start:8.0f}  {e.name}  " + " < ".join(ours))
+        print(f"  {e.time_range.end - e.time_range.start:8.0f}  {e.name}  " + (" < ".join(ours) or "(no Python frames)"))
 
 
 # host-side calls whose counts reveal a slow executor: syncs stall the launch queue, copies cost per call
