@@ -228,8 +228,12 @@ def test_queued_calls_copy_ahead_into_slots_their_readers_have_freed(chunk_kb, h
     qs = [torch.randn(base.batch, 8, 128, device="cuda").to(base.dtype) for _ in layers]
     outs = [torch.full_like(q, float("nan")) for q in qs]  # poisoned: an unwritten element fails
     assert prefetch_stream(plan, [(kv.host_k, kv.host_v) for kv in layers]) == 2
-    for q, kv, out in zip(qs, layers, outs, strict=True):
-        decode_attention(q, kv, variant="stream", out=out, plan=plan)
+    host = (base.block_table.cpu(), base.seq_lens.cpu())  # no Traffic read back (a sync) between the calls
+    n = len(plan.copies)
+    for i, (q, kv, out) in enumerate(zip(qs, layers, outs, strict=True)):
+        decode_attention(q, kv, variant="stream", out=out, plan=plan, host_table=host)
+        # the slots' next copies are queued as soon as their readers are, into the next calls' chunks too
+        assert plan.consumed == (i + 1) * n and plan.copied == min((i + 1) * n + 2, len(layers) * n)
     assert plan.call == len(layers) and plan.copied == plan.consumed == len(layers) * len(plan.copies)
     errs = []
     for q, kv, out in zip(qs, layers, outs, strict=True):

@@ -341,6 +341,9 @@ def test_profiler_refuses_bad_pipelining_in_one_line(capsys):
     assert main(["--system", "directkv", "--pipelined", "--min-kv-mb", "-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: executor.directkv_pipeline_min_kv_mb must be a number >= 0; got -1.0"]
+    assert main(["--system", "swap", "--python", "--stacks"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--stacks" in err[0] and "--python" in err[0]
 
 
 def test_profiler_python_mode_attributes_host_time_of_the_picked_steps(capsys):
@@ -364,7 +367,9 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
     (two toy pages) make many chunks per layer, and prompt chunks' pasts span several ring chunks, so they are
     streamed too (with the default chunks and in-place rule, 2 MiB of K, they are read in place); with the
     default chunks each layer is one chunk, so the next layer's is copied while this one's is read. The prompt
-    ring's first prefetch of a step waits for the main stream, the later ones only for their slots' readers."""
+    ring's first prefetch of a step waits for the main stream, the later ones only for their slots' readers.
+    The check itself reads each output back (a sync per layer), so it cannot catch a copy racing a reader:
+    test_cuda_decode's lagging-reader tests do."""
     from functools import partial
 
     import directkv.engine.gpu.paths as paths
@@ -402,6 +407,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
 
     monkeypatch.setattr(ZeroCopyPath, "__init__", poisoned_init)
     monkeypatch.setattr(ZeroCopyPath, "attend", checked_attend)
+
     def checked_prefetch(plan, pools):  # once per step with decodes, over every layer's pools in order
         assert len(pools) == SPEC.num_layers and len({k.data_ptr() for k, _ in pools}) == SPEC.num_layers
         issued.append(prefetch(plan, pools))
@@ -411,7 +417,8 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
     run_stream, used = dec._run_stream, []
 
     def checked_run_stream(q, kv, plan, *args):  # was this call queued, with these pools?
-        used.append(plan.call < len(plan.queue) and plan.queue[plan.call] == (kv.host_k.data_ptr(), kv.host_v.data_ptr()))
+        pools = (kv.host_k.data_ptr(), kv.host_v.data_ptr())
+        used.append(plan.call < len(plan.queue) and plan.queue[plan.call] == pools)
         return run_stream(q, kv, plan, *args)
 
     monkeypatch.setattr(dec, "_run_stream", checked_run_stream)
@@ -464,7 +471,8 @@ def test_device_busy_merges_each_kind_and_measures_their_overlap():
 
 def test_copy_gaps_finds_the_copy_engines_idle_time_and_what_host_and_device_did_then():
     """copy_gaps: gaps between merged host-to-device copies of >= min_us only, longest first, each with the
-    device op that ended last before the copies restarted and the innermost host call over its start and end; None without copies."""
+    device op that ended last before the copies restarted and the innermost host call over its start and end;
+    None without copies."""
     from types import SimpleNamespace
 
     from directkv.engine.gpu.profile import copy_gaps
@@ -477,7 +485,8 @@ def test_copy_gaps_finds_the_copy_engines_idle_time_and_what_host_and_device_did
     h2d = "Memcpy HtoD (Pinned -> Device)"
     events = [ev(h2d, 0, 100), ev(h2d, 90, 200), ev(h2d, 210, 300), ev(h2d, 400, 500), ev(h2d, 1500, 1600),
               ev("decode_attention_kernel", 250, 350), ev("merge", 360, 380),
-              ev("run_step", 0, 2000, cpu), ev("cudaStreamSynchronize", 390, 1450, cpu), ev("aten::item", 1400, 1420, cpu),
+              ev("run_step", 0, 2000, cpu), ev("cudaStreamSynchronize", 390, 1450, cpu),
+              ev("aten::item", 1400, 1420, cpu),
               ev("plan_stream", 1450, 1550, cpu)]
     gaps = copy_gaps(events, min_us=20)
     assert gaps["count"] == 2 and gaps["total"] == pytest.approx(1.1)  # 300-400 and 500-1500; 200-210 is too short
@@ -515,9 +524,9 @@ def test_attention_gets_host_copies_equal_to_the_device_tables(runner, name, var
     seen = []
     inner = ZeroCopyPath.attention
 
-    def attention(self, p, tier, q, k, v, k_pool, v_pool, decode_table, chunk_tables, *, host=None):
-        seen.append((p, decode_table, chunk_tables, host))
-        return inner(self, p, tier, q, k, v, k_pool, v_pool, decode_table, chunk_tables, host=host)
+    def attention(self, p, tier, q, k, v, k_pool, v_pool, decode_table, chunk_tables, *, tables_cpu=None):
+        seen.append((p, decode_table, chunk_tables, tables_cpu))
+        return inner(self, p, tier, q, k, v, k_pool, v_pool, decode_table, chunk_tables, tables_cpu=tables_cpu)
 
     monkeypatch.setattr(ZeroCopyPath, "attention", attention)
     _serve(SystemPolicy(name, variant), runner, _requests())
@@ -527,3 +536,26 @@ def test_attention_gets_host_copies_equal_to_the_device_tables(runner, name, var
             assert torch.equal(host_table, table.cpu()) and torch.equal(host_lens, p.decode_lens.cpu())
         assert len(host_chunks) == len(chunk_tables)
         assert all(torch.equal(h, t.cpu()) for h, t in zip(host_chunks, chunk_tables, strict=True))
+
+
+@pytest.mark.parametrize("name,variant,kernel,pipelining", [("cpu_attn", "", "flash", NO_PIPELINING),
+                                                            ("cpu_attn", "", "native", NO_PIPELINING),
+                                                            ("directkv", "tiled", "flash", TOY_PIPELINING)])
+def test_prompt_chunks_get_host_copies_equal_to_their_tables(runner, name, variant, kernel, pipelining, monkeypatch):
+    """The prompt chunks' attention (_chunks) is handed CPU copies of the chunk tables it attends with: cpu_attn's
+    staging tables, and directkv's own when a pipelined step queues its chunks on the side stream."""
+    from directkv.engine.gpu.paths import ZeroCopyPath
+
+    seen = []
+    inner = ZeroCopyPath._chunks
+
+    def chunks(self, p, tier, variant, q, k, v, k_pool, v_pool, chunk_tables, out, **kw):
+        seen.append((chunk_tables, kw.get("chunk_tables_cpu")))
+        return inner(self, p, tier, variant, q, k, v, k_pool, v_pool, chunk_tables, out, **kw)
+
+    monkeypatch.setattr(ZeroCopyPath, "_chunks", chunks)
+    _serve(SystemPolicy(name, variant), runner, _requests(), cpu_attn_kernel=kernel, pipelining=pipelining)
+    assert any(tables for tables, _ in seen)
+    for tables, cpu in seen:
+        assert cpu is not None and len(cpu) == len(tables)
+        assert all(torch.equal(h, t.cpu()) for h, t in zip(cpu, tables, strict=True))

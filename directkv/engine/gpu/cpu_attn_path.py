@@ -80,7 +80,7 @@ class CpuAttnPath(StagedPath):
             self.traffic.link_read_bytes += self.stager.layer_bytes
             rows = slice(p.num_decodes, None)
             self._chunks(p, "hbm", self.variant, q[rows], k[rows], v[rows], k_st, v_st, self.chunk_tables, out[rows],
-                         base=p.num_decodes, host_tables=self.chunk_tables_cpu if self.in_place else None)
+                         base=p.num_decodes, chunk_tables_cpu=self.chunk_tables_cpu)
             self.stager.release(layer)
         if p.num_decodes:
             out[: p.num_decodes] = self._cpu_decode(layer, q_cpu).to(q.device, q.dtype)

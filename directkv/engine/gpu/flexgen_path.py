@@ -82,7 +82,7 @@ class FlexgenPath(StagedPath):
         self.traffic.link_read_bytes += self.stager.layer_bytes
         self.staging_bytes = max(self.staging_bytes, self.stager.nbytes + 2 * k_st.numel() * k_st.element_size())
         out = self.attention(self.plan, "hbm", q, k, v, k_st, v_st, self.decode_table, self.chunk_tables,
-                             host=self.host_tables)
+                             tables_cpu=self.tables_cpu)
         if layer == 0 and self.plan.num_decodes:
             self._compare(q, out)
         return out
@@ -90,8 +90,9 @@ class FlexgenPath(StagedPath):
     def _compare(self, q: torch.Tensor, out: torch.Tensor) -> None:
         p, nd = self.plan, self.plan.num_decodes
         empty = self.shadow[0][:0]
-        exact, _ = self.decode(q[:nd], PagedKV(empty, empty, *self.shadow, _as_hbm(p.decode_table), p.decode_lens),
-                               variant="tiled")
+        kv = PagedKV(empty, empty, *self.shadow, _as_hbm(p.decode_table), p.decode_lens)
+        opts = {"host_table": (_as_hbm(p.decode_table_cpu), p.decode_lens_cpu)} if self.in_place else {}
+        exact, _ = self.decode(q[:nd], kv, variant="tiled", **opts)
         ref = exact.float()
         self._errors.append((out[:nd].float() - ref).norm() / ref.norm().clamp_min(1e-12))
 

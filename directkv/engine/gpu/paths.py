@@ -137,7 +137,7 @@ class ZeroCopyPath:
         k_pool, v_pool = self.store(layer, k, v)
         p = self.plan
         out = self.attention(p, self.tier, q, k, v, k_pool, v_pool, p.decode_table, p.chunk_tables,
-                             host=((p.decode_table_cpu, p.decode_lens_cpu), p.chunk_tables_cpu))
+                             tables_cpu=((p.decode_table_cpu, p.decode_lens_cpu), p.chunk_tables_cpu))
         if self.variant == "stream" and layer + 1 < self.kv.model.num_layers:
             self._prefetch_chunk(layer + 1)
         return out
@@ -154,35 +154,36 @@ class ZeroCopyPath:
                                                after_stream=layer == 0)
 
     def attention(self, p: StepPlan, tier: str, q, k, v, k_pool, v_pool, decode_table, chunk_tables, *,
-                  host: tuple | None = None) -> torch.Tensor:
-        """Attention of the plan's rows over pools of `tier`; q/k/v rows are those of `p`. host: CPU copies of
-        ((decode_table, decode lens), chunk_tables) for the CUDA kernels' closed-form Traffic, which would
-        otherwise read the device tables back: a device sync in a step's first layer that left the copy engine
-        idle until the host caught up (H200, 2026-12-01 profiles of stream: one 1.3-1.6 ms gap per read)."""
+                  tables_cpu: tuple | None = None) -> torch.Tensor:
+        """Attention of the plan's rows over pools of `tier`; q/k/v rows are those of `p`. tables_cpu: CPU copies
+        of ((decode_table, decode lens), chunk_tables) for the CUDA kernels' closed-form Traffic, which would
+        otherwise read the device tables back: a device sync in a step's first layer, after which stream's copy
+        engine idled until the host caught up (H200 profiles, 2026-12-01; no gain in serving was measured)."""
         out = torch.empty_like(q)
         variant = self.variant  # naive | tiled | stream (make_path refuses the rest; the staged systems are tiled)
         stream = variant == "stream"
         nd = p.num_decodes
         if nd:
-            # stream: the decodes' new K/V were stored after this layer's prefetch, so they go into its ring too
+            # stream: the decodes' new K/V were stored after some of this layer's chunks were queued (during earlier
+            # layers), so they go into the ring too
             opts = {"plan": self.decode_plan, "last_kv": (k[:nd], v[:nd])} if stream else {}
             if self.in_place:
                 opts["out"] = out[:nd]
-                if host is not None:
-                    opts["host_table"] = host[0]
+                if tables_cpu is not None:
+                    opts["host_table"] = tables_cpu[0]
             o, t = self.decode(q[:nd], self._paged(tier, k_pool, v_pool, decode_table, p.decode_lens),
                                variant=variant, **opts)
             if not self.in_place:
                 out[:nd] = o
             self.traffic = self.traffic + t
         self._chunks(p, tier, variant, q, k, v, k_pool, v_pool, chunk_tables, out, stream=stream,
-                     host_tables=None if host is None else host[1])
+                     chunk_tables_cpu=None if tables_cpu is None else tables_cpu[1])
         return out
 
     def _chunks(self, p: StepPlan, tier: str, variant: str, q, k, v, k_pool, v_pool, chunk_tables, out, *,
-                stream: bool = False, base: int = 0, host_tables: list | None = None) -> None:
+                stream: bool = False, base: int = 0, chunk_tables_cpu: list | None = None) -> None:
         """Prefill attention of every prompt chunk of `p` into `out`; q/k/v/out rows start at the plan's row
-        `base`; host_tables: CPU copies of chunk_tables (attention's `host`)."""
+        `base`; chunk_tables_cpu: CPU copies of chunk_tables (attention's tables_cpu)."""
         for i, (c, table) in enumerate(zip(p.chunks, chunk_tables, strict=True)):
             rows = slice(c.start - base, c.start - base + c.length)
             lens = torch.tensor([c.past_len], dtype=torch.int32)  # host-side: the kernel takes past_len as an int, no sync
@@ -190,8 +191,8 @@ class ZeroCopyPath:
             opts = {"stream_plan": self.chunk_plans[i], "stream_ring": self.chunk_ring if i == 0 else None} if streamed else {}
             if self.in_place:
                 opts["out"] = out[rows]
-                if host_tables is not None:
-                    opts["host_table"] = host_tables[i]
+                if chunk_tables_cpu is not None:
+                    opts["host_table"] = chunk_tables_cpu[i]
             o, t = self.prefill(q[rows], k[rows], v[rows], self._paged(tier, k_pool, v_pool, table, lens),
                                 variant="tiled" if stream and not streamed else variant, causal=True, **opts)
             if not self.in_place:
@@ -227,7 +228,7 @@ class ZeroCopyPath:
             if chunks:
                 out = torch.empty_like(q)
                 self._chunks(p, self.tier, self.variant, q, k, v, k_pool, v_pool, p.chunk_tables, out,
-                             base=rows.start, host_tables=p.chunk_tables_cpu if self.in_place else None)
+                             base=rows.start, chunk_tables_cpu=p.chunk_tables_cpu)
                 return out
             opts = {} if splits is None else {"num_splits": splits}
             if self.in_place:
@@ -373,7 +374,7 @@ class StagedPath(ZeroCopyPath):
                       if nd else torch.zeros((0, 1), dtype=torch.int32))
         self.decode_table = decode_cpu.to(dev)
         self.chunk_tables = [t.to(dev) for t in tables[nd:]]
-        self.host_tables = ((decode_cpu, plan.decode_lens_cpu), tables[nd:])  # attention's host copies
+        self.tables_cpu = ((decode_cpu, plan.decode_lens_cpu), tables[nd:])  # attention's tables_cpu
         self.staging_bytes = max(self.staging_bytes, self.stager.nbytes)
         self.remap = self._slot_remap(plan.slots)  # once per step, not per layer
         self.stager.issue(0)
@@ -389,7 +390,7 @@ class StagedPath(ZeroCopyPath):
         v_st.view(flat)[self.remap] = v
         self.traffic.link_read_bytes += self.stager.layer_bytes
         out = self.attention(self.plan, "hbm", q, k, v, k_st, v_st, self.decode_table, self.chunk_tables,
-                             host=self.host_tables)
+                             tables_cpu=self.tables_cpu)
         self.stager.release(layer)
         return out
 

@@ -9,10 +9,11 @@ Run: python -m directkv.engine.gpu.profile --system swap --context 16384 --batch
 
 Under torch.profiler it also prints how busy the GPU was in the picked steps (device_busy): the host-to-device
 copies' time (the copy engine's work in swap and directkv `stream`), the kernels' on any stream, and how much
-of the two overlapped, each over the span from the first to the last device event. With --python the picked steps
-run under cProfile instead: host time per Python function (cumulative), to find which of the executor's calls a
-host-bound step spends its time in. It also lists the copy engine's longest idle gaps (copy_gaps) with what the
-host was doing then, and with --stacks the longest host calls that can block on the device, with their callers.
+of the two overlapped, each over the span from the first to the last device event; then the copy engine's
+longest idle gaps (copy_gaps) with what the device and the host were doing then, and with --stacks the longest
+host calls that can block on the device, with their callers. With --python the picked steps run under cProfile
+instead (none of the above): host time per Python function (cumulative), to find which of the executor's calls
+a host-bound step spends its time in.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from directkv.engine.systems import (
     Pipelining,
     SystemPolicy,
 )
-from directkv.errors import ConfigError
+from directkv.errors import ConfigError, check
 from directkv.specs import get_model
 from workloads import synthetic_workload
 
@@ -138,7 +139,8 @@ def print_blocking_stacks(events, *, rows: int, frames: int = 4) -> None:
     print(f"longest blocking host calls (us, name, first {frames} directkv frames):")
     for e in calls[:rows]:
         ours = [f for f in (getattr(e, "stack", None) or []) if "directkv" in f or "workloads" in f][:frames]
-        print(f"  {e.time_range.end - e.time_range.start:8.0f}  {e.name}  " + (" < ".join(ours) or "(no Python frames)"))
+        where = " < ".join(ours) or "(no Python frames)"
+        print(f"  {e.time_range.end - e.time_range.start:8.0f}  {e.name}  {where}")
 
 
 # host-side calls whose counts reveal a slow executor: syncs stall the launch queue, copies cost per call
@@ -150,6 +152,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
             batch: int = 4, output: int = 4, max_batched_tokens: int = 2048, rows: int = 25,
             hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2, graphs: bool = False,
             pipelining: Pipelining = NO_PIPELINING, python: bool = False, stacks: bool = False) -> None:
+    check(not (python and stacks), "--stacks records torch.profiler stacks and --python runs cProfile instead; "
+          "got both: pass one")
     spec = get_model(model)
     policy = SystemPolicy(system, variant if system == "directkv" else "")
     mem = MemoryConfig(hbm_budget_gb * 1e9, 0.9 * 128e9)
@@ -244,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
                 max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
-                pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python, stacks=a.stacks)
+                pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python,
+                stacks=a.stacks)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -211,10 +211,12 @@ def decode_attention(
     num_splits : force the split count per sequence (naive/tiled, and each chunk of stream); None plans it.
     plan : stream only: a `plan_stream(kv)` result reused across calls (made per call when None).
     last_kv : stream with a plan only: (K, V) `[batch, num_kv_heads, head_dim]` of each sequence's last token,
-        which the caller stored into the pools after a prefetch_stream (a serving step's new tokens): the
-        prefetched chunks were copied before that store, so the call writes the tokens into them too.
+        which the caller stored into the pools after prefetch_stream queued this call (a serving step's new
+        tokens): chunks whose copies were queued before this call began may miss them, so the call writes the
+        tokens into those chunks too.
     host_table : CPU copies of kv's (block_table, seq_lens), where the caller has them (a serving step): the
-        closed-form Traffic (and a stream plan made here) read them instead of kv's, with no device sync.
+        closed-form Traffic (and a stream plan made here) read them instead of reading kv's back from the
+        device. (plan_stream still copies its own tables to the device.)
 
     Returns
     -------
@@ -436,10 +438,11 @@ def prefetch_stream(plan: StreamPlan, pools: list[tuple[torch.Tensor, torch.Tens
     serving step's layers) and start copying their first chunks into the ring now, on its side stream, after
     everything the current stream has queued (the ring's readers, every store into the pools). Each call
     then finds its chunks copied or queued, and tops the queue up as it frees ring slots: a slot's next copy,
-    of this call or of a later one, is queued right after the kernel that last reads the slot, so the copy
-    engine never waits for the host to reach the next call (a serving step's dense work in between, which
-    swap's copies overlap the same way). A token the caller stores into the pools after this must reach its
-    call as last_kv. Returns the number of chunks issued (at most one per ring slot)."""
+    of this call or of a later one, is queued right after the kernel that last reads the slot, so up to
+    num_slots chunks of the next calls are copied without waiting for the host to reach them (during a
+    serving step's dense work in between, which swap's copies overlap the same way). A token the caller stores
+    into the pools after this must reach its call as last_kv. Returns the number of chunks issued (at most one
+    per ring slot)."""
     plan.side.wait_stream(torch.cuda.current_stream(plan.ring_k.device))
     plan.queue = [(k.data_ptr(), v.data_ptr()) for k, v in pools]
     plan.call = plan.copied = plan.consumed = 0
@@ -501,9 +504,8 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
         _fill(plan, g + 1)
         main.wait_event(plan.filled[slot])  # the copy must not land on top of the last tokens written next
         if g < early and last_kv is not None and plan.last[c] is not None:
-            # copied before the caller stored this step's tokens: write them in, per chunk, just before its
-            # kernel (all prefetched chunks before the first kernel held the first kernel, and so the next copy
-            # into its slot, until the last prefetched copy was done)
+            # queued before the caller stored this step's tokens: write them in just before this chunk's kernel,
+            # which so waits for its own copy only (not for every early chunk's)
             rows, at = plan.last[c]
             for ring, new in zip((plan.ring_k, plan.ring_v), last_kv, strict=True):
                 ring.view(-1, *ring.shape[-2:])[at[slot]] = new[rows]

@@ -173,7 +173,7 @@ def prefetch_prefill_stream(plan: PrefillStreamPlan, ring: PrefillRing, host_k: 
                             host_v: torch.Tensor, *, after_stream: bool = True) -> int:
     """Start copying the plan's first ring chunks of the pools (host_k, host_v) into `ring` now, on its copy
     stream (one chunk per slot at most); the next prefill_attention call with this plan and ring over the same
-    pools skips those copies (decode_attention.prefetch_stream does the same for decodes). The past pages a
+    pools skips those copies (the decodes' prefetch_stream queues every layer instead). The past pages a
     prompt chunk attends to are complete before its step, so any of them may be copied early. Returns the
     chunks issued. after_stream: the copies wait for everything the current stream has queued (the ring's
     readers and the pools' writers: a serving step's first prefetch); False: only for each slot's last readers
