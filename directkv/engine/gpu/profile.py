@@ -67,22 +67,31 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> floa
     return total
 
 
+def _split(events) -> tuple[list, list, list]:
+    """(host-to-device copies, other device work, host calls) of torch.profiler FunctionEvents, each as
+    (start us, end us, name); user annotations, which span other events, left out."""
+    h2d, other, host = [], [], []
+    for e in events:
+        if getattr(e, "is_user_annotation", False):
+            continue
+        span = (e.time_range.start, e.time_range.end, e.name)
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            (h2d if e.name.startswith("Memcpy HtoD") else other).append(span)
+        else:
+            host.append(span)
+    return h2d, other, host
+
+
 def device_busy(events) -> dict[str, float] | None:
     """Milliseconds of the profiled device work (torch.profiler FunctionEvents; None without device events):
     `span` from the first device event's start to the last one's end, `h2d` the union of host-to-device copies,
-    `kernels` the union of everything else on any stream (device-to-device and device-to-host copies included;
-    user annotations, which span other events, left out), `both` the time
-    the two ran at once. A copy engine idle while the stream variant's kernels wait for it shows as h2d well
-    under span where swap's is not."""
-    h2d, other = [], []
-    for e in events:
-        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA or getattr(e, "is_user_annotation", False):
-            continue
-        span = (e.time_range.start, e.time_range.end)
-        (h2d if e.name.startswith("Memcpy HtoD") else other).append(span)
+    `kernels` the union of everything else on any stream (device-to-device and device-to-host copies included),
+    `both` the time the two ran at once. A copy engine idle while the stream variant's kernels wait for it shows
+    as h2d well under span where swap's is not."""
+    h2d, other, _ = _split(events)
     if not (h2d or other):
         return None
-    copies, kernels = _merged(h2d), _merged(other)
+    copies, kernels = _merged([(a, b) for a, b, _ in h2d]), _merged([(a, b) for a, b, _ in other])
     every = copies + kernels
     span = max(end for _, end in every) - min(start for start, _ in every)
     total = lambda spans: sum(end - start for start, end in spans)  # noqa: E731
@@ -95,18 +104,10 @@ def copy_gaps(events, *, min_us: float = 20.0, top: int = 8) -> dict | None:
     (torch.profiler FunctionEvents; None without copies): `count` and `total` (ms) of the gaps of >= min_us, and
     the `top` longest as (ms from the first copy, gap us, the device op that ended last before the copy engine
     restarted (what a copy waiting on an event waited for), what the host was in when the gap began, what it was
-    in when the gap ended). The host's innermost call is the
-    CPU event of shortest duration over that instant, so a gap spent in a sync or a pageable copy names it,
-    and one whose next copy was issued late names the host work before it."""
-    h2d, other, host = [], [], []
-    for e in events:
-        if getattr(e, "is_user_annotation", False):
-            continue
-        span = (e.time_range.start, e.time_range.end, e.name)
-        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
-            (h2d if e.name.startswith("Memcpy HtoD") else other).append(span)
-        else:
-            host.append(span)
+    in when the gap ended). The host's innermost call is the CPU event of shortest duration over that instant,
+    so a gap spent in a sync or a pageable copy names it, and one whose next copy was issued late names the host
+    work before it."""
+    h2d, other, host = _split(events)
     if not h2d:
         return None
     copies = _merged([(a, b) for a, b, _ in h2d])

@@ -484,8 +484,7 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
     pools = (kv.host_k.data_ptr(), kv.host_v.data_ptr())
     if not (plan.call < len(plan.queue) and plan.queue[plan.call] == pools):
         # not the call the queue expects (no prefetch, or other pools): a queue of this call alone, whose copies
-        # follow everything queued so far (copies queued for other pools are simply never read)
-        plan.side.wait_stream(main)
+        # follow everything queued so far (the wait_stream below; copies queued for other pools are never read)
         plan.queue, plan.call, plan.copied, plan.consumed = [pools], 0, 0, 0
     first, early = plan.call * n, plan.copied  # chunks copied before this call: before its caller's stores
     plan.call += 1
@@ -493,7 +492,7 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
         out.zero_()
         return
     kwargs = dict(variant="tiled", tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits)
-    plan.side.wait_stream(main)  # q and this call's stores come before the copies queued from here on
+    plan.side.wait_stream(main)  # q, this call's stores and the ring's readers precede the copies queued next
     single = n == 1 and not plan.hbm_pass  # one pass: the kernel writes out, no merge
     if not single:
         o_parts = torch.empty((plan.passes.shape[0], *q.shape), dtype=torch.float32, device=q.device)
