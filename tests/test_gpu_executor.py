@@ -5,6 +5,7 @@ check: one wrong K/V slot, stale staging buffer or mis-mapped page changes the a
 whose 4-bit cache is lossy and is checked through its measured attention error instead.
 """
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -353,6 +354,9 @@ def test_profiler_python_mode_attributes_host_time_of_the_picked_steps(capsys):
                  "--skip", "3", "--count", "2", "--python", "--rows", "5"]) == 0
     out = capsys.readouterr().out
     assert "0d+256p*" in out and "4d+0p*" in out  # the picked steps are marked
+    # each step's device time beside the host's time to queue it, which on the CPU is nearly all of it
+    times = [tuple(map(float, t.split("/"))) for t in re.findall(r"\dp\*? (\d+\.\d/\d+\.\d)", out)]
+    assert len(times) >= 6 and all(0 < h <= t + 0.1 for t, h in times)
     assert "Ordered by: cumulative time" in out and "paths.py" in out and "(attend)" in out
 
 

@@ -20,6 +20,7 @@ from directkv.errors import ConfigError, unknown_name
 from directkv.kernels.cpu_decode_attention import DecodeTables
 from directkv.kernels.cpu_decode_attention import cpu_decode_attention as native_cpu_decode_attention
 from directkv.kernels.cuda import build
+from directkv.kernels.cuda.scatter_rows import scatter_rows
 from directkv.kernels.paged import sequence_runs
 from directkv.memory import KVCacheManager
 
@@ -74,9 +75,7 @@ class CpuAttnPath(StagedPath):
             k_st, v_st = self.stager.acquire(layer)
             if layer + 1 < self.kv.model.num_layers:
                 self.stager.issue(layer + 1)
-            flat = (-1, *k_st.shape[2:])
-            k_st.view(flat)[self.remap] = k[p.num_decodes:]
-            v_st.view(flat)[self.remap] = v[p.num_decodes:]
+            scatter_rows((k_st, v_st), (k[p.num_decodes:], v[p.num_decodes:]), self.remap)
             self.traffic.link_read_bytes += self.stager.layer_bytes
             rows = slice(p.num_decodes, None)
             self._chunks(p, "hbm", self.variant, q[rows], k[rows], v[rows], k_st, v_st, self.chunk_tables, out[rows],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from directkv.engine.gpu.paths import StagedPath
+from directkv.kernels.cuda.scatter_rows import scatter_rows
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 from directkv.kernels.paged import PagedKV
 from directkv.memory import KVCacheManager
@@ -76,9 +77,7 @@ class FlexgenPath(StagedPath):
         self.store(layer, k, v)
         k_st, v_st = dequantize(ck, sk, k.dtype), dequantize(cv, sv, v.dtype)  # unfused, as FlexGen does
         self.stager.release(layer)
-        flat = (-1, *k_st.shape[2:])
-        k_st.view(flat)[self.remap] = k
-        v_st.view(flat)[self.remap] = v
+        scatter_rows((k_st, v_st), (k, v), self.remap)
         self.traffic.link_read_bytes += self.stager.layer_bytes
         self.staging_bytes = max(self.staging_bytes, self.stager.nbytes + 2 * k_st.numel() * k_st.element_size())
         out = self.attention(self.plan, "hbm", q, k, v, k_st, v_st, self.decode_table, self.chunk_tables,

@@ -34,6 +34,7 @@ from directkv.errors import ConfigError
 from directkv.kernels import get_op
 from directkv.kernels.cuda import build, prefill_stream
 from directkv.kernels.cuda import decode_attention as cuda_decode
+from directkv.kernels.cuda.scatter_rows import scatter_rows
 from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.paged import PagedKV
 from directkv.kernels.traffic import Traffic
@@ -126,9 +127,7 @@ class ZeroCopyPath:
         """Scatter the new K/V of the step's `rows` (all by default) into their slots (zero-copy stores for the
         host tier)."""
         k_pool, v_pool = self.kv.pools(layer, self.tier)
-        flat = (-1, *k_pool.shape[2:])
-        k_pool.view(flat)[self.plan.slots[rows]] = k
-        v_pool.view(flat)[self.plan.slots[rows]] = v
+        scatter_rows((k_pool, v_pool), (k, v), self.plan.slots[rows])
         if self.tier == "host":
             self.traffic.link_write_bytes += 2 * k.numel() * k.element_size()
         return k_pool, v_pool
@@ -384,10 +383,8 @@ class StagedPath(ZeroCopyPath):
         if layer + 1 < self.kv.model.num_layers:
             self.stager.issue(layer + 1)  # overlaps this layer's compute
         self.store(layer, k, v)  # new K/V to the host pages (the cache of record)
-        flat = (-1, *k_st.shape[2:])
         # and into the staged copy, so this step's attention sees them: remap slots to staging pages
-        k_st.view(flat)[self.remap] = k
-        v_st.view(flat)[self.remap] = v
+        scatter_rows((k_st, v_st), (k, v), self.remap)
         self.traffic.link_read_bytes += self.stager.layer_bytes
         out = self.attention(self.plan, "hbm", q, k, v, k_st, v_st, self.decode_table, self.chunk_tables,
                              tables_cpu=self.tables_cpu)

@@ -2,7 +2,9 @@
 
 For finding executor overheads (host syncs, per-page copies, Python launches) rather than for results:
 nothing is written to the results tree. Every step's CUDA-event time is printed beside its kind, so decode
-steps and prompt-chunk steps can be told apart; only the steps picked by `skip` / `count` run under the
+steps and prompt-chunk steps can be told apart, and beside the host's time to queue the step (from its start
+to the last launch, before the read back of the sampled tokens): a host time near the device time says the
+device waited for the host's launches. Only the steps picked by `skip` / `count` run under the
 profiler (a whole 16K-context run under it took minutes to parse on the H200).
 
 Run: python -m directkv.engine.gpu.profile --system swap --context 16384 --batch 4 --output 4 --skip 8 --count 2
@@ -160,7 +162,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     mem = MemoryConfig(hbm_budget_gb * 1e9, 0.9 * 128e9)
     sched = SchedulerConfig(256, max_batched_tokens)
     requests = synthetic_workload(batch, context, output).requests
-    steps: list[tuple[str, float]] = []
+    steps: list[tuple[str, float, float]] = []
     inner = GPUStepper.run_step
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
@@ -176,7 +178,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         if picked and len(steps) == skip + count - 1:
             stop()  # the step has synchronized: its queued work is in the profile
         kind = f"{len(step.decodes)}d+{sum(c.chunk_len for c in step.prefills)}p"
-        steps.append((kind + ("*" if picked else ""), cost.time_s))
+        steps.append((kind + ("*" if picked else ""), cost.time_s, self.host_s))
         return cost
 
     GPUStepper.run_step = run_step
@@ -192,7 +194,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     if len(steps) < skip + count:
         print(f"only {len(steps)} steps: nothing profiled past step {skip}")
         return
-    print("steps (kind: decodes d + prompt tokens p, * = profiled; ms):", ", ".join(f"{k} {t * 1e3:.1f}" for k, t in steps))
+    print("steps (kind: decodes d + prompt tokens p, * = profiled; device ms / host ms to queue the step):",
+          ", ".join(f"{k} {t * 1e3:.1f}/{h * 1e3:.1f}" for k, t, h in steps))
     if python:
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(rows * 2)

@@ -56,6 +56,7 @@ class GPUStepper:
         self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
         self.outputs: dict[int, list[int]] = {}  # request -> generated ids (tests compare systems on them)
         self.vocab = runner.spec.vocab_size
+        self.host_s = 0.0  # seconds the host took to queue the last step (run_step)
 
     def _tokens(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat input ids and the rows whose logits are needed (decodes + prompt-finishing chunks)."""
@@ -92,6 +93,9 @@ class GPUStepper:
                                                    want.to(self.device), split=split)
         else:
             logits = self.runner.forward(ids.to(self.device), plan.positions, self.path.attend, want.to(self.device))
+        # the host has queued the whole step: on a GPU, a host_s near the step's device time means the device
+        # waited for the host (profile prints both)
+        self.host_s = time.perf_counter() - t0
         nxt = logits.argmax(-1).tolist()[: rows.numel()]  # greedy; ignore_eos: lengths come from the workload
         if cuda:
             stop.record()

@@ -26,6 +26,8 @@ import torch
 
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.cuda import build
+from directkv.kernels.cuda.merge_stacked import merge_stacked
+from directkv.kernels.cuda.scatter_rows import scatter_rows
 from directkv.kernels.paged import PagedKV, check_queries
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import STREAM_RING_BYTES, decode_traffic
@@ -506,8 +508,7 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
             # queued before the caller stored this step's tokens: write them in just before this chunk's kernel,
             # which so waits for its own copy only (not for every early chunk's)
             rows, at = plan.last[c]
-            for ring, new in zip((plan.ring_k, plan.ring_v), last_kv, strict=True):
-                ring.view(-1, *ring.shape[-2:])[at[slot]] = new[rows]
+            scatter_rows((plan.ring_k, plan.ring_v), last_kv, at[slot], rows)
         ring_k, ring_v = plan.ring_k[slot], plan.ring_v[slot]
         dest = dict(out=out) if single else dict(out_f32=o_parts[c], lse_out=lse_parts[c])
         _launch(q, ring_k, ring_v, ring_k, ring_v, plan.passes[c], plan.lens[c], **dest, **kwargs)
@@ -518,7 +519,7 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
         _launch(q, kv.hbm_k, kv.hbm_v, kv.hbm_k, kv.hbm_v, plan.passes[-1], plan.lens[-1], out_f32=o_parts[-1],
                 lse_out=lse_parts[-1], **kwargs)
     if not single:
-        merge_passes(list(zip(o_parts, lse_parts, strict=True)), out)  # a pass without a sequence's tokens: weight 0
+        merge_stacked(o_parts, lse_parts, out)  # a pass without a sequence's tokens: weight 0
 
 
 def merge_passes(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor) -> None:

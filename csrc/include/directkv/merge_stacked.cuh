@@ -1,0 +1,55 @@
+// Merge of attention passes stacked in one buffer: out[r] = sum_p softmax_p(lse[p, r]) * o[p, r]. The stream
+// variants attend to a cache in several passes (one per ring chunk, plus one over HBM pages); each pass gives a
+// normalised O and its log-sum-exp, and this weighs them. One launch instead of the eight or so elementwise
+// kernels (and their host-side dispatch) the same merge costs as torch ops, once per layer in serving.
+#pragma once
+
+#include "directkv/common.cuh"
+
+namespace directkv {
+
+struct MergeStackedParams {
+  const float* o;    // [num_parts, rows, head_dim] fp32, contiguous
+  const float* lse;  // [num_parts, rows] fp32 natural-log LSE; -inf where a pass saw no key of the row
+  void* out;         // rows of head_dim elements in the output dtype, out_row_stride elements apart
+  int64_t rows;
+  int64_t out_row_stride;
+  int num_parts;
+  int head_dim;      // a multiple of 4: each thread merges one float4 of a row
+};
+
+// One thread per 4 dims of a row. A row whose passes all have -inf LSEs (no key anywhere) gets zeros, and a
+// pass of weight 0 is skipped, so its O (possibly never written) is not read.
+template <typename T>
+__global__ void merge_stacked_kernel(const MergeStackedParams p) {
+  const int vecs = p.head_dim / 4;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.rows * vecs) return;
+  const int64_t row = i / vecs;
+  const int v = static_cast<int>(i % vecs);
+  float m = -INFINITY;
+  for (int k = 0; k < p.num_parts; ++k) m = fmaxf(m, p.lse[k * p.rows + row]);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  if (m != -INFINITY) {
+    float sum = 0.f;
+    for (int k = 0; k < p.num_parts; ++k) {
+      const float l = p.lse[k * p.rows + row];
+      if (l == -INFINITY) continue;
+      const float w = __expf(l - m);
+      sum += w;
+      const float4 x = reinterpret_cast<const float4*>(p.o + (k * p.rows + row) * p.head_dim)[v];
+      acc[0] += w * x.x;
+      acc[1] += w * x.y;
+      acc[2] += w * x.z;
+      acc[3] += w * x.w;
+    }
+    const float inv = 1.f / sum;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[j] *= inv;
+  }
+  T* dst = static_cast<T*>(p.out) + row * p.out_row_stride + v * 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) dst[j] = from_float(acc[j], T());
+}
+
+}  // namespace directkv

@@ -1,0 +1,32 @@
+// Launcher of merge_stacked: checks, output dtype dispatch, launch on the caller's stream.
+#include <string>
+
+#include "directkv/merge_stacked.cuh"
+
+namespace directkv {
+
+void merge_stacked_run(uintptr_t o, uintptr_t lse, uintptr_t out, int64_t rows, int64_t out_row_stride,
+                       int num_parts, int head_dim, int dtype, uintptr_t stream) {
+  require(num_parts >= 1 && rows >= 0, "merge_stacked: num_parts " + std::to_string(num_parts) + " must be >= 1");
+  require(head_dim >= 4 && head_dim % 4 == 0, "merge_stacked: head_dim " + std::to_string(head_dim) +
+                                                   " must be a positive multiple of 4");
+  require(out_row_stride >= head_dim, "merge_stacked: output rows overlap");
+  require(o % 16 == 0, "merge_stacked: o must be 16-byte aligned");
+  if (rows == 0) return;
+  const MergeStackedParams p{reinterpret_cast<const float*>(o), reinterpret_cast<const float*>(lse),
+                             reinterpret_cast<void*>(out), rows, out_row_stride, num_parts, head_dim};
+  constexpr int kThreads = 256;
+  const int64_t threads = rows * (head_dim / 4);
+  const dim3 grid(static_cast<unsigned>((threads + kThreads - 1) / kThreads));
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case kFloat16: merge_stacked_kernel<__half><<<grid, kThreads, 0, s>>>(p); break;
+    case kBFloat16: merge_stacked_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(p); break;
+    case kFloat32: merge_stacked_kernel<float><<<grid, kThreads, 0, s>>>(p); break;
+    default: throw std::runtime_error("merge_stacked: dtype code " + std::to_string(dtype) +
+                                      " is not fp16 (0), bf16 (1) or fp32 (2)");
+  }
+  check_cuda(cudaGetLastError(), "merge_stacked: kernel launch");
+}
+
+}  // namespace directkv
