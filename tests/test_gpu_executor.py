@@ -563,3 +563,25 @@ def test_prompt_chunks_get_host_copies_equal_to_their_tables(runner, name, varia
     for tables, cpu in seen:
         assert cpu is not None and len(cpu) == len(tables)
         assert all(torch.equal(h, t.cpu()) for h, t in zip(cpu, tables, strict=True))
+
+
+def test_profiler_replays_a_saved_schedule_and_summarises_long_runs(tmp_path, capsys):
+    """--schedule serves a rate sweep's saved requests (here 3 synthetic ones at spread arrivals); --count 0
+    profiles nothing and prints only the step times. A run of more than 60 steps prints per-class statistics
+    instead, whose counts add up to the steps."""
+    from directkv.engine.gpu.profile import main, step_summary
+    from workloads import save_schedule, synthetic_workload, with_arrivals
+
+    path = save_schedule(with_arrivals(synthetic_workload(3, 40, 5), 50.0), tmp_path / "s.parquet")
+    assert main(["--system", "swap", "--model", "tiny", "--schedule", str(path), "--count", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"schedule {path} (3 requests)" in out and "steps (kind" in out and "host calls" not in out
+    assert main(["--system", "swap", "--model", "tiny", "--schedule", str(tmp_path / "none.parquet")]) == 2
+    assert "schedule file not found" in capsys.readouterr().err
+    steps = [("4d+0p", 0.010, 0.004)] * 50 + [("20d+0p*", 0.030, 0.029)] * 5 + [("3d+300p", 0.050, 0.020)] * 7
+    lines = step_summary(steps)
+    rows = {line[:22].strip(): line.split()[-5:] for line in lines[1:]}
+    assert set(rows) == {"decode-only 1-8", "decode-only 17-32", "prompt > 256 tokens"}
+    assert rows["decode-only 17-32"] == ["5", "30.0", "29.0", "5", "0.15"]
+    assert rows["decode-only 1-8"] == ["50", "10.0", "4.0", "0", "0.50"]
+    assert sum(int(r[0]) for r in rows.values()) == len(steps)

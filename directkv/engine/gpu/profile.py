@@ -43,7 +43,7 @@ from directkv.engine.systems import (
 )
 from directkv.errors import ConfigError, check
 from directkv.specs import get_model
-from workloads import synthetic_workload
+from workloads import load_schedule, synthetic_workload
 
 
 def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -146,6 +146,30 @@ def print_blocking_stacks(events, *, rows: int, frames: int = 4) -> None:
         print(f"  {e.time_range.end - e.time_range.start:8.0f}  {e.name}  {where}")
 
 
+def step_summary(steps: list[tuple[str, float, float]]) -> list[str]:
+    """Lines of per-class step statistics of a long run (a replayed schedule): decode-only steps by decodes
+    (1-8, 9-16, 17-32, 33-64, more) and steps with prompt tokens by prompt tokens (<= 256, the largest CUDA-graph
+    bucket, and more): count, mean device ms, mean host ms to queue the step, how many steps the host took >= 90%
+    of the device time to queue (the device then likely waited for it), and their device seconds in all."""
+    classes: dict[str, list[tuple[float, float]]] = {}
+    for kind, device_s, host_s in steps:
+        decodes, prompt = (int(x) for x in kind.rstrip("*").rstrip("p").split("d+"))
+        if prompt:
+            name = "prompt <= 256 tokens" if prompt <= 256 else "prompt > 256 tokens"
+        else:
+            top = next((b for b in (8, 16, 32, 64) if decodes <= b), None)
+            name = f"decode-only {top // 2 + 1 if top > 8 else 1}-{top}" if top else "decode-only > 64"
+        classes.setdefault(name, []).append((device_s, host_s))
+    lines = [f"{'steps':<22} {'count':>5} {'device ms':>9} {'host ms':>8} {'host >= 90%':>11} {'device s':>8}"]
+    for name in sorted(classes):
+        xs = classes[name]
+        dev, host = sum(d for d, _ in xs), sum(h for _, h in xs)
+        bound = sum(h >= 0.9 * d for d, h in xs)
+        lines.append(f"{name:<22} {len(xs):>5} {1e3 * dev / len(xs):>9.1f} {1e3 * host / len(xs):>8.1f} {bound:>11} "
+                     f"{dev:>8.2f}")
+    return lines
+
+
 # host-side calls whose counts reveal a slow executor: syncs stall the launch queue, copies cost per call
 WATCHED = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpyAsync",
            "cudaStreamWaitEvent", "cudaLaunchKernel", "aten::item", "aten::_local_scalar_dense", "aten::copy_")
@@ -154,14 +178,18 @@ WATCHED = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchroni
 def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled", context: int = 16384,
             batch: int = 4, output: int = 4, max_batched_tokens: int = 2048, rows: int = 25,
             hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2, graphs: bool = False,
-            pipelining: Pipelining = NO_PIPELINING, python: bool = False, stacks: bool = False) -> None:
+            pipelining: Pipelining = NO_PIPELINING, python: bool = False, stacks: bool = False,
+            schedule: str | None = None) -> None:
     check(not (python and stacks), "--stacks records torch.profiler stacks and --python runs cProfile instead; "
           "got both: pass one")
+    check(isinstance(count, int) and count >= 0 and isinstance(skip, int) and skip >= 0,
+          f"--skip and --count must be ints >= 0; got {skip!r}, {count!r}")
     spec = get_model(model)
     policy = SystemPolicy(system, variant if system == "directkv" else "")
     mem = MemoryConfig(hbm_budget_gb * 1e9, 0.9 * 128e9)
     sched = SchedulerConfig(256, max_batched_tokens)
-    requests = synthetic_workload(batch, context, output).requests
+    # a rate sweep's saved schedule (its run's schedules/*.parquet) replays those requests at their arrival times
+    requests = (load_schedule(schedule) if schedule else synthetic_workload(batch, context, output)).requests
     steps: list[tuple[str, float, float]] = []
     inner = GPUStepper.run_step
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -188,14 +216,20 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
                              pipelining=pipelining)
     finally:
         GPUStepper.run_step = inner
-    print(f"== {system} {model} context {context} batch {batch} output {output}: {res.steps} steps, "
+    what = f"schedule {schedule} ({len(requests)} requests)" if schedule else f"context {context} batch {batch} output {output}"
+    print(f"== {system} {model} {what}: {res.steps} steps, "
           f"{res.duration_s:.2f} s engine time, TPOT {res.metrics['mean_tpot_ms']:.1f} ms, "
           f"GPU {res.gpu_mem_bytes / 1e9:.1f} GB, link read {res.traffic.link_read_bytes / 1e9:.1f} GB, {extra}")
+    if len(steps) > 60:
+        print("\n".join(step_summary(steps)))
+    else:
+        print("steps (kind: decodes d + prompt tokens p, * = profiled; device ms / host ms to queue the step):",
+              ", ".join(f"{k} {t * 1e3:.1f}/{h * 1e3:.1f}" for k, t, h in steps))
+    if count == 0:
+        return
     if len(steps) < skip + count:
         print(f"only {len(steps)} steps: nothing profiled past step {skip}")
         return
-    print("steps (kind: decodes d + prompt tokens p, * = profiled; device ms / host ms to queue the step):",
-          ", ".join(f"{k} {t * 1e3:.1f}/{h * 1e3:.1f}" for k, t, h in steps))
     if python:
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(rows * 2)
@@ -236,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batched-tokens", type=int, default=2048)
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--skip", type=int, default=8, help="steps (warm-up included) to run before profiling")
-    ap.add_argument("--count", type=int, default=2, help="steps to profile")
+    ap.add_argument("--count", type=int, default=2, help="steps to profile (0: none, only the step times)")
+    ap.add_argument("--schedule", help="replay a rate sweep's saved schedule (schedules/*.parquet of its run) instead "
+                    "of --context / --batch / --output; more than 60 steps print as per-class statistics")
     ap.add_argument("--python", action="store_true", help="cProfile the picked steps (host time per Python function)")
     ap.add_argument("--stacks", action="store_true",
                     help="record Python stacks and print the longest blocking host calls with their callers")
@@ -253,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
                 max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
                 pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python,
-                stacks=a.stacks)
+                stacks=a.stacks, schedule=a.schedule)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
