@@ -358,6 +358,11 @@ def test_profiler_python_mode_attributes_host_time_of_the_picked_steps(capsys):
     times = [tuple(map(float, t.split("/"))) for t in re.findall(r"\dp\*? (\d+\.\d/\d+\.\d)", out)]
     assert len(times) >= 6 and all(0 < h <= t + 0.1 for t, h in times)
     assert "Ordered by: cumulative time" in out and "paths.py" in out and "(attend)" in out
+    # --min-decodes: the profile starts at the first decode-only step of >= 4 decodes, not at step --skip
+    assert main(["--system", "directkv", "--model", "tiny", "--context", "64", "--batch", "4", "--output", "6",
+                 "--skip", "0", "--count", "1", "--min-decodes", "4", "--python", "--rows", "5"]) == 0
+    kinds = re.findall(r"(\d+d\+\d+p\*?) \d", capsys.readouterr().out)
+    assert [k for k in kinds if k.endswith("*")] == ["4d+0p*"] and kinds.index("4d+0p*") > 0
 
 
 @pytest.mark.gpu

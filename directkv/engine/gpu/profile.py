@@ -4,7 +4,8 @@ For finding executor overheads (host syncs, per-page copies, Python launches) ra
 nothing is written to the results tree. Every step's CUDA-event time is printed beside its kind, so decode
 steps and prompt-chunk steps can be told apart, and beside the host's time to queue the step (from its start
 to the last launch, before the read back of the sampled tokens): a host time near the device time says the
-device waited for the host's launches. Only the steps picked by `skip` / `count` run under the
+device waited for the host's launches. Only the steps picked by `skip` / `count` (and `--min-decodes`: from the
+first decode-only step of that many decodes on) run under the
 profiler (a whole 16K-context run under it took minutes to parse on the H200).
 
 Run: python -m directkv.engine.gpu.profile --system swap --context 16384 --batch 4 --output 4 --skip 8 --count 2
@@ -179,11 +180,11 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
             batch: int = 4, output: int = 4, max_batched_tokens: int = 2048, rows: int = 25,
             hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2, graphs: bool = False,
             pipelining: Pipelining = NO_PIPELINING, python: bool = False, stacks: bool = False,
-            schedule: str | None = None) -> None:
+            schedule: str | None = None, min_decodes: int = 0) -> None:
     check(not (python and stacks), "--stacks records torch.profiler stacks and --python runs cProfile instead; "
           "got both: pass one")
-    check(isinstance(count, int) and count >= 0 and isinstance(skip, int) and skip >= 0,
-          f"--skip and --count must be ints >= 0; got {skip!r}, {count!r}")
+    check(all(isinstance(x, int) and x >= 0 for x in (skip, count, min_decodes)),
+          f"--skip, --count and --min-decodes must be ints >= 0; got {skip!r}, {count!r}, {min_decodes!r}")
     spec = get_model(model)
     policy = SystemPolicy(system, variant if system == "directkv" else "")
     mem = MemoryConfig(hbm_budget_gb * 1e9, 0.9 * 128e9)
@@ -198,12 +199,16 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     prof = cProfile.Profile() if python else torch.profiler.profile(activities=activities, with_stack=stacks)
     start, stop = (prof.enable, prof.disable) if python else (prof.start, prof.stop)
 
+    first: list[int] = []  # index of the first picked step, once known
+
     def run_step(self, step):  # records (kind, seconds) of every step, the executor's warm-up first
-        picked = skip <= len(steps) < skip + count
-        if picked and len(steps) == skip:
+        if not first and len(steps) >= skip and count and len(step.decodes) >= min_decodes and (
+                not min_decodes or not step.prefills):
+            first.append(len(steps))
             start()
+        picked = bool(first) and first[0] <= len(steps) < first[0] + count
         cost = inner(self, step)
-        if picked and len(steps) == skip + count - 1:
+        if picked and len(steps) == first[0] + count - 1:
             stop()  # the step has synchronized: its queued work is in the profile
         kind = f"{len(step.decodes)}d+{sum(c.chunk_len for c in step.prefills)}p"
         steps.append((kind + ("*" if picked else ""), cost.time_s, self.host_s))
@@ -227,8 +232,9 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
               ", ".join(f"{k} {t * 1e3:.1f}/{h * 1e3:.1f}" for k, t, h in steps))
     if count == 0:
         return
-    if len(steps) < skip + count:
-        print(f"only {len(steps)} steps: nothing profiled past step {skip}")
+    if not first or len(steps) < first[0] + count:
+        print(f"only {len(steps)} steps: no {count} steps to profile from step {skip} on"
+              + (f" starting with a decode-only step of >= {min_decodes} decodes" if min_decodes else ""))
         return
     if python:
         text = io.StringIO()
@@ -271,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--skip", type=int, default=8, help="steps (warm-up included) to run before profiling")
     ap.add_argument("--count", type=int, default=2, help="steps to profile (0: none, only the step times)")
+    ap.add_argument("--min-decodes", type=int, default=0,
+                    help="start profiling at the first decode-only step of at least this many decodes after --skip")
     ap.add_argument("--schedule", help="replay a rate sweep's saved schedule (schedules/*.parquet of its run) instead "
                     "of --context / --batch / --output; more than 60 steps print as per-class statistics")
     ap.add_argument("--python", action="store_true", help="cProfile the picked steps (host time per Python function)")
@@ -289,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
                 max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
                 pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python,
-                stacks=a.stacks, schedule=a.schedule)
+                stacks=a.stacks, schedule=a.schedule, min_decodes=a.min_decodes)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
