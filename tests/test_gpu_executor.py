@@ -367,8 +367,8 @@ def test_profiler_python_mode_attributes_host_time_of_the_picked_steps(capsys):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("chunk_bytes", [None, 8 << 10])
-def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatch):
+@pytest.mark.parametrize("chunk_bytes,slots", [(None, 2), (8 << 10, 2), (8 << 10, 4)])
+def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, monkeypatch):
     """directkv stream queues every layer's decode copies at the step's start (and prefetches the first prompt
     chunk's one layer ahead), so they run during the dense work before each attention: every layer's output
     must equal tiled's over the same pools. The host arena is poisoned, so a copy made before the step's new
@@ -377,7 +377,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
     streamed too (with the default chunks and in-place rule, 2 MiB of K, they are read in place); with the
     default chunks each layer is one chunk, so the next layer's is copied while this one's is read. The prompt
     ring's first prefetch of a step waits for the main stream, the later ones only for their slots' readers.
-    The check itself reads each output back (a sync per layer), so it cannot catch a copy racing a reader:
+    With 4 decode ring slots (stream_slots) the copies run further ahead of the kernels. The check itself reads each output back (a sync per layer), so it cannot catch a copy racing a reader:
     test_cuda_decode's lagging-reader tests do."""
     from functools import partial
 
@@ -397,6 +397,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
 
     def poisoned_init(self, kv, *args, **kwargs):
         init(self, kv, *args, **kwargs)
+        self.stream_slots = slots
         if kv.arena is not None:
             for t in (*kv.arena.k, *kv.arena.v):
                 t.fill_(float("nan"))
@@ -448,7 +449,8 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, monkeypatc
     assert res.metrics["completed"] == 5
     assert errors and all(e < 2e-2 for e in errors), errors  # a NaN fails the comparison
     assert used and all(used), used  # every layer's decode call was queued, with its own pools
-    assert issued and max(issued) == 2  # a clean chunk per ring slot was copied ahead: of layer 0, or layers 0 and 1
+    # a clean chunk per ring slot was copied ahead: of layer 0, or of layers 0 and 1 (and 2, 3)
+    assert issued and max(issued) == slots
     layers = SPEC.num_layers
     if chunk_bytes:  # and prompt chunks' past, when it spans several ring chunks
         assert max(issued_chunk) >= 1 and any(streamed for _, streamed in chunks)

@@ -22,6 +22,8 @@ void copy_async(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream);
 void copy_runs_async(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
                      const std::vector<std::tuple<int64_t, int64_t, int64_t>>& runs, size_t unit_bytes,
                      uintptr_t stream);
+void copy_runs_packed(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
+                      uintptr_t runs, int64_t num_runs, size_t unit_bytes, uintptr_t stream);
 }  // namespace directkv
 
 PYBIND11_MODULE(_dkv_decode_attention, m) {
@@ -40,4 +42,7 @@ PYBIND11_MODULE(_dkv_decode_attention, m) {
   m.def("copy_runs_async", &directkv::copy_runs_async, py::arg("dst_bases"), py::arg("src_bases"), py::arg("runs"),
         py::arg("unit_bytes"), py::arg("stream"),
         "copy_async of every (src unit, dst unit, units) run for each (dst, src) base pair, issued from C++");
+  m.def("copy_runs_packed", &directkv::copy_runs_packed, py::arg("dst_bases"), py::arg("src_bases"), py::arg("runs"),
+        py::arg("num_runs"), py::arg("unit_bytes"), py::arg("stream"),
+        "copy_runs_async with the runs as a pointer to num_runs x 3 int64 (src unit, dst unit, units) in host memory");
 }

@@ -145,17 +145,21 @@ void copy_async(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream) {
 // one Python call per copy cost more CPU time than the copy engine needed for the bytes. With CUDA 13's
 // cudaMemcpyBatchAsync the whole set is one call (the driver may also pack the DMA work); where the runtime
 // refuses it, the copies go one cudaMemcpyAsync at a time, and later calls do not try the batch again.
-void copy_runs_async(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
-                     const std::vector<std::tuple<int64_t, int64_t, int64_t>>& runs, size_t unit_bytes,
-                     uintptr_t stream) {
+// `runs` points at num_runs x 3 int64 (host memory): a serving path packs its runs once per step and issues
+// them every layer, so they are not converted from Python tuples on every call.
+void copy_runs_packed(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
+                      uintptr_t runs, int64_t num_runs, size_t unit_bytes, uintptr_t stream) {
   if (dst_bases.size() != src_bases.size()) throw std::invalid_argument("copy_runs_async: one src base per dst base");
+  if (num_runs < 0 || (num_runs > 0 && runs == 0)) throw std::invalid_argument("copy_runs_async: no runs array");
+  const auto* r = reinterpret_cast<const int64_t*>(runs);
   std::vector<void*> dsts;
   std::vector<const void*> srcs;
   std::vector<size_t> sizes;
-  dsts.reserve(runs.size() * dst_bases.size());
+  dsts.reserve(static_cast<size_t>(num_runs) * dst_bases.size());
   srcs.reserve(dsts.capacity());
   sizes.reserve(dsts.capacity());
-  for (const auto& [src, dst, n] : runs) {
+  for (int64_t i = 0; i < num_runs; ++i) {
+    const int64_t src = r[3 * i], dst = r[3 * i + 1], n = r[3 * i + 2];
     for (size_t b = 0; b < dst_bases.size(); ++b) {
       dsts.push_back(reinterpret_cast<void*>(dst_bases[b] + static_cast<size_t>(dst) * unit_bytes));
       srcs.push_back(reinterpret_cast<const void*>(src_bases[b] + static_cast<size_t>(src) * unit_bytes));
@@ -182,6 +186,21 @@ void copy_runs_async(const std::vector<uintptr_t>& dst_bases, const std::vector<
   for (size_t i = 0; i < dsts.size(); ++i) {
     check_cuda(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, s), "decode_attention: cudaMemcpyAsync");
   }
+}
+
+// The same with the runs as (src, dst, units) tuples.
+void copy_runs_async(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
+                     const std::vector<std::tuple<int64_t, int64_t, int64_t>>& runs, size_t unit_bytes,
+                     uintptr_t stream) {
+  std::vector<int64_t> flat;
+  flat.reserve(3 * runs.size());
+  for (const auto& [src, dst, n] : runs) {
+    flat.push_back(src);
+    flat.push_back(dst);
+    flat.push_back(n);
+  }
+  copy_runs_packed(dst_bases, src_bases, reinterpret_cast<uintptr_t>(flat.data()), static_cast<int64_t>(runs.size()),
+                   unit_bytes, stream);
 }
 
 }  // namespace directkv

@@ -38,7 +38,7 @@ from directkv.kernels.cuda.scatter_rows import scatter_rows
 from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.paged import PagedKV
 from directkv.kernels.traffic import Traffic
-from directkv.kernels.traffic_model import stream_reads_in_place
+from directkv.kernels.traffic_model import STREAM_RING_BYTES, STREAM_SLOTS, stream_reads_in_place
 from directkv.memory import KVCacheManager
 
 
@@ -50,10 +50,14 @@ class ZeroCopyPath:
     """Attention kernels read the pages where they are: zero-copy from host, or HBM."""
 
 
-    def __init__(self, kv: KVCacheManager, tier: str, variant: str, *, side_ctas: int | None = None):
+    def __init__(self, kv: KVCacheManager, tier: str, variant: str, *, side_ctas: int | None = None,
+                 stream_slots: int = STREAM_SLOTS):
         """side_ctas: attend_async's kernels are split to about this many CTAs (None: the kernel's own plan,
-        which fills every SM and leaves none to the other half's dense layers)."""
+        which fills every SM and leaves none to the other half's dense layers). stream_slots: slots of the stream
+        variant's decode ring, 16 MiB of K and of V each: how many chunks the copy engine may run ahead of the
+        kernels (and so of the host, which queues a slot's next copy after its reader)."""
         self.kv, self.tier, self.variant, self.side_ctas = kv, tier, variant, side_ctas
+        self.stream_slots = stream_slots
         backend = kernel_backend()
         # the CUDA kernels write their rows of the step's output in place (out=): a copy after them was a
         # device-to-device cudaMemcpy on the main stream per layer, which seems to queue behind the ring's
@@ -85,7 +89,8 @@ class ZeroCopyPath:
         if p.num_decodes:
             self.decode_plan = cuda_decode.plan_stream(
                 self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens), reuse=self._kept["decode"],
-                host_table=(p.decode_table_cpu, p.decode_lens_cpu))
+                host_table=(p.decode_table_cpu, p.decode_lens_cpu), num_slots=self.stream_slots,
+                ring_bytes=self.stream_slots * STREAM_RING_BYTES // STREAM_SLOTS)
             self._kept["decode"] = self.decode_plan
         # A chunk of a small past is read in place by the tiled kernel instead (decided before any planning;
         # stream_reads_in_place): the passes and merge around its ring cost more than the read (H200, 2026-12-01:
@@ -293,7 +298,8 @@ class _Stager:
         self.pages = sorted({e for pages in page_lists for e in pages})
         order = {e: i for i, e in enumerate(self.pages)}
         self.runs = _runs(self.pages)
-        self.dma_runs = [(src, dst, k) for dst, src, k in self.runs]  # copy_runs_async's (src, dst, pages) order
+        # copy_runs_packed's (src, dst, pages) order, packed once for every layer's copies of the step
+        self.dma_runs = cuda_decode.pack_runs((src, dst, k) for dst, src, k in self.runs)
         # link bytes of one layer's staging, counted by every layer of the step
         self.layer_bytes = len(self.pages) * sum(p[0].numel() * p.element_size() for p in self.host_pools(0))
         n = max(1, len(self.pages))
@@ -324,10 +330,11 @@ class _Stager:
             # One C++ call per pool issues every run (cudaMemcpyBatchAsync where CUDA 13 has it): at ~50 requests
             # per step the runs were hundreds per layer, and one torch copy_ per run from Python cost more than
             # the copies (H200, Alpaca at 30 req/s: swap 53 ms per token against directkv's 19.5).
-            copy_runs = build.load("decode_attention").copy_runs_async
+            copy_runs = build.load("decode_attention").copy_runs_packed
+            runs = self.dma_runs
             for dst, src in zip(bufs, pools, strict=True):
-                copy_runs([dst.data_ptr()], [src.data_ptr()], self.dma_runs, src[0].numel() * src.element_size(),
-                          self.stream.cuda_stream)
+                copy_runs([dst.data_ptr()], [src.data_ptr()], runs.data_ptr(), runs.shape[0],
+                          src[0].numel() * src.element_size(), self.stream.cuda_stream)
             self.ready[buf] = torch.cuda.Event()
             self.ready[buf].record(self.stream)
 

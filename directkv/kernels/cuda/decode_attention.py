@@ -107,8 +107,9 @@ _TRAFFIC: dict[int, tuple[weakref.ref, dict]] = {}
 
 
 def _launch(q, host_k, host_v, hbm_k, hbm_v, block_table, seq_lens, *, variant, tile_kv, sm_scale, num_splits,
-            out=None, out_f32=None, lse_out=None) -> None:
-    """One kernel launch; pools `[pages, page_size, num_kv_heads, head_dim]`, q `[batch, heads, head_dim]`."""
+            out=None, out_f32=None, lse_out=None, stream: int | None = None) -> None:
+    """One kernel launch; pools `[pages, page_size, num_kv_heads, head_dim]`, q `[batch, heads, head_dim]`;
+    stream: the CUDA stream handle to launch on (default: the current stream's, looked up per call)."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads, page_size = host_k.shape[2], host_k.shape[1]
     hpc = heads_per_cta(variant, num_heads // num_kv_heads)
@@ -118,8 +119,8 @@ def _launch(q, host_k, host_v, hbm_k, hbm_v, block_table, seq_lens, *, variant, 
     max_tiles = math.ceil(block_table.shape[1] * page_size / tile_kv)
     groups = batch * (num_heads // hpc)
     splits, tiles_per_split = plan_splits(groups, max_tiles, slots, num_splits)
-    stream = torch.cuda.current_stream(q.device)
-    ws = _WORKSPACES.setdefault((device, stream.cuda_stream), _Workspace())
+    stream = torch.cuda.current_stream(q.device).cuda_stream if stream is None else stream
+    ws = _WORKSPACES.setdefault((device, stream), _Workspace())
     if splits > 1:
         ws.ensure(splits * batch * num_heads, head_dim, groups, q.device)
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
@@ -129,7 +130,7 @@ def _launch(q, host_k, host_v, hbm_k, hbm_v, block_table, seq_lens, *, variant, 
         ptr(ws.part_o) if splits > 1 else 0, ptr(ws.part_lse) if splits > 1 else 0,
         ptr(ws.counters) if splits > 1 else 0, batch, num_heads, num_kv_heads, head_dim,
         block_table.shape[1], page_size, splits, tiles_per_split, hpc, tile_kv, sm_scale, code,
-        LOAD_MODES[LOAD_MODE], int(SPLIT_MAJOR), stream.cuda_stream,
+        LOAD_MODES[LOAD_MODE], int(SPLIT_MAJOR), stream,
     )  # fmt: skip
 
 
@@ -265,6 +266,8 @@ class StreamPlan:
     A ring taken over from an earlier plan (plan_stream's reuse) may hold more than chunk_pages pages per slot;
     chunks use the first ones.
     page_bytes : bytes of one page of K (V the same).
+    packed : per chunk, its copies as an int64 `[runs, 3]` CPU tensor (pack_runs), which the copy queue hands
+        to C++ by pointer: issued once per layer, converting the tuples every time cost host time per chunk.
     queue, call, copied, consumed : the copy queue. queue holds the (host K, host V) data pointers of the calls
         this plan serves in order (prefetch_stream's pools; one entry, the call's own, without it); call is the
         queue index of the next call; chunk c of call i is chunk g = i * len(copies) + c of the queue and sits in
@@ -283,6 +286,7 @@ class StreamPlan:
     freed: list[torch.cuda.Event]
     last: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]
     page_bytes: int
+    packed: list[torch.Tensor] = field(default_factory=list)
     queue: list[tuple[int, int]] = field(default_factory=list)
     call: int = 0
     copied: int = 0
@@ -344,7 +348,7 @@ def host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
 
 
 def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2, min_chunks: int = 1,
-                min_chunk_bytes: int = 2 << 20, reuse: StreamPlan | None = None,
+                min_chunk_bytes: int = 2 << 20, ring_bytes: int = STREAM_RING_BYTES, reuse: StreamPlan | None = None,
                 host_table: tuple[torch.Tensor, torch.Tensor] | None = None) -> StreamPlan:
     """Plan the stream variant for `kv` (reads its block table once); the HBM ring is
     2 * num_slots * chunk_bytes (K and V), at most 64 MiB, and a new ring holds no more than the host pages the
@@ -356,6 +360,8 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
         contexts do not allocate a ring of a new size every step. The earlier plan must not be used afterwards.
     host_table : (block table, seq_lens) as CPU tensors equal to kv's, where the caller has them: reading
         kv's from the GPU is a device sync.
+    ring_bytes : the most the ring (all slots, K and V) may hold; the kernel benchmarks' target keeps the default
+        64 MiB, a serving path may allow more slots (ZeroCopyPath's stream_slots).
 
     min_chunks > 1 cuts small caches into that many chunks (of >= min_chunk_bytes) so copy and math overlap;
     it is off by default because each chunk costs ~0.1 ms of Python launches: on the H200 a 16 MiB cache
@@ -367,9 +373,9 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     hp = host_pages(table, seq_lens, kv.page_size)
     read = max(len(hp[3]), 1)  # pages read by this batch, not the arena
     chunk_pages = min(most, max(math.ceil(read / min_chunks), min_chunk_bytes // page_bytes, 1))
-    check(chunk_pages >= 1 and num_slots >= 2 and 2 * num_slots * chunk_pages * page_bytes <= STREAM_RING_BYTES,
+    check(chunk_pages >= 1 and num_slots >= 2 and 2 * num_slots * chunk_pages * page_bytes <= ring_bytes,
           f"stream ring of {num_slots} slots x 2 x {chunk_bytes} B must hold >= 1 page ({page_bytes} B) per slot, "
-          f">= 2 slots and <= {STREAM_RING_BYTES} B")
+          f">= 2 slots and <= {ring_bytes} B")
     tables, lens, copies, hbm_pass = stream_schedule(table, seq_lens, kv.page_size, chunk_pages, hp=hp)
     device = kv.block_table.device
     page_shape = tuple(kv.host_k.shape[1:])
@@ -381,7 +387,7 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     else:
         # grow: a ring of a new size every step would allocate (and fragment torch's cache) every step
         held = grown_pages(chunk_pages, reuse.ring_k.shape[1] if fits else 0,
-                           min(most, STREAM_RING_BYTES // (2 * num_slots * page_bytes)))
+                           min(most, ring_bytes // (2 * num_slots * page_bytes)))
         if reuse is not None:
             release_ring(reuse)
         ring_k, ring_v, side, filled, freed = new_ring((num_slots, held, *page_shape), kv.dtype, device, num_slots)
@@ -393,8 +399,13 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     return StreamPlan(
         passes=tables.to(device), lens=lens.to(device), copies=copies, hbm_pass=hbm_pass,
         ring_k=ring_k, ring_v=ring_v, side=side, filled=filled, freed=freed,
-        last=last, page_bytes=page_bytes,
+        last=last, page_bytes=page_bytes, packed=[pack_runs(c) for c in copies],
     )  # fmt: skip
+
+
+def pack_runs(runs) -> torch.Tensor:
+    """(src unit, dst unit, units) runs as the int64 `[runs, 3]` CPU tensor copy_runs_packed reads by pointer."""
+    return torch.tensor(list(runs), dtype=torch.int64).reshape(-1, 3)
 
 
 def grown_pages(need: int, held: int, most: int) -> int:
@@ -466,14 +477,15 @@ def _fill(plan: StreamPlan, upto: int) -> None:
         return
     slot_bytes = plan.ring_k.stride(0) * plan.ring_k.element_size()
     ring_k, ring_v = plan.ring_k.data_ptr(), plan.ring_v.data_ptr()
-    copy_runs = _module().copy_runs_async
+    copy_runs = _module().copy_runs_packed
     while plan.copied < limit:
         g = plan.copied
         slot = g % num_slots
         if g >= num_slots:  # the first chunks follow the wait_stream before them
             _wait_for_readers(plan, slot)
+        runs = plan.packed[g % n]
         copy_runs([ring_k + slot * slot_bytes, ring_v + slot * slot_bytes], list(plan.queue[g // n]),
-                  plan.copies[g % n], plan.page_bytes, plan.side.cuda_stream)
+                  runs.data_ptr(), runs.shape[0], plan.page_bytes, plan.side.cuda_stream)
         plan.filled[slot].record(plan.side)
         plan.copied += 1
 
@@ -493,7 +505,8 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
     if plan.passes.shape[0] == 0:  # no sequence has a token
         out.zero_()
         return
-    kwargs = dict(variant="tiled", tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits)
+    handle = main.cuda_stream  # looked up once: current_stream() costs host time per call
+    kwargs = dict(variant="tiled", tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits, stream=handle)
     plan.side.wait_stream(main)  # q, this call's stores and the ring's readers precede the copies queued next
     single = n == 1 and not plan.hbm_pass  # one pass: the kernel writes out, no merge
     if not single:
@@ -508,7 +521,7 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
             # queued before the caller stored this step's tokens: write them in just before this chunk's kernel,
             # which so waits for its own copy only (not for every early chunk's)
             rows, at = plan.last[c]
-            scatter_rows((plan.ring_k, plan.ring_v), last_kv, at[slot], rows)
+            scatter_rows((plan.ring_k, plan.ring_v), last_kv, at[slot], rows, stream=handle)
         ring_k, ring_v = plan.ring_k[slot], plan.ring_v[slot]
         dest = dict(out=out) if single else dict(out_f32=o_parts[c], lse_out=lse_parts[c])
         _launch(q, ring_k, ring_v, ring_k, ring_v, plan.passes[c], plan.lens[c], **dest, **kwargs)
@@ -519,7 +532,7 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
         _launch(q, kv.hbm_k, kv.hbm_v, kv.hbm_k, kv.hbm_v, plan.passes[-1], plan.lens[-1], out_f32=o_parts[-1],
                 lse_out=lse_parts[-1], **kwargs)
     if not single:
-        merge_stacked(o_parts, lse_parts, out)  # a pass without a sequence's tokens: weight 0
+        merge_stacked(o_parts, lse_parts, out, stream=handle)  # a pass without a sequence's tokens: weight 0
 
 
 def merge_passes(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor) -> None:

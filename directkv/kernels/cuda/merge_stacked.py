@@ -7,6 +7,8 @@ place of the eight or so torch ops of merge_passes (which merges passes of any l
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 
 from directkv.errors import ConfigError
@@ -15,8 +17,14 @@ from directkv.kernels.cuda import build
 OUT_DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 
-def merge_stacked(o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out = sum over p of softmax_p(lse[p]) * o[p], queued on the current stream; returns out.
+@cache
+def _module():
+    return build.load("merge_stacked")  # once: load() takes a lock on every call
+
+
+def merge_stacked(o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, *, stream: int | None = None) -> torch.Tensor:
+    """out = sum over p of softmax_p(lse[p]) * o[p], queued on `stream` (a CUDA stream handle; default the current
+    stream); returns out.
 
     o : `[P, *rows, head_dim]` fp32 CUDA, contiguous, P >= 1, head_dim a multiple of 4.
     lse : `[P, *rows]` fp32 natural-log LSEs, contiguous; -inf where a pass saw no key of a row (that pass's O
@@ -34,7 +42,7 @@ def merge_stacked(o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> torc
             f"{tuple(o.shape)} {o.dtype} {o.device}, lse {tuple(lse.shape)} {lse.dtype} {lse.device}, out "
             f"{tuple(out.shape)} {out.dtype} {out.device}, contiguous {[t.is_contiguous() for t in (o, lse, out)]}")
     head_dim = o.shape[-1]
-    build.load("merge_stacked").run(
+    _module().run(
         o.data_ptr(), lse.data_ptr(), out.data_ptr(), out.numel() // head_dim, head_dim, o.shape[0], head_dim,
-        OUT_DTYPE_CODES[out.dtype], torch.cuda.current_stream(out.device).cuda_stream)
+        OUT_DTYPE_CODES[out.dtype], torch.cuda.current_stream(out.device).cuda_stream if stream is None else stream)
     return out

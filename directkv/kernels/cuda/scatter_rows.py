@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import cache
 
 import torch
 
@@ -17,13 +18,19 @@ from directkv.errors import ConfigError
 from directkv.kernels.cuda import build
 
 
+@cache
+def _module():
+    return build.load("scatter_rows")  # once: load() takes a lock on every call
+
+
 def scatter_rows(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], dst_rows: torch.Tensor,
-                 src_rows: torch.Tensor | None = None) -> None:
+                 src_rows: torch.Tensor | None = None, *, stream: int | None = None) -> None:
     """For each (dst, src) pair: `dst.view(-1, *src.shape[1:])[dst_rows] = src[src_rows]` (src without src_rows).
 
     dst : one or two contiguous tensors of one shape, whose rows (any trailing shape) are src's rows;
     src : as many contiguous tensors `[m, *row]` of one shape and dst's dtype;
     dst_rows, src_rows : `[n]` int64 on src's device (n = m without src_rows).
+    stream : the CUDA stream handle to launch on (default: the current stream).
     On CUDA an index outside dst or src stops the kernel with a device-side trap (torch's index check is
     device-side too).
     """
@@ -54,7 +61,7 @@ def scatter_rows(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], dst_r
         return
     if n == 0:
         return
-    build.load("scatter_rows").run(
+    _module().run(
         [d.data_ptr() for d in dst], [s.data_ptr() for s in src], dst_rows.data_ptr(),
         0 if src_rows is None else src_rows.data_ptr(), n, d0.numel() // math.prod(row), s0.shape[0], row_bytes,
-        torch.cuda.current_stream(device).cuda_stream)
+        torch.cuda.current_stream(device).cuda_stream if stream is None else stream)
