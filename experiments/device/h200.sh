@@ -46,7 +46,9 @@ for step in "${steps[@]}"; do
     ncu) run python3 -m experiments.run +exp=kernel_ablation device=cuda results_root=$RES progress=false counters=ncu ${NCU_ARGS:-}
          run python3 -m experiments.run +exp=gemm_case_study device=cuda results_root=$RES progress=false counters=ncu sizes=[10240] ;;
     profile) for sys in ${PROFILE_SYSTEMS:-swap directkv}; do
-               run python3 -m directkv.engine.gpu.profile --system $sys ${PROFILE_ARGS:-} 2>&1 | tee $OUT/profile_${PROFILE_TAG:-}$sys.txt | head -60
+               # to the file first, then its head: `tee | head` cut the file short once head had its lines
+               run python3 -m directkv.engine.gpu.profile --system $sys ${PROFILE_ARGS:-} > $OUT/profile_${PROFILE_TAG:-}$sys.txt 2>&1
+               head -60 $OUT/profile_${PROFILE_TAG:-}$sys.txt
              done ;;
     *) echo "unknown step $step" ;;
   esac
