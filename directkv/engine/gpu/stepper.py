@@ -57,6 +57,7 @@ class GPUStepper:
         self.outputs: dict[int, list[int]] = {}  # request -> generated ids (tests compare systems on them)
         self.vocab = runner.spec.vocab_size
         self.host_s = 0.0  # seconds the host took to queue the last step (run_step)
+        self.step_times: list[tuple[float, float]] = []  # (device s, host s to queue it) of every step run
 
     def _tokens(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat input ids and the rows whose logits are needed (decodes + prompt-finishing chunks)."""
@@ -108,6 +109,7 @@ class GPUStepper:
         self.last_token.update(zip(owners, nxt, strict=True))
         for r, t in zip(owners, nxt, strict=True):
             self.outputs.setdefault(r, []).append(t)
+        self.step_times.append((seconds, self.host_s))
         after = self.path.traffic
         delta = type(after)(**{k: getattr(after, k) - getattr(before, k) for k in after.as_dict()})
         return StepCost(seconds, delta, self.path.staging_bytes)
