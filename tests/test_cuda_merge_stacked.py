@@ -46,6 +46,24 @@ def test_merge_stacked_matches_a_float64_softmax_over_the_passes(dtype, parts, b
     torch.testing.assert_close(buf[:batch].double(), want.to(dtype).double(), atol=TOL[dtype], rtol=TOL[dtype])
 
 
+@pytest.mark.gpu
+@needs_gpu
+def test_merge_stacked_lets_a_nan_lse_show_in_its_row():
+    """A NaN LSE (a broken pass) makes its row NaN, first pass or not, alone or beside -inf and finite passes;
+    the other rows merge as usual (fmaxf alone would drop the NaN and give a finite or zero row)."""
+    o = torch.randn(3, 4, 2, 8, device="cuda")
+    lse = torch.randn(3, 4, 2, device="cuda")
+    lse[0, 0, 0] = math.nan
+    lse[2, 1, 1] = math.nan
+    lse[:, 2, 0] = torch.tensor([-math.inf, math.nan, -math.inf], device="cuda")
+    out = torch.empty(4, 2, 8, device="cuda")
+    merge_stacked(o, lse, out)
+    bad = torch.zeros(4, 2, dtype=torch.bool)
+    bad[0, 0] = bad[1, 1] = bad[2, 0] = True
+    assert torch.isnan(out.cpu()[bad]).all() and not torch.isnan(out.cpu()[~bad]).any()
+    torch.testing.assert_close(out[3].double(), reference(o[:, 3:], lse[:, 3:])[0], atol=1e-5, rtol=1e-5)
+
+
 def test_merge_stacked_refuses_bad_shapes_in_one_line():
     """Checked before anything runs, so without a GPU too: CPU tensors, a shape mismatch, a half-precision o."""
     o, lse, out = torch.zeros(2, 3, 4, 8), torch.zeros(2, 3, 4), torch.zeros(3, 4, 8, dtype=torch.bfloat16)

@@ -185,7 +185,8 @@ def test_run_gpu_entry_on_cpu():
                          device="cpu")
     assert res.metrics["completed"] == 5 and res.host_pinned_bytes > 0 and "pin_s" in extra
     # each step's time beside the host's time to queue it, over the run's steps (not the warm-up's)
-    assert 0 < extra["host_queue_ms_mean"] <= extra["step_ms_mean"] and 0 <= extra["host_bound_step_share"] <= 1
+    assert 0 < extra["host_queue_ms_mean"] <= extra["step_ms_mean"]
+    assert extra["host_bound_step_share"] != extra["host_bound_step_share"]  # NaN off a GPU: the host is the device
     assert 0 < extra["step_ms_mean"] * res.steps <= res.duration_s * 1e3 * (1 + 1e-9)  # the steps fill the engine's time
 
 
@@ -196,6 +197,8 @@ def test_step_time_columns_mean_and_count_host_bound_steps():
     assert cols["step_ms_mean"] == pytest.approx(20.0) and cols["host_queue_ms_mean"] == pytest.approx(16.0)
     assert cols["host_bound_step_share"] == pytest.approx(2 / 3)  # 19 of 20 ms and 27 of 30 ms: >= 90%
     assert all(v != v for v in step_time_columns([]).values())  # no steps: NaN, not 0
+    off_gpu = step_time_columns([(0.010, 0.002)], device=False)
+    assert off_gpu["step_ms_mean"] == pytest.approx(10.0) and off_gpu["host_bound_step_share"] != off_gpu["host_bound_step_share"]
 
 
 def test_directkv_stream_refused_without_the_cuda_kernels(runner):

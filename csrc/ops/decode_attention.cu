@@ -149,8 +149,14 @@ void copy_async(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream) {
 // them every layer, so they are not converted from Python tuples on every call.
 void copy_runs_packed(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
                       uintptr_t runs, int64_t num_runs, size_t unit_bytes, uintptr_t stream) {
-  if (dst_bases.size() != src_bases.size()) throw std::invalid_argument("copy_runs_async: one src base per dst base");
-  if (num_runs < 0 || (num_runs > 0 && runs == 0)) throw std::invalid_argument("copy_runs_async: no runs array");
+  if (dst_bases.size() != src_bases.size()) {
+    throw std::invalid_argument("copy_runs: one src base per dst base; got " + std::to_string(dst_bases.size()) +
+                                " dst and " + std::to_string(src_bases.size()) + " src");
+  }
+  if (num_runs < 0 || (num_runs > 0 && runs == 0)) {
+    throw std::invalid_argument("copy_runs_packed: num_runs " + std::to_string(num_runs) +
+                                " must be >= 0, with a runs array when > 0");
+  }
   const auto* r = reinterpret_cast<const int64_t*>(runs);
   std::vector<void*> dsts;
   std::vector<const void*> srcs;

@@ -14,9 +14,13 @@ void scatter_rows_run(const std::vector<uintptr_t>& dst, const std::vector<uintp
               std::to_string(src.size()) + " src");
   require(row_bytes >= 16 && row_bytes % 16 == 0,
           "scatter_rows: row_bytes " + std::to_string(row_bytes) + " must be a positive multiple of 16");
-  require(n >= 0 && dst_rows_total >= 0 && src_rows_total >= 0, "scatter_rows: negative row count");
+  require(n >= 0 && dst_rows_total >= 0 && src_rows_total >= 0,
+          "scatter_rows: row counts must be >= 0; got n " + std::to_string(n) + ", dst rows " +
+              std::to_string(dst_rows_total) + ", src rows " + std::to_string(src_rows_total));
   for (size_t i = 0; i < dst.size(); ++i) {
-    require(dst[i] % 16 == 0 && src[i] % 16 == 0, "scatter_rows: dst and src must be 16-byte aligned");
+    require(dst[i] % 16 == 0 && src[i] % 16 == 0, "scatter_rows: pair " + std::to_string(i) + ": dst " +
+                                                      std::to_string(dst[i]) + " and src " + std::to_string(src[i]) +
+                                                      " must be 16-byte aligned");
   }
   if (n == 0) return;
   ScatterRowsParams p{};

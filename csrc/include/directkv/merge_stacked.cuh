@@ -19,7 +19,7 @@ struct MergeStackedParams {
 };
 
 // One thread per 4 dims of a row. A row whose passes all have -inf LSEs (no key anywhere) gets zeros, and a
-// pass of weight 0 is skipped, so its O (possibly never written) is not read.
+// pass of weight 0 is skipped, so its O (possibly never written) is not read; a NaN LSE makes the row NaN.
 template <typename T>
 __global__ void merge_stacked_kernel(const MergeStackedParams p) {
   const int vecs = p.head_dim / 4;
@@ -28,7 +28,11 @@ __global__ void merge_stacked_kernel(const MergeStackedParams p) {
   const int64_t row = i / vecs;
   const int v = static_cast<int>(i % vecs);
   float m = -INFINITY;
-  for (int k = 0; k < p.num_parts; ++k) m = fmaxf(m, p.lse[k * p.rows + row]);
+  for (int k = 0; k < p.num_parts; ++k) {
+    const float l = p.lse[k * p.rows + row];
+    m = isnan(l) ? l : fmaxf(m, l);  // fmaxf drops a NaN: keep it, so a broken pass shows in the output
+    if (isnan(m)) break;
+  }
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   if (m != -INFINITY) {
     float sum = 0.f;

@@ -151,7 +151,7 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     stepper.step_times.clear()  # the warm-up's steps are not the run's
     with NvmlSampler() if cuda else _Null() as sampler:
         res = serve(requests, stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg, warmup=warmup)
-    extra |= step_time_columns(stepper.step_times)
+    extra |= step_time_columns(stepper.step_times, device=cuda)
     if cuda:
         res.gpu_mem_bytes = torch.cuda.max_memory_reserved(dev)
         extra |= {"gpu_peak_allocated_gb": torch.cuda.max_memory_allocated(dev) / 1e9,
@@ -170,15 +170,18 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     return res, extra
 
 
-def step_time_columns(times: list[tuple[float, float]]) -> dict:
+def step_time_columns(times: list[tuple[float, float]], *, device: bool = True) -> dict:
     """Row columns of a run's (device s, host s to queue the step) pairs: mean step time, mean host time, and the
     share of steps the host took >= 90% of the step's time to queue; there the device likely waited for the
-    host's launches, which no roofline of the device models (the simulation beside the row does not)."""
+    host's launches, which no roofline of the device models (the simulation beside the row does not). A path
+    that waits for the device within a step (cpu_attn's copies of Q to the host, a pipelined step's CPU half)
+    counts that wait as host time too. Off a GPU (device False) the host runs the step itself: the share is NaN.
+    The steps are all of the serve call's, the warm-up requests' included."""
     if not times:
         return {"step_ms_mean": float("nan"), "host_queue_ms_mean": float("nan"), "host_bound_step_share": float("nan")}
     n = len(times)
     return {"step_ms_mean": 1e3 * sum(d for d, _ in times) / n, "host_queue_ms_mean": 1e3 * sum(h for _, h in times) / n,
-            "host_bound_step_share": sum(h >= 0.9 * d for d, h in times) / n}
+            "host_bound_step_share": sum(h >= 0.9 * d for d, h in times) / n if device else float("nan")}
 
 
 class _Null:

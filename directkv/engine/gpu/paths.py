@@ -30,10 +30,10 @@ import math
 import torch
 
 from directkv.engine.gpu.plan import StepPlan
-from directkv.errors import ConfigError
+from directkv.errors import ConfigError, check
 from directkv.kernels import get_op
-from directkv.kernels.cuda import build, prefill_stream
 from directkv.kernels.cuda import decode_attention as cuda_decode
+from directkv.kernels.cuda import prefill_stream
 from directkv.kernels.cuda.scatter_rows import scatter_rows
 from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.paged import PagedKV
@@ -55,7 +55,11 @@ class ZeroCopyPath:
         """side_ctas: attend_async's kernels are split to about this many CTAs (None: the kernel's own plan,
         which fills every SM and leaves none to the other half's dense layers). stream_slots: slots of the stream
         variant's decode ring, 16 MiB of K and of V each: how many chunks the copy engine may run ahead of the
-        kernels (and so of the host, which queues a slot's next copy after its reader)."""
+        kernels (and so of the host, which queues a slot's next copy after its reader). Not a config option: 4
+        slots measured no faster than 2 in serving (H200, 2026-12-01, ShareGPT 10 req/s)."""
+        check(isinstance(stream_slots, int) and stream_slots >= 2,
+              f"stream_slots must be an int >= 2 (the copy engine fills one slot while a kernel reads another); "
+              f"got {stream_slots!r}")
         self.kv, self.tier, self.variant, self.side_ctas = kv, tier, variant, side_ctas
         self.stream_slots = stream_slots
         backend = kernel_backend()
@@ -276,7 +280,7 @@ class _Stager:
     """Copies one layer's pages of the step's requests into HBM, one layer ahead, on a side stream.
 
     Pages are copied as contiguous runs of host page ids (all of a pool's runs issued by one C++ call,
-    copy_runs_async); the block tables are remapped onto the staging pool, whose entries are HBM pages.
+    copy_runs_packed); the block tables are remapped onto the staging pool, whose entries are HBM pages.
     """
 
     def __init__(self, host_pools, device: torch.device):
@@ -330,7 +334,7 @@ class _Stager:
             # One C++ call per pool issues every run (cudaMemcpyBatchAsync where CUDA 13 has it): at ~50 requests
             # per step the runs were hundreds per layer, and one torch copy_ per run from Python cost more than
             # the copies (H200, Alpaca at 30 req/s: swap 53 ms per token against directkv's 19.5).
-            copy_runs = build.load("decode_attention").copy_runs_packed
+            copy_runs = cuda_decode.copy_module().copy_runs_packed
             runs = self.dma_runs
             for dst, src in zip(bufs, pools, strict=True):
                 copy_runs([dst.data_ptr()], [src.data_ptr()], runs.data_ptr(), runs.shape[0],

@@ -72,8 +72,14 @@ def heads_per_cta(variant: str, group: int) -> int:
     return next(h for h in (8, 4, 2, 1) if group % h == 0)
 
 
+@cache
 def _module():
-    return build.load("decode_attention")
+    return build.load("decode_attention")  # once: load() takes a lock on every call
+
+
+def copy_module():
+    """The decode_attention module, whose copy_runs_packed / copy_runs_async the serving paths' copies use."""
+    return _module()
 
 
 @cache
@@ -286,7 +292,7 @@ class StreamPlan:
     freed: list[torch.cuda.Event]
     last: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]
     page_bytes: int
-    packed: list[torch.Tensor] = field(default_factory=list)
+    packed: list[torch.Tensor]
     queue: list[tuple[int, int]] = field(default_factory=list)
     call: int = 0
     copied: int = 0
@@ -351,12 +357,12 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
                 min_chunk_bytes: int = 2 << 20, ring_bytes: int = STREAM_RING_BYTES, reuse: StreamPlan | None = None,
                 host_table: tuple[torch.Tensor, torch.Tensor] | None = None) -> StreamPlan:
     """Plan the stream variant for `kv` (reads its block table once); the HBM ring is
-    2 * num_slots * chunk_bytes (K and V), at most 64 MiB, and a new ring holds no more than the host pages the
-    batch reads (or min_chunk_bytes per slot) need.
+    2 * num_slots * chunk_bytes (K and V), at most ring_bytes (64 MiB by default), and a new ring holds no more
+    than the host pages the batch reads (or min_chunk_bytes per slot) need.
 
     reuse : an earlier plan (a serving path's previous step) whose ring, copy stream and events this one
         takes over when its ring holds enough pages per slot for the same page shape; a ring too small is
-        replaced by one a quarter larger at least (up to chunk_bytes and the 64 MiB of all slots), so growing
+        replaced by one a quarter larger at least (up to chunk_bytes and ring_bytes over all slots), so growing
         contexts do not allocate a ring of a new size every step. The earlier plan must not be used afterwards.
     host_table : (block table, seq_lens) as CPU tensors equal to kv's, where the caller has them: reading
         kv's from the GPU is a device sync.
