@@ -489,3 +489,38 @@ def test_prompt_chunks_get_host_copies_equal_to_their_tables(runner, name, varia
     for tables, cpu in seen:
         assert cpu is not None and len(cpu) == len(tables)
         assert all(torch.equal(h, t.cpu()) for h, t in zip(cpu, tables, strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name,variant", [("directkv", "tiled"), ("directkv", "stream"), ("swap", "")])
+def test_a_serving_steps_attention_calls_do_not_sync(name, variant, monkeypatch):
+    """Every layer's attend of a real serving run (CUDA graphs on, prompt chunks and decodes) runs under torch's
+    sync debug mode, which raises on a synchronising operation: a sync there would stall the copies queued
+    ahead (stream) or the staging of the next layer (swap) until the host caught up. The step's planning
+    (begin) is outside. The control, in the first call, must raise, so the check can fail."""
+    from directkv.engine.gpu.paths import StagedPath, ZeroCopyPath
+
+    cls = StagedPath if name == "swap" else ZeroCopyPath
+    attend, calls = cls.attend, []
+
+    def strict(self, layer, q, k, v):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            if not calls:
+                with pytest.raises(RuntimeError, match="synchroniz"):
+                    q.float().sum().item()
+            out = attend(self, layer, q, k, v)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        calls.append(layer)
+        return out
+
+    monkeypatch.setattr(cls, "attend", strict)
+    mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
+    try:
+        res, _ = run_gpu(_requests(), SystemPolicy(name, variant), SPEC, mem=mem, sched_cfg=SCHED, device="cuda",
+                         cuda_graphs=True)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert res.metrics["completed"] == 5 and len(calls) >= 5 * SPEC.num_layers  # at least the 5 requests' steps
