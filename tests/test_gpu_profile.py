@@ -115,6 +115,14 @@ def test_profiler_replays_a_saved_schedule_and_summarises_long_runs(tmp_path, ca
     assert f"schedule {path} (3 requests)" in out and "steps (kind" in out and "host calls" not in out
     assert main(["--system", "swap", "--model", "tiny", "--schedule", str(tmp_path / "none.parquet")]) == 2
     assert "schedule file not found" in capsys.readouterr().err
+    # a run of more than 60 steps: per-class lines, whose counts add up to the steps but the executor's warm-up
+    long = save_schedule(with_arrivals(synthetic_workload(2, 30, 70), 50.0), tmp_path / "long.parquet")
+    assert main(["--system", "swap", "--model", "tiny", "--schedule", str(long), "--count", "0"]) == 0
+    out = capsys.readouterr().out
+    total = int(re.search(r": (\d+) steps,", out).group(1))
+    warm = int(re.search(r"the executor's (\d+) warm-up steps left out", out).group(1))
+    counts = [int(line.split()[-5]) for line in out.splitlines() if line.startswith(("decode-only", "prompt"))]
+    assert warm >= 1 and total > 60 and sum(counts) == total
     steps = [("4d+0p", 0.010, 0.004)] * 50 + [("20d+0p*", 0.030, 0.029)] * 5 + [("3d+300p", 0.050, 0.020)] * 7
     lines = step_summary(steps)
     rows = {line[:22].strip(): line.split()[-5:] for line in lines[1:]}

@@ -200,6 +200,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     start, stop = (prof.enable, prof.disable) if python else (prof.start, prof.stop)
 
     first: list[int] = []  # index of the first picked step, once known
+    warm: list[bool] = []  # per step: the executor's warm-up
 
     def run_step(self, step):  # records (kind, seconds) of every step, the executor's warm-up first
         if not first and len(steps) >= skip and count and len(step.decodes) >= min_decodes and (
@@ -212,6 +213,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
             stop()  # the step has synchronized: its queued work is in the profile
         kind = f"{len(step.decodes)}d+{sum(c.chunk_len for c in step.prefills)}p"
         steps.append((kind + ("*" if picked else ""), cost.time_s, self.host_s))
+        # the executor's warm-up requests have negative ids: their cold steps stay out of the summary
+        warm.append(all(r < 0 for r in [*(d.req_id for d in step.decodes), *(c.state.req_id for c in step.prefills)]))
         return cost
 
     GPUStepper.run_step = run_step
@@ -226,7 +229,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
           f"{res.duration_s:.2f} s engine time, TPOT {res.metrics['mean_tpot_ms']:.1f} ms, "
           f"GPU {res.gpu_mem_bytes / 1e9:.1f} GB, link read {res.traffic.link_read_bytes / 1e9:.1f} GB, {extra}")
     if len(steps) > 60:
-        print("\n".join(step_summary(steps)))
+        print(f"(the executor's {sum(warm)} warm-up steps left out)")
+        print("\n".join(step_summary([st for st, w in zip(steps, warm, strict=True) if not w])))
     else:
         print("steps (kind: decodes d + prompt tokens p, * = profiled; device ms / host ms to queue the step):",
               ", ".join(f"{k} {t * 1e3:.1f}/{h * 1e3:.1f}" for k, t, h in steps))
