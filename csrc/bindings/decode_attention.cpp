@@ -4,7 +4,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -19,9 +18,6 @@ void decode_attention_run(uintptr_t q, uintptr_t host_k, uintptr_t host_v, uintp
                           int num_splits, int tiles_per_split, int heads_per_cta, int tile, float sm_scale,
                           int dtype, int load_mode, int split_major, uintptr_t stream);
 void copy_async(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream);
-void copy_runs_async(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
-                     const std::vector<std::tuple<int64_t, int64_t, int64_t>>& runs, size_t unit_bytes,
-                     uintptr_t stream);
 void copy_runs_packed(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
                       uintptr_t runs, int64_t num_runs, size_t unit_bytes, uintptr_t stream);
 }  // namespace directkv
@@ -39,10 +35,8 @@ PYBIND11_MODULE(_dkv_decode_attention, m) {
         py::arg("split_major"), py::arg("stream"));
   m.def("copy_async", &directkv::copy_async, py::arg("dst"), py::arg("src"), py::arg("nbytes"), py::arg("stream"),
         "cudaMemcpyAsync with the direction inferred from UVA (pinned host -> HBM runs on the copy engine)");
-  m.def("copy_runs_async", &directkv::copy_runs_async, py::arg("dst_bases"), py::arg("src_bases"), py::arg("runs"),
-        py::arg("unit_bytes"), py::arg("stream"),
-        "copy_async of every (src unit, dst unit, units) run for each (dst, src) base pair, issued from C++");
   m.def("copy_runs_packed", &directkv::copy_runs_packed, py::arg("dst_bases"), py::arg("src_bases"), py::arg("runs"),
         py::arg("num_runs"), py::arg("unit_bytes"), py::arg("stream"),
-        "copy_runs_async with the runs as a pointer to num_runs x 3 int64 (src unit, dst unit, units) in host memory");
+        "copy_async of every (src unit, dst unit, units) run (num_runs x 3 int64 in host memory) for each (dst, src) "
+        "base pair, issued from C++");
 }

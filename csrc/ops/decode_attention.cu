@@ -2,7 +2,7 @@
 // on the caller's stream. Also the occupancy query the Python split plan uses, and an async copy helper for
 // the copy-engine ("stream") variant.
 #include <stdexcept>
-#include <tuple>
+#include <utility>
 #include <vector>
 #include <type_traits>
 
@@ -150,7 +150,7 @@ void copy_async(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream) {
 void copy_runs_packed(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
                       uintptr_t runs, int64_t num_runs, size_t unit_bytes, uintptr_t stream) {
   if (dst_bases.size() != src_bases.size()) {
-    throw std::invalid_argument("copy_runs: one src base per dst base; got " + std::to_string(dst_bases.size()) +
+    throw std::invalid_argument("copy_runs_packed: one src base per dst base; got " + std::to_string(dst_bases.size()) +
                                 " dst and " + std::to_string(src_bases.size()) + " src");
   }
   if (num_runs < 0 || (num_runs > 0 && runs == 0)) {
@@ -192,21 +192,6 @@ void copy_runs_packed(const std::vector<uintptr_t>& dst_bases, const std::vector
   for (size_t i = 0; i < dsts.size(); ++i) {
     check_cuda(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, s), "decode_attention: cudaMemcpyAsync");
   }
-}
-
-// The same with the runs as (src, dst, units) tuples.
-void copy_runs_async(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
-                     const std::vector<std::tuple<int64_t, int64_t, int64_t>>& runs, size_t unit_bytes,
-                     uintptr_t stream) {
-  std::vector<int64_t> flat;
-  flat.reserve(3 * runs.size());
-  for (const auto& [src, dst, n] : runs) {
-    flat.push_back(src);
-    flat.push_back(dst);
-    flat.push_back(n);
-  }
-  copy_runs_packed(dst_bases, src_bases, reinterpret_cast<uintptr_t>(flat.data()), static_cast<int64_t>(runs.size()),
-                   unit_bytes, stream);
 }
 
 }  // namespace directkv

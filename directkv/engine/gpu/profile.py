@@ -212,7 +212,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         if picked and len(steps) == first[0] + count - 1:
             stop()  # the step has synchronized: its queued work is in the profile
         kind = f"{len(step.decodes)}d+{sum(c.chunk_len for c in step.prefills)}p"
-        steps.append((kind + ("*" if picked else ""), cost.time_s, self.host_s))
+        steps.append((kind + ("*" if picked else ""), *self.step_times[-1]))
         # the executor's warm-up requests have negative ids: their cold steps stay out of the summary
         warm.append(all(r < 0 for r in [*(d.req_id for d in step.decodes), *(c.state.req_id for c in step.prefills)]))
         return cost

@@ -56,7 +56,6 @@ class GPUStepper:
         self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
         self.outputs: dict[int, list[int]] = {}  # request -> generated ids (tests compare systems on them)
         self.vocab = runner.spec.vocab_size
-        self.host_s = 0.0  # seconds the host took to queue the last step (run_step)
         self.step_times: list[tuple[float, float]] = []  # (device s, host s to queue it) of every step run
 
     def _tokens(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,9 +93,9 @@ class GPUStepper:
                                                    want.to(self.device), split=split)
         else:
             logits = self.runner.forward(ids.to(self.device), plan.positions, self.path.attend, want.to(self.device))
-        # the host has queued the whole step: on a GPU, a host_s near the step's device time means the device
-        # waited for the host (profile prints both)
-        self.host_s = time.perf_counter() - t0
+        # the host has queued the whole step: on a GPU, a host time near the step's device time means the device
+        # waited for the host (step_times; profile prints both)
+        host_s = time.perf_counter() - t0
         nxt = logits.argmax(-1).tolist()[: rows.numel()]  # greedy; ignore_eos: lengths come from the workload
         if cuda:
             stop.record()
@@ -109,7 +108,7 @@ class GPUStepper:
         self.last_token.update(zip(owners, nxt, strict=True))
         for r, t in zip(owners, nxt, strict=True):
             self.outputs.setdefault(r, []).append(t)
-        self.step_times.append((seconds, self.host_s))
+        self.step_times.append((seconds, host_s))
         after = self.path.traffic
         delta = type(after)(**{k: getattr(after, k) - getattr(before, k) for k in after.as_dict()})
         return StepCost(seconds, delta, self.path.staging_bytes)

@@ -18,7 +18,6 @@ the kernel's occupancy and the block table's width (no device sync).
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -28,7 +27,7 @@ from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.cuda import build
 from directkv.kernels.cuda.merge_stacked import merge_stacked
 from directkv.kernels.cuda.scatter_rows import scatter_rows
-from directkv.kernels.paged import PagedKV, check_queries
+from directkv.kernels.paged import PagedKV, check_queries, per_table
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import STREAM_RING_BYTES, decode_traffic
 
@@ -78,7 +77,7 @@ def _module():
 
 
 def copy_module():
-    """The decode_attention module, whose copy_runs_packed / copy_runs_async the serving paths' copies use."""
+    """The decode_attention module, whose copy_runs_packed issues every ring and staging copy (pack_runs)."""
     return _module()
 
 
@@ -108,8 +107,7 @@ class _Workspace:
 
 
 _WORKSPACES: dict[tuple[int, int], _Workspace] = {}
-# id(block_table) -> (weakref to it, {key: Traffic}); tensors cannot key a WeakKeyDictionary (== is elementwise)
-_TRAFFIC: dict[int, tuple[weakref.ref, dict]] = {}
+_TRAFFIC: dict = {}  # per_table's memo of the closed-form Traffic
 
 
 def _launch(q, host_k, host_v, hbm_k, hbm_v, block_table, seq_lens, *, variant, tile_kv, sm_scale, num_splits,
@@ -166,14 +164,9 @@ def traffic(kv: PagedKV, *, num_heads: int, variant: str,
     """Closed-form Traffic of one call (memoised per block table and seq_lens contents version). host_table:
     CPU copies of kv's (block table, seq_lens), read instead of kv's, whose reading is a device sync when
     they live on the GPU."""
-    key = (variant, num_heads, kv.seq_lens.data_ptr(), kv.seq_lens._version, kv.block_table._version)
-    ref, memo = _TRAFFIC.get(id(kv.block_table), (None, None))
-    if ref is None or ref() is not kv.block_table:
-        if len(_TRAFFIC) > 64:
-            _TRAFFIC.clear()
-        memo = {}
-        _TRAFFIC[id(kv.block_table)] = (weakref.ref(kv.block_table), memo)
-    if key not in memo:
+    key = (variant, num_heads, kv.seq_lens.data_ptr(), kv.seq_lens._version)
+
+    def closed_form() -> Traffic:
         table, lens = host_table if host_table is not None else (kv.block_table.cpu(), kv.seq_lens.cpu())
         lens = lens.to(torch.int64)
         cols = torch.arange(table.shape[1])
@@ -188,8 +181,9 @@ def traffic(kv: PagedKV, *, num_heads: int, variant: str,
         if variant == "stream":  # host bytes are written into the HBM ring, then read from it by the kernel
             t = Traffic(t.link_read_bytes, t.link_write_bytes, t.hbm_read_bytes + t.link_read_bytes,
                         t.hbm_write_bytes + t.link_read_bytes, t.flops)
-        memo[key] = t
-    return memo[key]
+        return t
+
+    return per_table(_TRAFFIC, kv.block_table, key, closed_form)
 
 
 def decode_attention(
@@ -483,7 +477,7 @@ def _fill(plan: StreamPlan, upto: int) -> None:
         return
     slot_bytes = plan.ring_k.stride(0) * plan.ring_k.element_size()
     ring_k, ring_v = plan.ring_k.data_ptr(), plan.ring_v.data_ptr()
-    copy_runs = _module().copy_runs_packed
+    copy_runs = copy_module().copy_runs_packed
     while plan.copied < limit:
         g = plan.copied
         slot = g % num_slots

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 import torch
 
 from directkv.errors import check
-from directkv.kernels.cuda.decode_attention import _module as _copy_module
 from directkv.kernels.cuda.decode_attention import (
+    copy_module,
     grown_pages,
     host_pages,
     new_ring,
+    pack_runs,
     release_ring,
     stream_schedule,
 )
@@ -67,12 +68,14 @@ class StreamPass:
         original (negative) entries for the HBM-page pass; pages in logical order, so a partly filled last
         page stays last and past_len counts the pass's tokens exactly.
     copies : ring chunk only: the (first host page, first ring position, pages) runs to copy; () for HBM.
+    packed : the same runs as copy_runs_packed reads them (pack_runs), made once for every call of the plan.
     """
 
     table: torch.Tensor
     past_len: int
     copies: tuple[tuple[int, int, int], ...]
     ring: bool
+    packed: torch.Tensor
 
 
 def stream_passes(block_table: torch.Tensor, past_len: int, page_size: int, chunk_pages: int, *,
@@ -89,7 +92,8 @@ def stream_passes(block_table: torch.Tensor, past_len: int, page_size: int, chun
     for i in range(tables.shape[0]):
         ring = i < len(copies)
         if int(lens[i, 0]) > 0:
-            passes.append(StreamPass(tables[i, 0], int(lens[i, 0]), tuple(copies[i]) if ring else (), ring))
+            runs = tuple(copies[i]) if ring else ()
+            passes.append(StreamPass(tables[i, 0], int(lens[i, 0]), runs, ring, pack_runs(runs)))
     return passes
 
 
@@ -197,7 +201,8 @@ def copy_pass(plan: PrefillStreamPlan, ring_k, ring_v, side, filled, freed, host
     if c >= STREAM_SLOTS:
         side.wait_event(freed[slot])  # the passes of chunk c - STREAM_SLOTS are done with the slot
     slot_bytes = ring_k.stride(0) * ring_k.element_size()
-    _copy_module().copy_runs_async([ring_k.data_ptr() + slot * slot_bytes, ring_v.data_ptr() + slot * slot_bytes],
-                                   [host_k.data_ptr(), host_v.data_ptr()], list(plan.passes[c].copies),
+    runs = plan.passes[c].packed
+    copy_module().copy_runs_packed([ring_k.data_ptr() + slot * slot_bytes, ring_v.data_ptr() + slot * slot_bytes],
+                                   [host_k.data_ptr(), host_v.data_ptr()], runs.data_ptr(), runs.shape[0],
                                    plan.page_bytes, side.cuda_stream)
     filled[slot].record(side)
