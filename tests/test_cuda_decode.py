@@ -256,7 +256,7 @@ def test_stream_plan_takes_over_an_earlier_ring_or_grows_it():
     run_and_check(big, 8, "stream", plan=first)
     # 313 host pages in 35 chunks: 9 pages each, one more than the ring holds; it grows by a quarter, to 10
     grown = plan_stream(big, min_chunks=35, min_chunk_bytes=8 << 10, reuse=first)
-    assert sum(n for _, _, n in grown.copies[0]) == 9 and grown.ring_k.shape[1] == 10 and first.ring_k is None
+    assert sum(n for _, _, n in grown.copies[0].tolist()) == 9 and grown.ring_k.shape[1] == 10 and first.ring_k is None
     run_and_check(big, 8, "stream", plan=grown)
     kept = plan_stream(small, chunk_bytes=64 << 10, min_chunk_bytes=64 << 10, reuse=grown)
     assert kept.ring_k is grown.ring_k and kept.side is grown.side and len(kept.copies) > 1
@@ -333,8 +333,8 @@ def test_stream_schedule_covers_every_token_once(chunk_pages):
     for c in range(tables.shape[0]):
         ring = {}
         if c < len(copies):
-            assert sum(n for _, _, n in copies[c]) <= chunk_pages
-            for src, dst, n in copies[c]:
+            assert sum(n for _, _, n in copies[c].tolist()) <= chunk_pages
+            for src, dst, n in copies[c].tolist():
                 ring.update({dst + i: src + i for i in range(n)})
         for b in range(len(lens)):
             n = int(plens[c, b])
@@ -385,7 +385,7 @@ def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages,
     hp = host_pages(kv.block_table, kv.seq_lens, 16)
     _, _, copies, _ = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages, hp=hp)
     rows, at, chunks = _last_token_slots(kv.block_table, kv.seq_lens, 16, hp[3], chunk_pages)
-    in_slot = [{dst + i: src + i for src, dst, n in runs for i in range(n)} for runs in copies]  # slot page -> host
+    in_slot = [{dst + i: src + i for src, dst, n in runs.tolist() for i in range(n)} for runs in copies]  # slot page -> host
     want = [b for b, n in enumerate(lens) if n and int(kv.block_table[b, (n - 1) // 16]) >= 0]
     assert rows.tolist() == want
     for b, r, c in zip(rows.tolist(), at.tolist(), chunks.tolist(), strict=True):

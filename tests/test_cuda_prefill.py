@@ -453,14 +453,14 @@ def test_stream_passes_emulated_match_dense_attention(past, page_size, chunk_pag
     ring_passes = [p for p in passes if p.ring]
     assert passes[: len(ring_passes)] == ring_passes  # ring chunks first: the index counts ring slots
     assert len(ring_passes) == -(-len(host_pages) // chunk_pages)
-    assert sorted(s + i for p in ring_passes for s, _, n in p.copies for i in range(n)) == sorted(host_pages)
+    assert sorted(s + i for p in ring_passes for s, _, n in p.copies.tolist() for i in range(n)) == sorted(host_pages)
     ring_k = torch.full((STREAM_SLOTS, chunk_pages, *kv.host_k.shape[1:]), math.nan, dtype=torch.float64)
     ring_v = ring_k.clone()
     parts = []
     for c, ps in enumerate(passes):
         if ps.ring:
             slot = c % STREAM_SLOTS
-            for src, dst, n in ps.copies:
+            for src, dst, n in ps.copies.tolist():
                 assert 0 <= dst and dst + n <= chunk_pages
                 ring_k[slot, dst : dst + n] = kv.host_k[src : src + n]
                 ring_v[slot, dst : dst + n] = kv.host_v[src : src + n]

@@ -185,7 +185,7 @@ def test_run_gpu_entry_on_cpu():
                          device="cpu")
     assert res.metrics["completed"] == 5 and res.host_pinned_bytes > 0 and "pin_s" in extra
     # each step's time beside the host's time to queue it, over the run's steps (not the warm-up's)
-    assert 0 < extra["host_queue_ms_mean"] <= extra["step_ms_mean"]
+    assert 0 < extra["host_prep_ms_mean"] < extra["host_queue_ms_mean"] <= extra["step_ms_mean"]
     assert extra["host_bound_step_share"] != extra["host_bound_step_share"]  # NaN off a GPU: the host is the device
     assert 0 < extra["step_ms_mean"] * res.steps <= res.duration_s * 1e3 * (1 + 1e-9)  # the steps fill the engine's time
 
@@ -193,11 +193,12 @@ def test_run_gpu_entry_on_cpu():
 def test_step_time_columns_mean_and_count_host_bound_steps():
     from directkv.engine.gpu.executor import step_time_columns
 
-    cols = step_time_columns([(0.010, 0.002), (0.020, 0.019), (0.030, 0.027)])
+    cols = step_time_columns([(0.010, 0.002, 0.001), (0.020, 0.019, 0.002), (0.030, 0.027, 0.006)])
     assert cols["step_ms_mean"] == pytest.approx(20.0) and cols["host_queue_ms_mean"] == pytest.approx(16.0)
+    assert cols["host_prep_ms_mean"] == pytest.approx(3.0)
     assert cols["host_bound_step_share"] == pytest.approx(2 / 3)  # 19 of 20 ms and 27 of 30 ms: >= 90%
     assert all(v != v for v in step_time_columns([]).values())  # no steps: NaN, not 0
-    off_gpu = step_time_columns([(0.010, 0.002)], device=False)
+    off_gpu = step_time_columns([(0.010, 0.002, 0.001)], device=False)
     assert off_gpu["step_ms_mean"] == pytest.approx(10.0) and off_gpu["host_bound_step_share"] != off_gpu["host_bound_step_share"]
 
 
@@ -220,7 +221,7 @@ def test_stager_copies_runs_of_host_pages_whatever_the_request_order():
     pool = torch.arange(12 * 2, dtype=torch.float32).reshape(12, 2)
     stager = _Stager(lambda layer: [pool], torch.device("cpu"))
     tables = stager.plan([[5, 4, 3], [9, 8], [4]])
-    assert stager.runs == [(0, 3, 3), (3, 8, 2)]
+    assert stager.dma_runs.tolist() == [[3, 0, 3], [8, 3, 2]]  # (host page, staging index, pages)
     stager.issue(0)
     staged = stager.acquire(0)[0]
     for pages, table in zip([[5, 4, 3], [9, 8], [4]], tables, strict=True):

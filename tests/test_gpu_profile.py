@@ -121,12 +121,13 @@ def test_profiler_replays_a_saved_schedule_and_summarises_long_runs(tmp_path, ca
     out = capsys.readouterr().out
     total = int(re.search(r": (\d+) steps,", out).group(1))
     warm = int(re.search(r"the executor's (\d+) warm-up steps left out", out).group(1))
-    counts = [int(line.split()[-5]) for line in out.splitlines() if line.startswith(("decode-only", "prompt"))]
+    counts = [int(line.split()[-6]) for line in out.splitlines() if line.startswith(("decode-only", "prompt"))]
     assert warm >= 1 and total > 60 and sum(counts) == total
-    steps = [("4d+0p", 0.010, 0.004)] * 50 + [("20d+0p*", 0.030, 0.029)] * 5 + [("3d+300p", 0.050, 0.020)] * 7
+    steps = ([("4d+0p", 0.010, 0.004, 0.001)] * 50 + [("20d+0p*", 0.030, 0.029, 0.003)] * 5
+             + [("3d+300p", 0.050, 0.020, 0.002)] * 7)
     lines = step_summary(steps)
-    rows = {line[:22].strip(): line.split()[-5:] for line in lines[1:]}
+    rows = {line[:22].strip(): line.split()[-6:] for line in lines[1:]}
     assert set(rows) == {"decode-only 1-8", "decode-only 17-32", "prompt > 256 tokens"}
-    assert rows["decode-only 17-32"] == ["5", "30.0", "29.0", "5", "0.15"]
-    assert rows["decode-only 1-8"] == ["50", "10.0", "4.0", "0", "0.50"]
+    assert rows["decode-only 17-32"] == ["5", "30.0", "29.0", "3.0", "5", "0.15"]
+    assert rows["decode-only 1-8"] == ["50", "10.0", "4.0", "1.0", "0", "0.50"]
     assert sum(int(r[0]) for r in rows.values()) == len(steps)

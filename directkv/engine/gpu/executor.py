@@ -170,18 +170,21 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     return res, extra
 
 
-def step_time_columns(times: list[tuple[float, float]], *, device: bool = True) -> dict:
-    """Row columns of a run's (device s, host s to queue the step) pairs: mean step time, mean host time, and the
-    share of steps the host took >= 90% of the step's time to queue; there the device likely waited for the
-    host's launches, which no roofline of the device models (the simulation beside the row does not). A path
-    that waits for the device within a step (cpu_attn's copies of Q to the host, a pipelined step's CPU half)
-    counts that wait as host time too. Off a GPU (device False) the host runs the step itself: the share is NaN.
-    The steps are all of the serve call's, the warm-up requests' included."""
+def step_time_columns(times: list[tuple[float, float, float]], *, device: bool = True) -> dict:
+    """Row columns of a run's (device s, host s to queue the step, host s to plan it) triples: mean step time, mean
+    host time to queue a step and to plan it (plan_step and the path's begin, which issues the step's first copies:
+    the copy engine cannot start before), and the share of steps the host took >= 90% of the step's time to queue;
+    there the device likely waited for the host's launches, which no roofline of the device models (the
+    simulation beside the row does not). A path that waits for the device within a step (cpu_attn's copies of Q
+    to the host, a pipelined step's CPU half) counts that wait as host time too. Off a GPU (device False) the host
+    runs the step itself: the share is NaN. The steps are all of the serve call's, the warm-up requests' included."""
+    names = ("step_ms_mean", "host_queue_ms_mean", "host_prep_ms_mean", "host_bound_step_share")
     if not times:
-        return {"step_ms_mean": float("nan"), "host_queue_ms_mean": float("nan"), "host_bound_step_share": float("nan")}
+        return dict.fromkeys(names, float("nan"))
     n = len(times)
-    return {"step_ms_mean": 1e3 * sum(d for d, _ in times) / n, "host_queue_ms_mean": 1e3 * sum(h for _, h in times) / n,
-            "host_bound_step_share": sum(h >= 0.9 * d for d, h in times) / n if device else float("nan")}
+    means = [1e3 * sum(t[i] for t in times) / n for i in range(3)]
+    share = sum(h >= 0.9 * d for d, h, _ in times) / n if device else float("nan")
+    return dict(zip(names, (*means, share), strict=True))
 
 
 class _Null:

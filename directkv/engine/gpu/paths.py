@@ -25,6 +25,7 @@ so the same code runs in the CPU tests at toy sizes.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -295,15 +296,17 @@ class _Stager:
         self.free = [None, None]
 
     def plan(self, page_lists: list[list[int]]) -> list[torch.Tensor]:
-        """Fix this step's page set; returns the remapped block tables (one per page list)."""
+        """Fix this step's page set; returns the remapped block tables (one `[1, pages]` int32 CPU tensor per page
+        list, `[[0]]` for an empty one)."""
         # Staged in host-page order, not request order: consecutive host pages then form one copy whatever
         # order the pages were handed out in (a request given recycled pages 256, 255, 254, ... had cost one
         # cudaMemcpy per 32 KB page: 2 x 1025 per layer at 16K context, 0.5-1 s per step on the H200).
-        self.pages = sorted({e for pages in page_lists for e in pages})
-        order = {e: i for i, e in enumerate(self.pages)}
-        self.runs = _runs(self.pages)
-        # copy_runs_packed's (src, dst, pages) order, packed once for every layer's copies of the step
-        self.dma_runs = cuda_decode.pack_runs((src, dst, k) for dst, src, k in self.runs)
+        # Tensor ops, not a Python loop per page: this runs before the step's first copy.
+        flat = torch.tensor(list(itertools.chain.from_iterable(page_lists)), dtype=torch.int64)
+        self.pages, where = torch.unique(flat, sorted=True, return_inverse=True)
+        # copy_runs_packed's (host page, staging index, pages) runs, packed once for every layer's copies of the step
+        self.dma_runs = (cuda_decode.chunk_runs(self.pages, len(self.pages))[0] if len(self.pages)
+                         else torch.zeros((0, 3), dtype=torch.int64))
         # link bytes of one layer's staging, counted by every layer of the step
         self.layer_bytes = len(self.pages) * sum(p[0].numel() * p.element_size() for p in self.host_pools(0))
         n = max(1, len(self.pages))
@@ -313,7 +316,8 @@ class _Stager:
             self._pool = [[torch.empty((self.capacity, *p.shape[1:]), dtype=p.dtype, device=self.device)
                            for p in self.host_pools(0)] for _ in range(2)]
         self.buffers = [[t[:n] for t in pair] for pair in self._pool]
-        return [torch.tensor([[-(order[e] + 1) for e in pages] or [0]], dtype=torch.int32) for pages in page_lists]
+        tables = torch.split((-(where + 1)).to(torch.int32), [len(pages) for pages in page_lists])
+        return [t.reshape(1, -1) if len(t) else torch.zeros((1, 1), dtype=torch.int32) for t in tables]
 
     @property
     def nbytes(self) -> int:
@@ -325,7 +329,7 @@ class _Stager:
         bufs, pools = self.buffers[buf], self.host_pools(layer)
         if not self.cuda:
             for dst, src in zip(bufs, pools, strict=True):
-                for dst_start, src_start, n in self.runs:
+                for src_start, dst_start, n in self.dma_runs.tolist():
                     dst[dst_start:dst_start + n] = src[src_start:src_start + n]
             return
         with torch.cuda.stream(self.stream):
@@ -352,17 +356,6 @@ class _Stager:
         if self.cuda:
             self.free[layer % 2] = torch.cuda.Event()
             self.free[layer % 2].record(torch.cuda.current_stream(self.device))
-
-
-def _runs(pages: list[int]) -> list[tuple[int, int, int]]:
-    """(staging index, host page, length) runs of consecutive host pages."""
-    runs = []
-    for i, e in enumerate(pages):
-        if runs and e == runs[-1][1] + runs[-1][2] and i == runs[-1][0] + runs[-1][2]:
-            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((i, e, 1))
-    return runs
 
 
 class StagedPath(ZeroCopyPath):
@@ -405,7 +398,5 @@ class StagedPath(ZeroCopyPath):
     def _slot_remap(self, slots: torch.Tensor) -> torch.Tensor:
         """Host-pool slots of new tokens -> slots in the staging pool (pages were staged in stager order)."""
         ps = self.kv.page_size
-        lut = torch.full((max(self.stager.pages, default=0) + 1,), -1, dtype=torch.int64)
-        lut[torch.tensor(self.stager.pages, dtype=torch.int64)] = torch.arange(len(self.stager.pages))
         host = slots.cpu()
-        return (lut[host // ps] * ps + host % ps).to(slots.device)
+        return (torch.searchsorted(self.stager.pages, host // ps) * ps + host % ps).to(slots.device)

@@ -147,27 +147,29 @@ def print_blocking_stacks(events, *, rows: int, frames: int = 4) -> None:
         print(f"  {e.time_range.end - e.time_range.start:8.0f}  {e.name}  {where}")
 
 
-def step_summary(steps: list[tuple[str, float, float]]) -> list[str]:
+def step_summary(steps: list[tuple[str, float, float, float]]) -> list[str]:
     """Lines of per-class step statistics of a long run (a replayed schedule): decode-only steps by decodes
     (1-8, 9-16, 17-32, 33-64, more) and steps with prompt tokens by prompt tokens (<= 256, the largest CUDA-graph
-    bucket, and more): count, mean device ms, mean host ms to queue the step, how many steps the host took >= 90%
-    of the device time to queue (the device then likely waited for it), and their device seconds in all."""
-    classes: dict[str, list[tuple[float, float]]] = {}
-    for kind, device_s, host_s in steps:
+    bucket, and more): count, mean device ms, mean host ms to queue the step and to plan it (before its first
+    copy), how many steps the host took >= 90% of the device time to queue (the device then likely waited for
+    it), and their device seconds in all."""
+    classes: dict[str, list[tuple[float, float, float]]] = {}
+    for kind, *times in steps:
         decodes, prompt = (int(x) for x in kind.rstrip("*").rstrip("p").split("d+"))
         if prompt:
             name = "prompt <= 256 tokens" if prompt <= 256 else "prompt > 256 tokens"
         else:
             top = next((b for b in (8, 16, 32, 64) if decodes <= b), None)
             name = f"decode-only {top // 2 + 1 if top > 8 else 1}-{top}" if top else "decode-only > 64"
-        classes.setdefault(name, []).append((device_s, host_s))
-    lines = [f"{'steps':<22} {'count':>5} {'device ms':>9} {'host ms':>8} {'host >= 90%':>11} {'device s':>8}"]
+        classes.setdefault(name, []).append(tuple(times))
+    lines = [f"{'steps':<22} {'count':>5} {'device ms':>9} {'host ms':>8} {'plan ms':>8} {'host >= 90%':>11} "
+             f"{'device s':>8}"]
     for name in sorted(classes):
         xs = classes[name]
-        dev, host = sum(d for d, _ in xs), sum(h for _, h in xs)
-        bound = sum(h >= 0.9 * d for d, h in xs)
-        lines.append(f"{name:<22} {len(xs):>5} {1e3 * dev / len(xs):>9.1f} {1e3 * host / len(xs):>8.1f} {bound:>11} "
-                     f"{dev:>8.2f}")
+        dev, host, prep = (sum(x[i] for x in xs) for i in range(3))
+        bound = sum(h >= 0.9 * d for d, h, _ in xs)
+        lines.append(f"{name:<22} {len(xs):>5} {1e3 * dev / len(xs):>9.1f} {1e3 * host / len(xs):>8.1f} "
+                     f"{1e3 * prep / len(xs):>8.1f} {bound:>11} {dev:>8.2f}")
     return lines
 
 
@@ -191,7 +193,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     sched = SchedulerConfig(256, max_batched_tokens)
     # a rate sweep's saved schedule (its run's schedules/*.parquet) replays those requests at their arrival times
     requests = (load_schedule(schedule) if schedule else synthetic_workload(batch, context, output)).requests
-    steps: list[tuple[str, float, float]] = []
+    steps: list[tuple[str, float, float, float]] = []
     inner = GPUStepper.run_step
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
@@ -232,8 +234,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         print(f"(the executor's {sum(warm)} warm-up steps left out)")
         print("\n".join(step_summary([st for st, w in zip(steps, warm, strict=True) if not w])))
     else:
-        print("steps (kind: decodes d + prompt tokens p, * = profiled; device ms / host ms to queue the step):",
-              ", ".join(f"{k} {t * 1e3:.1f}/{h * 1e3:.1f}" for k, t, h in steps))
+        print("steps (kind: decodes d + prompt tokens p, * = profiled; device ms / host ms to queue the step / "
+              "host ms to plan it):", ", ".join(f"{k} {t * 1e3:.1f}/{h * 1e3:.1f}/{p * 1e3:.1f}" for k, t, h, p in steps))
     if count == 0:
         return
     if not first or len(steps) < first[0] + count:

@@ -56,7 +56,9 @@ class GPUStepper:
         self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
         self.outputs: dict[int, list[int]] = {}  # request -> generated ids (tests compare systems on them)
         self.vocab = runner.spec.vocab_size
-        self.step_times: list[tuple[float, float]] = []  # (device s, host s to queue it) of every step run
+        # (device s, host s to queue it, host s of its plan: plan_step and the path's begin, which issues the
+        # step's first copies) of every step run
+        self.step_times: list[tuple[float, float, float]] = []
 
     def _tokens(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat input ids and the rows whose logits are needed (decodes + prompt-finishing chunks)."""
@@ -85,6 +87,7 @@ class GPUStepper:
         t0 = time.perf_counter()
         plan = plan_step(step, self.kv, self.device)
         self.path.begin(plan)
+        prep_s = time.perf_counter() - t0
         # a step of mid-prompt chunks only needs no logits; the runner wants one row, which is then dropped
         want = rows if rows.numel() else torch.tensor([ids.numel() - 1])
         split = self.split(step)
@@ -108,7 +111,7 @@ class GPUStepper:
         self.last_token.update(zip(owners, nxt, strict=True))
         for r, t in zip(owners, nxt, strict=True):
             self.outputs.setdefault(r, []).append(t)
-        self.step_times.append((seconds, host_s))
+        self.step_times.append((seconds, host_s, prep_s))
         after = self.path.traffic
         delta = type(after)(**{k: getattr(after, k) - getattr(before, k) for k in after.as_dict()})
         return StepCost(seconds, delta, self.path.staging_bytes)

@@ -15,7 +15,6 @@ from directkv.kernels.cuda.decode_attention import (
     grown_pages,
     host_pages,
     new_ring,
-    pack_runs,
     release_ring,
     stream_schedule,
 )
@@ -67,15 +66,15 @@ class StreamPass:
     table : `[width]` int32 CPU block table of the pass: ring positions -(pos + 1) for a ring chunk, the
         original (negative) entries for the HBM-page pass; pages in logical order, so a partly filled last
         page stays last and past_len counts the pass's tokens exactly.
-    copies : ring chunk only: the (first host page, first ring position, pages) runs to copy; () for HBM.
-    packed : the same runs as copy_runs_packed reads them (pack_runs), made once for every call of the plan.
+    copies : ring chunk only: the (first host page, first ring position, pages) runs to copy, as the int64
+        `[runs, 3]` CPU tensor copy_runs_packed reads by pointer (decode_attention.chunk_runs), made once for
+        every call of the plan; no rows for the HBM pass.
     """
 
     table: torch.Tensor
     past_len: int
-    copies: tuple[tuple[int, int, int], ...]
+    copies: torch.Tensor
     ring: bool
-    packed: torch.Tensor
 
 
 def stream_passes(block_table: torch.Tensor, past_len: int, page_size: int, chunk_pages: int, *,
@@ -92,8 +91,8 @@ def stream_passes(block_table: torch.Tensor, past_len: int, page_size: int, chun
     for i in range(tables.shape[0]):
         ring = i < len(copies)
         if int(lens[i, 0]) > 0:
-            runs = tuple(copies[i]) if ring else ()
-            passes.append(StreamPass(tables[i, 0], int(lens[i, 0]), runs, ring, pack_runs(runs)))
+            runs = copies[i] if ring else torch.zeros((0, 3), dtype=torch.int64)
+            passes.append(StreamPass(tables[i, 0], int(lens[i, 0]), runs, ring))
     return passes
 
 
@@ -201,7 +200,7 @@ def copy_pass(plan: PrefillStreamPlan, ring_k, ring_v, side, filled, freed, host
     if c >= STREAM_SLOTS:
         side.wait_event(freed[slot])  # the passes of chunk c - STREAM_SLOTS are done with the slot
     slot_bytes = ring_k.stride(0) * ring_k.element_size()
-    runs = plan.passes[c].packed
+    runs = plan.passes[c].copies
     copy_module().copy_runs_packed([ring_k.data_ptr() + slot * slot_bytes, ring_v.data_ptr() + slot * slot_bytes],
                                    [host_k.data_ptr(), host_v.data_ptr()], runs.data_ptr(), runs.shape[0],
                                    plan.page_bytes, side.cuda_stream)
