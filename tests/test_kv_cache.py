@@ -87,3 +87,26 @@ def test_recycled_pages_are_handed_out_lowest_first_in_ascending_order():
     kv.free(0)  # freed last-to-first: a plain stack would hand out 9, 8, ..., 0
     kv.reserve(2, 20 * 16, "host")
     assert kv.pages(2) == list(range(20))
+
+
+def test_block_table_and_decode_slots_match_the_per_request_forms():
+    """The padded block table and the decode tokens' slots, built from lists in one tensor each, equal the
+    per-request forms (pages, slots) for host and HBM pages, pages recycled out of order, and no requests."""
+    kv = KVCacheManager(TINY, page_size=4, hbm_budget_bytes=64 * 4 * TOK,
+                        host_budget_bytes=64 * 4 * TOK)
+    for r, (n, tier) in enumerate([(9, "host"), (3, "hbm"), (17, "host"), (1, "hbm")]):
+        kv.reserve(r, n, tier)
+        kv.append(r, n)
+    kv.free(0)
+    kv.reserve(4, 6, "host")  # recycled pages first
+    kv.append(4, 6)
+    reqs, positions = [4, 1, 2, 3], [5, 2, 16, 0]
+    table = kv.block_table(reqs)
+    assert table.dtype == torch.int32 and table.shape == (4, max(len(kv.pages(r)) for r in reqs))
+    for i, r in enumerate(reqs):
+        row = table[i].tolist()
+        assert row[: len(kv.pages(r))] == kv.pages(r) and set(row[len(kv.pages(r)):]) <= {0}
+    assert kv.block_table([]).shape == (0, 1)
+    want = torch.cat([kv.slots(r, p, 1) for r, p in zip(reqs, positions, strict=True)])
+    assert torch.equal(kv.decode_slots(reqs, positions), want)
+    assert kv.decode_slots([], []).shape == (0,)

@@ -52,10 +52,7 @@ class StepPlan:
 def plan_step(step: Step, kv: KVCacheManager, device: torch.device) -> StepPlan:
     dec = [s.req_id for s in step.decodes]
     ctx = [s.context_len for s in step.decodes]
-    slots, pos = [], []
-    for r, c in zip(dec, ctx, strict=True):
-        slots.append(kv.slots(r, c, 1))
-        pos.append(torch.tensor([c]))
+    slots, pos = [kv.decode_slots(dec, ctx)], [torch.tensor(ctx, dtype=torch.int64)]
     chunks, row = [], len(dec)
     for c in step.prefills:
         chunks.append(ChunkPlan(c.state.req_id, row, c.chunk_len, c.past_len))
