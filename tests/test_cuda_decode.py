@@ -384,12 +384,47 @@ def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages,
                          hbm_fraction=hbm_fraction, generator=torch.Generator().manual_seed(seed))
     hp = host_pages(kv.block_table, kv.seq_lens, 16)
     _, _, copies, _ = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages, hp=hp)
-    rows, at, chunks = _last_token_slots(kv.block_table, kv.seq_lens, 16, hp[3], chunk_pages)
+    rows, at, chunks = _last_token_slots(hp, kv.seq_lens, 16, chunk_pages)
     in_slot = [{dst + i: src + i for src, dst, n in runs.tolist() for i in range(n)} for runs in copies]  # slot page -> host
     want = [b for b, n in enumerate(lens) if n and int(kv.block_table[b, (n - 1) // 16]) >= 0]
     assert rows.tolist() == want
     for b, r, c in zip(rows.tolist(), at.tolist(), chunks.tolist(), strict=True):
         assert in_slot[c][r // 16] == int(kv.block_table[b, (lens[b] - 1) // 16]) and r % 16 == (lens[b] - 1) % 16
+
+
+@pytest.mark.parametrize("seed,hbm_fraction", [(0, 0.0), (1, 0.3), (2, 1.0), (3, 0.0)])
+def test_plan_stream_on_the_cpu_with_a_stand_in_ring(monkeypatch, seed, hbm_fraction):
+    """plan_stream's host side without a GPU (its ring and copy stream stood in by CPU tensors): the passes and
+    lens it hands the kernels are stream_schedule's, as contiguous int32 views per pass, and each last-token
+    entry names the sequence and, per ring slot, the flat ring row its page's copy lands on."""
+    from directkv.kernels.cuda import decode_attention as cuda_decode
+
+    monkeypatch.setattr(cuda_decode, "new_ring", lambda shape, dtype, device, slots: (
+        torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype), None, [None] * slots, [None] * slots))
+    lens = [1, 15, 16, 17, 200, 64, 0, 333]
+    kv = random_paged_kv(lens, page_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float16,
+                         hbm_fraction=hbm_fraction, generator=torch.Generator().manual_seed(seed))
+    plan = plan_stream(kv, chunk_bytes=12 * 16 * 64 * 2, min_chunk_bytes=1)  # 12 pages per chunk: a few chunks
+    tables, plens, copies, hbm_pass = stream_schedule(kv.block_table, kv.seq_lens, 16, 12)
+    assert torch.equal(plan.passes, tables) and torch.equal(plan.lens, plens) and plan.hbm_pass == hbm_pass
+    assert [c.tolist() for c in plan.copies] == [c.tolist() for c in copies]
+    assert all(plan.passes[c].is_contiguous() and plan.lens[c].is_contiguous() for c in range(len(tables)))
+    slot_rows = plan.ring_k.shape[1] * 16
+    seen = set()
+    for c, entry in enumerate(plan.last):
+        if entry is None:
+            continue
+        rows, at = entry
+        pages = {dst + i: src + i for src, dst, n in copies[c].tolist() for i in range(n)}  # ring page -> host page
+        for s, rows_in_slot in enumerate(at):
+            assert rows_in_slot.is_contiguous() and rows_in_slot.dtype == torch.int64
+            for b, r in zip(rows.tolist(), rows_in_slot.tolist(), strict=True):
+                r -= s * slot_rows
+                assert pages[r // 16] == int(kv.block_table[b, (lens[b] - 1) // 16]) and r % 16 == (lens[b] - 1) % 16
+        seen |= set(rows.tolist())
+    in_first = {src + i for c in copies[: len(plan.last)] for src, _, n in c.tolist() for i in range(n)}
+    want = {b for b, n in enumerate(lens) if n and int(kv.block_table[b, (n - 1) // 16]) in in_first}
+    assert seen == want and len(plan.last) == min(2, len(copies)) and (len(seen) >= 2 or hbm_fraction == 1.0)
 
 
 def test_stream_schedule_of_no_tokens_has_no_pass():
