@@ -106,7 +106,7 @@ def test_profiler_replays_a_saved_schedule_and_summarises_long_runs(tmp_path, ca
     """--schedule serves a rate sweep's saved requests (here 3 synthetic ones at spread arrivals); --count 0
     profiles nothing and prints only the step times. A run of more than 60 steps prints per-class statistics
     instead, whose counts add up to the steps."""
-    from directkv.engine.gpu.profile import main, step_summary
+    from directkv.engine.gpu.profile import main, simulated_summary, step_summary
     from workloads import save_schedule, synthetic_workload, with_arrivals
 
     path = save_schedule(with_arrivals(synthetic_workload(3, 40, 5), 50.0), tmp_path / "s.parquet")
@@ -121,8 +121,15 @@ def test_profiler_replays_a_saved_schedule_and_summarises_long_runs(tmp_path, ca
     out = capsys.readouterr().out
     total = int(re.search(r": (\d+) steps,", out).group(1))
     warm = int(re.search(r"the executor's (\d+) warm-up steps left out", out).group(1))
-    counts = [int(line.split()[-6]) for line in out.splitlines() if line.startswith(("decode-only", "prompt"))]
+    measured, simulated = out.split("simulated (")
+    counts = [int(line.split()[-6]) for line in measured.splitlines() if line.startswith(("decode-only", "prompt"))]
     assert warm >= 1 and total > 60 and sum(counts) == total
+    # the cost model's run of the same requests beside it, per class: counts add up to its steps
+    sim_total = int(re.search(r"same requests\): (\d+) steps,", simulated).group(1))
+    sim_counts = [int(line.split()[-3]) for line in simulated.splitlines() if line.startswith(("decode-only", "prompt"))]
+    assert simulated.startswith("h200-pcie5 cost model") and sum(sim_counts) == sim_total > 0
+    assert main(["--system", "swap", "--model", "tiny", "--schedule", str(long), "--hardware", "h300"]) == 2
+    assert "unknown hardware 'h300'" in capsys.readouterr().err
     steps = ([("4d+0p", 0.010, 0.004, 0.001)] * 50 + [("20d+0p*", 0.030, 0.029, 0.003)] * 5
              + [("3d+300p", 0.050, 0.020, 0.002)] * 7)
     lines = step_summary(steps)
@@ -131,3 +138,5 @@ def test_profiler_replays_a_saved_schedule_and_summarises_long_runs(tmp_path, ca
     assert rows["decode-only 17-32"] == ["5", "30.0", "29.0", "3.0", "5", "0.15"]
     assert rows["decode-only 1-8"] == ["50", "10.0", "4.0", "1.0", "0", "0.50"]
     assert sum(int(r[0]) for r in rows.values()) == len(steps)
+    sim = {line[:22].strip(): line.split()[-3:] for line in simulated_summary([(k, d) for k, d, _, _ in steps])[1:]}
+    assert sim == {k: [v[0], v[1], v[-1]] for k, v in rows.items()}  # same steps: the device columns

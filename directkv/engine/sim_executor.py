@@ -6,6 +6,7 @@ so a laptop reproduces the shape of the paper's curves in seconds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from directkv.costmodel import CostModel
@@ -52,23 +53,29 @@ class CostModelStepper:
     cm: CostModel
     pipelining: Pipelining = NO_PIPELINING
     page_size: int = 16
+    on_step: Callable[[Step, StepCost], None] | None = None  # sees every step and its cost (profile's comparison)
 
     def run_step(self, step: Step) -> StepCost:
-        return step_cost(self.policy, step, self.model, self.cm, self.pipelining, page_size=self.page_size)
+        cost = step_cost(self.policy, step, self.model, self.cm, self.pipelining, page_size=self.page_size)
+        if self.on_step is not None:
+            self.on_step(step, cost)
+        return cost
 
 
 def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm: CostModel, *,
              mem: MemoryConfig, sched_cfg: SchedulerConfig | None = None, warmup: int = 0,
-             pipelining: Pipelining = NO_PIPELINING) -> ServeResult:
+             pipelining: Pipelining = NO_PIPELINING,
+             on_step: Callable[[Step, StepCost], None] | None = None) -> ServeResult:
     """Serve `requests` with `policy` on the cost model; raises KVCapacityError if weights alone don't fit.
-    pipelining: directkv's two-part steps as the measured executor would run them (systems.pipelined_step_cost)."""
+    pipelining: directkv's two-part steps as the measured executor would run them (systems.pipelined_step_cost).
+    on_step: called with every step and its simulated cost."""
     pipelining.check_system(policy)
     sched_cfg = sched_cfg or SchedulerConfig()
     hbm_kv, host_kv = kv_budgets(policy, model, mem, sched_cfg)
     kv = KVCacheManager(model, page_size=mem.page_size, hbm_budget_bytes=hbm_kv, host_budget_bytes=host_kv,
                         bytes_per_token=policy.kv_bytes_per_token(model))
-    res = serve(requests, CostModelStepper(policy, model, cm, pipelining, mem.page_size), kv, policy.kv_tier, model,
-                sched_cfg=sched_cfg, warmup=warmup)
+    stepper = CostModelStepper(policy, model, cm, pipelining, mem.page_size, on_step)
+    res = serve(requests, stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg, warmup=warmup)
     res.gpu_mem_bytes = gpu_memory_bytes(model, kv_hbm_peak=res.kv_hbm_peak_bytes,
                                          staging_peak=res.staging_peak_bytes,
                                          activation_peak=res.activation_peak_bytes,

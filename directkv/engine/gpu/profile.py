@@ -16,7 +16,9 @@ of the two overlapped, each over the span from the first to the last device even
 longest idle gaps (copy_gaps) with what the device and the host were doing then, and with --stacks the longest
 host calls that can block on the device, with their callers. With --python the picked steps run under cProfile
 instead (none of the above): host time per Python function (cumulative), to find which of the executor's calls
-a host-bound step spends its time in.
+a host-bound step spends its time in. A replay of more than 60 steps (--schedule) prints per-class means instead
+of every step, then the cost model's run of the same requests per class (--hardware), so the classes of step
+where the simulation is optimistic show.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from collections import Counter
 
 import torch
 
+from directkv.costmodel import CostModel
 from directkv.engine.gpu.executor import run_gpu
 from directkv.engine.gpu.stepper import GPUStepper
 from directkv.engine.scheduler import SchedulerConfig
-from directkv.engine.sim_executor import MemoryConfig
+from directkv.engine.sim_executor import MemoryConfig, simulate
 from directkv.engine.systems import (
     DEFAULT_DIRECTKV_SIDE_CTAS,
     DEFAULT_PIPELINE_MIN_KV_MB,
@@ -43,7 +46,7 @@ from directkv.engine.systems import (
     SystemPolicy,
 )
 from directkv.errors import ConfigError, check
-from directkv.specs import get_model
+from directkv.specs import get_hardware, get_model
 from workloads import load_schedule, synthetic_workload
 
 
@@ -147,21 +150,24 @@ def print_blocking_stacks(events, *, rows: int, frames: int = 4) -> None:
         print(f"  {e.time_range.end - e.time_range.start:8.0f}  {e.name}  {where}")
 
 
+def step_class(kind: str) -> str:
+    """The class of a step of `kind` ("<decodes>d+<prompt tokens>p", "*" marks a profiled one): decode-only steps
+    by decodes (1-8, 9-16, 17-32, 33-64, more), steps with prompt tokens by prompt tokens (<= 256, the largest
+    CUDA-graph bucket, and more)."""
+    decodes, prompt = (int(x) for x in kind.rstrip("*").rstrip("p").split("d+"))
+    if prompt:
+        return "prompt <= 256 tokens" if prompt <= 256 else "prompt > 256 tokens"
+    top = next((b for b in (8, 16, 32, 64) if decodes <= b), None)
+    return f"decode-only {top // 2 + 1 if top > 8 else 1}-{top}" if top else "decode-only > 64"
+
+
 def step_summary(steps: list[tuple[str, float, float, float]]) -> list[str]:
-    """Lines of per-class step statistics of a long run (a replayed schedule): decode-only steps by decodes
-    (1-8, 9-16, 17-32, 33-64, more) and steps with prompt tokens by prompt tokens (<= 256, the largest CUDA-graph
-    bucket, and more): count, mean device ms, mean host ms to queue the step and to plan it (before its first
-    copy), how many steps the host took >= 90% of the device time to queue (the device then likely waited for
-    it), and their device seconds in all."""
+    """Lines of per-class (step_class) statistics of a long run (a replayed schedule): count, mean device ms, mean
+    host ms to queue the step and to plan it (before its first copy), how many steps the host took >= 90% of the
+    device time to queue (the device then likely waited for it), and their device seconds in all."""
     classes: dict[str, list[tuple[float, float, float]]] = {}
     for kind, *times in steps:
-        decodes, prompt = (int(x) for x in kind.rstrip("*").rstrip("p").split("d+"))
-        if prompt:
-            name = "prompt <= 256 tokens" if prompt <= 256 else "prompt > 256 tokens"
-        else:
-            top = next((b for b in (8, 16, 32, 64) if decodes <= b), None)
-            name = f"decode-only {top // 2 + 1 if top > 8 else 1}-{top}" if top else "decode-only > 64"
-        classes.setdefault(name, []).append(tuple(times))
+        classes.setdefault(step_class(kind), []).append(tuple(times))
     lines = [f"{'steps':<22} {'count':>5} {'device ms':>9} {'host ms':>8} {'plan ms':>8} {'host >= 90%':>11} "
              f"{'device s':>8}"]
     for name in sorted(classes):
@@ -173,6 +179,23 @@ def step_summary(steps: list[tuple[str, float, float, float]]) -> list[str]:
     return lines
 
 
+def simulated_summary(steps: list[tuple[str, float]]) -> list[str]:
+    """Lines of per-class statistics of the cost model's steps (kind, seconds) of the same requests: count, mean
+    step ms, seconds in all (the measured table's device columns, for the gap between model and measurement)."""
+    classes: dict[str, list[float]] = {}
+    for kind, seconds in steps:
+        classes.setdefault(step_class(kind), []).append(seconds)
+    lines = [f"{'steps':<22} {'count':>5} {'model ms':>9} {'model s':>8}"]
+    for name in sorted(classes):
+        xs = classes[name]
+        lines.append(f"{name:<22} {len(xs):>5} {1e3 * sum(xs) / len(xs):>9.1f} {sum(xs):>8.2f}")
+    return lines
+
+
+def step_kind(step) -> str:
+    return f"{len(step.decodes)}d+{sum(c.chunk_len for c in step.prefills)}p"
+
+
 # host-side calls whose counts reveal a slow executor: syncs stall the launch queue, copies cost per call
 WATCHED = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpyAsync",
            "cudaStreamWaitEvent", "cudaLaunchKernel", "aten::item", "aten::_local_scalar_dense", "aten::copy_")
@@ -182,12 +205,13 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
             batch: int = 4, output: int = 4, max_batched_tokens: int = 2048, rows: int = 25,
             hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2, graphs: bool = False,
             pipelining: Pipelining = NO_PIPELINING, python: bool = False, stacks: bool = False,
-            schedule: str | None = None, min_decodes: int = 0) -> None:
+            schedule: str | None = None, min_decodes: int = 0, hardware: str = "h200-pcie5") -> None:
     check(not (python and stacks), "--stacks records torch.profiler stacks and --python runs cProfile instead; "
           "got both: pass one")
     check(all(isinstance(x, int) and x >= 0 for x in (skip, count, min_decodes)),
           f"--skip, --count and --min-decodes must be ints >= 0; got {skip!r}, {count!r}, {min_decodes!r}")
     spec = get_model(model)
+    cost_model = CostModel.for_hardware(get_hardware(hardware))  # a bad name fails before the GPU run, not after
     policy = SystemPolicy(system, variant if system == "directkv" else "")
     mem = MemoryConfig(hbm_budget_gb * 1e9, 0.9 * 128e9)
     sched = SchedulerConfig(256, max_batched_tokens)
@@ -213,7 +237,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         cost = inner(self, step)
         if picked and len(steps) == first[0] + count - 1:
             stop()  # the step has synchronized: its queued work is in the profile
-        kind = f"{len(step.decodes)}d+{sum(c.chunk_len for c in step.prefills)}p"
+        kind = step_kind(step)
         steps.append((kind + ("*" if picked else ""), *self.step_times[-1]))
         # the executor's warm-up requests have negative ids: their cold steps stay out of the summary
         warm.append(all(r < 0 for r in [*(d.req_id for d in step.decodes), *(c.state.req_id for c in step.prefills)]))
@@ -233,6 +257,14 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     if len(steps) > 60:
         print(f"(the executor's {sum(warm)} warm-up steps left out)")
         print("\n".join(step_summary([st for st, w in zip(steps, warm, strict=True) if not w])))
+        # the cost model's run of the same requests, per class: where the simulation beside a row is optimistic
+        sim: list[tuple[str, float]] = []
+        res_sim = simulate(requests, policy, spec, cost_model, mem=mem,
+                           sched_cfg=sched, pipelining=pipelining,
+                           on_step=lambda step, cost: sim.append((step_kind(step), cost.time_s)))
+        print(f"simulated ({hardware} cost model, same requests): {res_sim.steps} steps, "
+              f"{res_sim.duration_s:.2f} s engine time, TPOT {res_sim.metrics['mean_tpot_ms']:.1f} ms")
+        print("\n".join(simulated_summary(sim)))
     else:
         print("steps (kind: decodes d + prompt tokens p, * = profiled; device ms / host ms to queue the step / "
               "host ms to plan it):", ", ".join(f"{k} {t * 1e3:.1f}/{h * 1e3:.1f}/{p * 1e3:.1f}" for k, t, h, p in steps))
@@ -287,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="start profiling at the first decode-only step of at least this many decodes after --skip")
     ap.add_argument("--schedule", help="replay a rate sweep's saved schedule (schedules/*.parquet of its run) instead "
                     "of --context / --batch / --output; more than 60 steps print as per-class statistics")
+    ap.add_argument("--hardware", default="h200-pcie5",
+                    help="hardware spec of the cost model run beside a long replay (per-class model step times)")
     ap.add_argument("--python", action="store_true", help="cProfile the picked steps (host time per Python function)")
     ap.add_argument("--stacks", action="store_true",
                     help="record Python stacks and print the longest blocking host calls with their callers")
@@ -303,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
                 max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
                 pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python,
-                stacks=a.stacks, schedule=a.schedule, min_decodes=a.min_decodes)
+                stacks=a.stacks, schedule=a.schedule, min_decodes=a.min_decodes, hardware=a.hardware)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
