@@ -385,7 +385,8 @@ def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages,
     hp = host_pages(kv.block_table, kv.seq_lens, 16)
     _, _, copies, _ = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages, hp=hp)
     rows, at, chunks = _last_token_slots(hp, kv.seq_lens, 16, chunk_pages)
-    in_slot = [{dst + i: src + i for src, dst, n in runs.tolist() for i in range(n)} for runs in copies]  # slot page -> host
+    # per chunk: ring slot page -> host page
+    in_slot = [{dst + i: src + i for src, dst, n in runs.tolist() for i in range(n)} for runs in copies]
     want = [b for b, n in enumerate(lens) if n and int(kv.block_table[b, (n - 1) // 16]) >= 0]
     assert rows.tolist() == want
     for b, r, c in zip(rows.tolist(), at.tolist(), chunks.tolist(), strict=True):
@@ -408,7 +409,6 @@ def test_plan_stream_on_the_cpu_with_a_stand_in_ring(monkeypatch, seed, hbm_frac
     tables, plens, copies, hbm_pass = stream_schedule(kv.block_table, kv.seq_lens, 16, 12)
     assert torch.equal(plan.passes, tables) and torch.equal(plan.lens, plens) and plan.hbm_pass == hbm_pass
     assert [c.tolist() for c in plan.copies] == [c.tolist() for c in copies]
-    assert all(plan.passes[c].is_contiguous() and plan.lens[c].is_contiguous() for c in range(len(tables)))
     slot_rows = plan.ring_k.shape[1] * 16
     seen = set()
     for c, entry in enumerate(plan.last):
@@ -417,7 +417,7 @@ def test_plan_stream_on_the_cpu_with_a_stand_in_ring(monkeypatch, seed, hbm_frac
         rows, at = entry
         pages = {dst + i: src + i for src, dst, n in copies[c].tolist() for i in range(n)}  # ring page -> host page
         for s, rows_in_slot in enumerate(at):
-            assert rows_in_slot.is_contiguous() and rows_in_slot.dtype == torch.int64
+            assert rows_in_slot.dtype == torch.int64  # scatter_rows' index type
             for b, r in zip(rows.tolist(), rows_in_slot.tolist(), strict=True):
                 r -= s * slot_rows
                 assert pages[r // 16] == int(kv.block_table[b, (lens[b] - 1) // 16]) and r % 16 == (lens[b] - 1) % 16

@@ -126,7 +126,8 @@ def test_profiler_replays_a_saved_schedule_and_summarises_long_runs(tmp_path, ca
     assert warm >= 1 and total > 60 and sum(counts) == total
     # the cost model's run of the same requests beside it, per class: counts add up to its steps
     sim_total = int(re.search(r"same requests\): (\d+) steps,", simulated).group(1))
-    sim_counts = [int(line.split()[-3]) for line in simulated.splitlines() if line.startswith(("decode-only", "prompt"))]
+    sim_counts = [int(line.split()[-3]) for line in simulated.splitlines()
+                  if line.startswith(("decode-only", "prompt"))]
     assert simulated.startswith("h200-pcie5 cost model") and sum(sim_counts) == sim_total > 0
     assert main(["--system", "swap", "--model", "tiny", "--schedule", str(long), "--hardware", "h300"]) == 2
     assert "unknown hardware 'h300'" in capsys.readouterr().err

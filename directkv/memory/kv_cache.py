@@ -195,8 +195,8 @@ class KVCacheManager:
         step's new decode tokens, found without a tensor per request."""
         ps = self.page_size
         entries = [self._seqs[r].pages[p // ps] for r, p in zip(req_ids, positions, strict=True)]
-        return torch.tensor([(e if e >= 0 else -(e + 1)) * ps + p % ps for e, p in zip(entries, positions, strict=True)],
-                            dtype=torch.int64)
+        pages = [e if e >= 0 else -(e + 1) for e in entries]
+        return torch.tensor([page * ps + p % ps for page, p in zip(pages, positions, strict=True)], dtype=torch.int64)
 
     def pools(self, layer: int, tier: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Device-visible K, V pools `[num_pages, page_size, num_kv_heads, head_dim]` of one layer and tier."""

@@ -398,5 +398,10 @@ class StagedPath(ZeroCopyPath):
     def _slot_remap(self, slots: torch.Tensor) -> torch.Tensor:
         """Host-pool slots of new tokens -> slots in the staging pool (pages were staged in stager order)."""
         ps = self.kv.page_size
-        host = slots.cpu()
-        return (torch.searchsorted(self.stager.pages, host // ps) * ps + host % ps).to(slots.device)
+        host, pages = slots.cpu(), self.stager.pages
+        at = torch.searchsorted(pages, host // ps).clamp(max=max(len(pages) - 1, 0))
+        # every new token's page is staged (page_lists hold the step's new tokens); a page that were not would be
+        # written into its neighbour's staging page, silently
+        check(len(host) == 0 or bool(torch.equal(pages[at], host // ps)),
+              "swap staging: a new token's page is not among the step's staged pages")
+        return (at * ps + host % ps).to(slots.device)

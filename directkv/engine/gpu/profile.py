@@ -16,9 +16,9 @@ of the two overlapped, each over the span from the first to the last device even
 longest idle gaps (copy_gaps) with what the device and the host were doing then, and with --stacks the longest
 host calls that can block on the device, with their callers. With --python the picked steps run under cProfile
 instead (none of the above): host time per Python function (cumulative), to find which of the executor's calls
-a host-bound step spends its time in. A replay of more than 60 steps (--schedule) prints per-class means instead
-of every step, then the cost model's run of the same requests per class (--hardware), so the classes of step
-where the simulation is optimistic show.
+a host-bound step spends its time in. A run of more than 60 steps (a --schedule replay, typically) prints
+per-class means instead of every step, then the cost model's run of the same requests per class (--hardware),
+so the classes of step where the simulation is optimistic show.
 """
 
 from __future__ import annotations
@@ -181,7 +181,9 @@ def step_summary(steps: list[tuple[str, float, float, float]]) -> list[str]:
 
 def simulated_summary(steps: list[tuple[str, float]]) -> list[str]:
     """Lines of per-class statistics of the cost model's steps (kind, seconds) of the same requests: count, mean
-    step ms, seconds in all (the measured table's device columns, for the gap between model and measurement)."""
+    step ms, seconds in all (the measured table's device columns, for the gap between model and measurement).
+    The model's engine clock moves on its own step times, so its steps batch the requests differently: compare
+    the classes' means, not step by step."""
     classes: dict[str, list[float]] = {}
     for kind, seconds in steps:
         classes.setdefault(step_class(kind), []).append(seconds)
@@ -193,6 +195,7 @@ def simulated_summary(steps: list[tuple[str, float]]) -> list[str]:
 
 
 def step_kind(step) -> str:
+    """"<decodes>d+<prompt tokens>p" of an engine Step (step_class reads it)."""
     return f"{len(step.decodes)}d+{sum(c.chunk_len for c in step.prefills)}p"
 
 
@@ -267,7 +270,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         print("\n".join(simulated_summary(sim)))
     else:
         print("steps (kind: decodes d + prompt tokens p, * = profiled; device ms / host ms to queue the step / "
-              "host ms to plan it):", ", ".join(f"{k} {t * 1e3:.1f}/{h * 1e3:.1f}/{p * 1e3:.1f}" for k, t, h, p in steps))
+              "host ms to plan it):",
+              ", ".join(f"{k} {t * 1e3:.1f}/{h * 1e3:.1f}/{p * 1e3:.1f}" for k, t, h, p in steps))
     if count == 0:
         return
     if not first or len(steps) < first[0] + count:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cache
+from typing import NamedTuple
 
 import torch
 
@@ -77,7 +78,7 @@ def _module():
 
 
 def copy_module():
-    """The decode_attention module, whose copy_runs_packed issues every ring and staging copy (pack_runs)."""
+    """The decode_attention module, whose copy_runs_packed issues every ring and staging copy (chunk_runs' layout)."""
     return _module()
 
 
@@ -256,7 +257,8 @@ class StreamPlan:
 
     passes : [num_passes, batch, width] int32 CUDA block tables, one per chunk (entries -(ring_pos + 1)),
         plus a last one over HBM-resident pages (original entries) when any exist.
-    lens : [num_passes, batch] int32 CUDA, tokens of each sequence in each pass.
+    lens : [num_passes, batch] int32 CUDA, tokens of each sequence in each pass (passes and lens are views of
+        one device tensor: one host-to-device copy per step).
     copies : per chunk, the (first host page, first ring position, pages) runs to copy, as the int64 `[runs, 3]`
         CPU tensor copy_runs_packed reads by pointer (chunk_runs): made once per step, read by every layer.
     ring_k, ring_v : [num_slots, >= chunk_pages, page_size, num_kv_heads, head_dim] HBM rings.
@@ -292,16 +294,16 @@ class StreamPlan:
 
 
 def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, chunk_pages: int, *,
-                    hp: tuple | None = None):
+                    hp: HostPages | None = None):
     """Host-side chunking of the host pages a batch uses (CPU tensors in, CPU tensors out).
 
     Used host pages, sorted, are cut into chunks of <= chunk_pages; each chunk's block table keeps every
     sequence's pages in logical order, so a partly filled last page stays last and `lens` counts tokens
-    exactly (attention needs no key order otherwise). Returns (tables [P, batch, width], lens [P, batch],
-    copies per chunk, hbm_pass) with P = chunks (+1 for the HBM-page pass). hp: host_pages of the same
-    arguments, where the caller has it already.
+    exactly (attention needs no key order otherwise). Returns (tables [P, batch, width] int32, lens [P, batch]
+    int32, copies per chunk as chunk_runs' int64 `[runs, 3]` tensors, hbm_pass) with P = chunks (+1 for the
+    HBM-page pass). hp: host_pages of the same arguments, where the caller has it already.
     """
-    table, tokens, host, pages, i = hp if hp is not None else host_pages(block_table, seq_lens, page_size)
+    table, tokens, host, pages, index = hp if hp is not None else host_pages(block_table, seq_lens, page_size)
     copies = chunk_runs(pages, chunk_pages)
     hbm = (tokens > 0) & (table < 0)
     has_hbm = bool(hbm.any())
@@ -312,8 +314,8 @@ def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size
     # each column's pass (its page's chunk; the HBM pass last; num_passes where unused) and entry in that pass,
     # then one stable sort per row puts every pass's columns together in logical order: one sort for all passes
     # (a sort per pass cost ~0.1 ms each at batch 48 on the host's critical path)
-    key = torch.where(host, i // chunk_pages, torch.where(hbm, len(copies), num_passes))
-    entry = torch.where(host, -(i % chunk_pages + 1), table)
+    key = torch.where(host, index // chunk_pages, torch.where(hbm, len(copies), num_passes))
+    entry = torch.where(host, -(index % chunk_pages + 1), table)
     order = torch.sort(key, dim=1, stable=True).indices
     key_sorted, entry_sorted, tokens_sorted = key.gather(1, order), entry.gather(1, order), tokens.gather(1, order)
     counts = torch.zeros((batch, num_passes + 1), dtype=torch.int64).scatter_add_(1, key, torch.ones_like(key))
@@ -345,10 +347,19 @@ def chunk_runs(pages: torch.Tensor, chunk_pages: int) -> list[torch.Tensor]:
     return list(torch.split(runs, per_chunk.tolist()))
 
 
-def host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int):
-    """(the table as int64, tokens in each column's page [batch, width], mask of the columns on host pages, the
-    sorted host page ids the batch reads, each host column's index into those ids [batch, width] (0 elsewhere))
-    of CPU tensors. The indices come from unique's inverse: torch's CPU searchsorted took ~0.3 ms per step."""
+class HostPages(NamedTuple):
+    """The host pages a batch reads, found once per block table (host_pages); CPU tensors."""
+
+    table: torch.Tensor  # [batch, width] int64 block table
+    tokens: torch.Tensor  # [batch, width] int64 tokens in each column's page
+    host: torch.Tensor  # [batch, width] bool: the column's page is a host page holding tokens
+    pages: torch.Tensor  # [pages] int64 sorted unique host page ids the batch reads
+    index: torch.Tensor  # [batch, width] int64 each host column's index into pages (0 elsewhere)
+
+
+def host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> HostPages:
+    """HostPages of a block table `[batch, width]` and seq_lens `[batch]` (CPU tensors). The indices come from
+    unique's inverse: torch's CPU searchsorted took ~0.3 ms per step on the H200 host."""
     table, lens = block_table.to(torch.int64), seq_lens.to(torch.int64)
     cols = torch.arange(table.shape[1])
     tokens = (lens[:, None] - cols[None, :] * page_size).clamp(0, page_size)
@@ -357,7 +368,7 @@ def host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
     pages, inverse = torch.unique(table[where], sorted=True, return_inverse=True)
     index = torch.zeros_like(table)
     index[where] = inverse
-    return table, tokens, host, pages, index
+    return HostPages(table, tokens, host, pages, index)
 
 
 def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2, min_chunks: int = 1,
@@ -384,7 +395,7 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     most = chunk_bytes // page_bytes
     table, seq_lens = host_table if host_table is not None else (kv.block_table.cpu(), kv.seq_lens.cpu())
     hp = host_pages(table, seq_lens, kv.page_size)
-    read = max(len(hp[3]), 1)  # pages read by this batch, not the arena
+    read = max(len(hp.pages), 1)  # pages read by this batch, not the arena
     chunk_pages = min(most, max(math.ceil(read / min_chunks), min_chunk_bytes // page_bytes, 1))
     check(chunk_pages >= 1 and num_slots >= 2 and 2 * num_slots * chunk_pages * page_bytes <= ring_bytes,
           f"stream ring of {num_slots} slots x 2 x {chunk_bytes} B must hold >= 1 page ({page_bytes} B) per slot, "
@@ -408,12 +419,14 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     slot_rows = ring_k.shape[1] * kv.page_size  # token rows per ring slot
     # each host-to-device copy of a small pageable tensor costs ~20 us of host time before the step's first
     # copy: the tables go over as one int32 tensor, the last tokens' rows as one int64 tensor, then views
-    picked = [rows[chunk == c] for c in range(min(num_slots, len(copies)))]
-    flat = torch.cat([torch.cat([r, *(at[chunk == c] + s * slot_rows for s in range(num_slots))])
-                      for c, r in enumerate(picked)] + [torch.zeros(0, dtype=torch.int64)]).to(device)
+    blocks, sizes = [torch.zeros(0, dtype=torch.int64)], []
+    for c in range(min(num_slots, len(copies))):  # per chunk: [sequences, their ring row in slot 0, 1, ...]
+        mine = chunk == c
+        blocks += [rows[mine], *(at[mine] + s * slot_rows for s in range(num_slots))]
+        sizes.append(int(mine.sum()))
+    flat = torch.cat(blocks).to(device)
     last, start = [], 0
-    for r in picked:
-        n = len(r)
+    for n in sizes:
         views = flat[start:start + n * (1 + num_slots)].view(1 + num_slots, n)
         last.append((views[0], tuple(views[1:])) if n else None)
         start += n * (1 + num_slots)
@@ -424,11 +437,6 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
         ring_k=ring_k, ring_v=ring_v, side=side, filled=filled, freed=freed,
         last=tuple(last), page_bytes=page_bytes,
     )  # fmt: skip
-
-
-def pack_runs(runs) -> torch.Tensor:
-    """(src unit, dst unit, units) runs as the int64 `[runs, 3]` CPU tensor copy_runs_packed reads by pointer."""
-    return torch.tensor(list(runs), dtype=torch.int64).reshape(-1, 3)
 
 
 def grown_pages(need: int, held: int, most: int) -> int:
@@ -454,18 +462,17 @@ def release_ring(owner) -> None:
     owner.ring_k = owner.ring_v = None
 
 
-def _last_token_slots(hp: tuple, seq_lens: torch.Tensor, page_size: int,
+def _last_token_slots(hp: HostPages, seq_lens: torch.Tensor, page_size: int,
                       chunk_pages: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sequences, token rows within a ring slot, chunks) of each sequence's last token whose page is read from
     host memory (CPU), from host_pages' `hp` of the same table and lens. stream_schedule cuts the sorted host
     pages into chunks of chunk_pages, so page i is chunk i // chunk_pages at position i % chunk_pages of its
     ring slot."""
-    _, _, host, _, index = hp
     lens = seq_lens.to(torch.int64)
     rows = torch.nonzero(lens > 0).flatten()
     col = (lens[rows] - 1) // page_size
-    keep = host[rows, col]
-    i, rows = index[rows, col][keep], rows[keep]
+    keep = hp.host[rows, col]
+    i, rows = hp.index[rows, col][keep], rows[keep]
     return rows, (i % chunk_pages) * page_size + (lens[rows] - 1) % page_size, i // chunk_pages
 
 

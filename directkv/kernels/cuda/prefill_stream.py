@@ -11,6 +11,7 @@ import torch
 
 from directkv.errors import check
 from directkv.kernels.cuda.decode_attention import (
+    HostPages,
     copy_module,
     grown_pages,
     host_pages,
@@ -78,7 +79,7 @@ class StreamPass:
 
 
 def stream_passes(block_table: torch.Tensor, past_len: int, page_size: int, chunk_pages: int, *,
-                  hp: tuple | None = None) -> list[StreamPass]:
+                  hp: HostPages | None = None) -> list[StreamPass]:
     """The passes over the past of one sequence (CPU in, CPU out): ring chunks of <= chunk_pages host pages in
     copy order, then one over the HBM-resident pages if any (decode_attention.stream_schedule, batch 1). A pass
     with no tokens is dropped (the kernel refuses zero keys); past_len 0 gives none. hp: host_pages of the
@@ -124,7 +125,7 @@ def plan_prefill_stream(kv: PagedKV, *, chunk_bytes: int | None = None, min_chun
     table = kv.block_table[:1, : -(-past_len // kv.page_size)].cpu()
     page_bytes = math.prod(kv.host_k.shape[1:]) * kv.host_k.element_size()
     hp = host_pages(table, torch.tensor([past_len]), kv.page_size)
-    read = len(hp[3])  # the decode plan's count
+    read = len(hp.pages)  # the decode plan's count
     chunk_pages = stream_chunk_pages(read, page_bytes, chunk_bytes=chunk_bytes, min_chunks=min_chunks)
     passes = tuple(stream_passes(table, past_len, kv.page_size, chunk_pages, hp=hp))
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
