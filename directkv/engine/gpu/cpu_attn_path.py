@@ -61,7 +61,7 @@ class CpuAttnPath(StagedPath):
             self.runs = [sequence_runs(p, n, ps) for p, n in zip(lists[:first_chunk], plan.decode_lens_host,
                                                                   strict=True)]
         if plan.chunks:
-            self.remap = self._slot_remap(plan.slots[plan.num_decodes:])
+            self.remap = self._slot_remap(plan.slots_cpu[plan.num_decodes:])
             self.stager.issue(0)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

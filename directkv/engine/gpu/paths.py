@@ -370,17 +370,20 @@ class StagedPath(ZeroCopyPath):
     def begin(self, plan: StepPlan) -> None:
         super().begin(plan)
         tables = self.stager.plan(plan.page_lists(self.kv))
+        self.stager.issue(0)  # first: the copy engine starts while the host builds the tables below
         dev = self.stager.device
         nd = plan.num_decodes
         width = max(t.shape[1] for t in tables) if tables else 1
-        decode_cpu = (torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tables[:nd]])
+        # one padded tensor (pad_sequence), not a pad per decode and a cat: this runs before every step's layers
+        decode_cpu = (torch.nn.functional.pad(torch.nn.utils.rnn.pad_sequence([t[0] for t in tables[:nd]],
+                                                                               batch_first=True),
+                                              (0, width - max(t.shape[1] for t in tables[:nd])))
                       if nd else torch.zeros((0, 1), dtype=torch.int32))
         self.decode_table = decode_cpu.to(dev)
         self.chunk_tables = [t.to(dev) for t in tables[nd:]]
         self.tables_cpu = ((decode_cpu, plan.decode_lens_cpu), tables[nd:])  # attention's tables_cpu
         self.staging_bytes = max(self.staging_bytes, self.stager.nbytes)
-        self.remap = self._slot_remap(plan.slots)  # once per step, not per layer
-        self.stager.issue(0)
+        self.remap = self._slot_remap(plan.slots_cpu)  # once per step, not per layer
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_st, v_st = self.stager.acquire(layer)
@@ -395,13 +398,13 @@ class StagedPath(ZeroCopyPath):
         self.stager.release(layer)
         return out
 
-    def _slot_remap(self, slots: torch.Tensor) -> torch.Tensor:
-        """Host-pool slots of new tokens -> slots in the staging pool (pages were staged in stager order)."""
-        ps = self.kv.page_size
-        host, pages = slots.cpu(), self.stager.pages
+    def _slot_remap(self, host: torch.Tensor) -> torch.Tensor:
+        """Host-pool slots of new tokens (a CPU tensor: the plan's slots_cpu, so no device sync) -> their slots in
+        the staging pool, on its device (pages were staged in stager order)."""
+        ps, pages = self.kv.page_size, self.stager.pages
         at = torch.searchsorted(pages, host // ps).clamp(max=max(len(pages) - 1, 0))
         # every new token's page is staged (page_lists hold the step's new tokens); a page that were not would be
         # written into its neighbour's staging page, silently
         check(len(host) == 0 or bool(torch.equal(pages[at], host // ps)),
               "swap staging: a new token's page is not among the step's staged pages")
-        return (at * ps + host % ps).to(slots.device)
+        return (at * ps + host % ps).to(self.stager.device)

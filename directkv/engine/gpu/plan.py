@@ -35,6 +35,7 @@ class StepPlan:
     chunk_tables: list[torch.Tensor]  # per chunk [1, width] int32 on device
     chunk_tables_cpu: list[torch.Tensor]  # the same on the host (stream plans its copies from them, no sync)
     slots: torch.Tensor  # [num_tokens] int64 flat slot of each new token in its tier pool, on device
+    slots_cpu: torch.Tensor  # the same on the host (swap's staging remaps them there, no copy back)
     positions: torch.Tensor  # [num_tokens] int64 absolute positions
 
     @property
@@ -62,6 +63,7 @@ def plan_step(step: Step, kv: KVCacheManager, device: torch.device) -> StepPlan:
     to = dict(device=device, non_blocking=True)
     lens, table = torch.tensor([c + 1 for c in ctx], dtype=torch.int32), kv.block_table(dec)
     chunk_tables = [kv.block_table([c.req_id]) for c in chunks]
+    slots_cpu = torch.cat(slots)
     return StepPlan(
         decode_ids=dec,
         decode_lens_host=[c + 1 for c in ctx],
@@ -72,6 +74,7 @@ def plan_step(step: Step, kv: KVCacheManager, device: torch.device) -> StepPlan:
         chunks=chunks,
         chunk_tables=[t.to(**to) for t in chunk_tables],
         chunk_tables_cpu=chunk_tables,
-        slots=torch.cat(slots).to(**to),
+        slots=slots_cpu.to(**to),
+        slots_cpu=slots_cpu,
         positions=torch.cat(pos).to(**to),
     )
