@@ -101,3 +101,31 @@ def test_unknown_pinned_allocation_is_one_line_error():
         pytest.skip("the allocation kind is only checked where pinning happens")
     with pytest.raises(ConfigError, match="valid: host_alloc, register, torch"):
         pinned_empty((4,), torch.float16, alloc="mmap")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_measure_ceilings_reports_the_concurrent_link_rates():
+    from directkv.kernels.cuda.probe import measure_ceilings
+
+    got = measure_ceilings(64 << 20, repeats=2)
+    assert set(got) >= {"sm_read_gbps", "ce_h2d_gbps", "ce_h2d_2x_gbps", "ce_plus_sm_gbps"}
+    assert all(v > 1.0 for v in got.values()), got
+    # two sources of one link: together never above the sum of each alone (10% timing slack)
+    assert got["ce_plus_sm_gbps"] <= 1.1 * (got["ce_h2d_gbps"] + got["sm_read_gbps"]), got
+    assert got["ce_h2d_2x_gbps"] <= 1.1 * 2 * got["ce_h2d_gbps"], got
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_concurrent_probe_copies_the_first_half():
+    from directkv.kernels.cuda.probe import _concurrent_gbps
+
+    n = 8 << 20
+    host = pinned_empty((n,), torch.uint8, alloc="host_alloc")
+    host.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8))
+    hbm = torch.full((n,), 7, dtype=torch.uint8, device="cuda")
+    assert _concurrent_gbps(host, hbm, sm_half=True, repeats=1) > 0
+    torch.cuda.synchronize()
+    assert torch.equal(hbm[: n // 2].cpu(), host[: n // 2])
+    assert bool((hbm[n // 2:] == 7).all())  # the SM half is read in place, never copied

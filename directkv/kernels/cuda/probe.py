@@ -7,6 +7,11 @@ sm_read_gbps  : SMs streaming pinned host memory through a zero-copy view (csrc 
 ce_h2d_gbps   : copy engine, pinned host -> HBM (torch copy, non_blocking); the ceiling of staging.
 ce_d2h_gbps   : copy engine, HBM -> pinned host.
 hbm_copy_gbps : HBM -> HBM copy, bytes read plus bytes written.
+ce_h2d_2x_gbps : two host -> HBM copies at once, on two streams (each half the buffer): does a second copy
+                engine add link bandwidth?
+ce_plus_sm_gbps : the copy engine moving half the buffer on a side stream while the SM probe reads the other
+                half zero-copy, bytes of both over the wall time of both: whether a kernel reading host memory
+                in place adds to a staging copy's bandwidth on this link, or only takes a share of it.
 
 All in decimal GB/s (1e9 B/s), timed with directkv.timing.time_fn (median of repeats after warm-up).
 """
@@ -51,11 +56,36 @@ def _copy_gbps(dst: torch.Tensor, src: torch.Tensor, *, repeats: int, bytes_fact
     return bytes_factor * src.numel() * src.element_size() / (timing.median_ms * 1e-3) / 1e9
 
 
+def _concurrent_gbps(host: torch.Tensor, hbm: torch.Tensor, *, sm_half: bool, repeats: int) -> float:
+    """GB/s of host (pinned, uint8) -> hbm moved as two halves at once: the first half by a copy on a side
+    stream, the second by a second copy (sm_half=False) or by the SM probe reading it zero-copy (True)."""
+    half = host.numel() // 2 // 16 * 16
+    main = torch.cuda.current_stream(hbm.device)
+    side = torch.cuda.Stream(hbm.device)
+    view = device_view(host)[half:2 * half]
+    mod = build.load("probe")
+    blocks = BLOCKS_PER_SM * mod.num_sms()
+    sink = torch.empty(blocks * THREADS, dtype=torch.float32, device=hbm.device)
+
+    def run() -> None:
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            hbm[:half].copy_(host[:half], non_blocking=True)
+        if sm_half:
+            mod.stream_read(view.data_ptr(), half, sink.data_ptr(), blocks, THREADS, main.cuda_stream)
+        else:
+            hbm[half:2 * half].copy_(host[half:2 * half], non_blocking=True)
+        main.wait_stream(side)
+
+    timing = time_fn(run, warmup=2, repeats=repeats, device=hbm.device)
+    return 2 * half / (timing.median_ms * 1e-3) / 1e9
+
+
 def measure_ceilings(nbytes: int = 2**30, *, repeats: int = 5) -> dict[str, float]:
     """Measure the four ceilings over buffers of `nbytes` (default 1 GiB: ~17x the H200's L2).
 
     Returns {"sm_read_gbps", "ce_h2d_gbps", "ce_d2h_gbps", "hbm_copy_gbps", "probe_bytes",
-    "sm_read_torch_gbps", "sm_read_register_gbps"}.
+    "sm_read_torch_gbps", "sm_read_register_gbps", "ce_h2d_2x_gbps", "ce_plus_sm_gbps"}.
     """
     check(torch.cuda.is_available(), "measure_ceilings needs a CUDA GPU")
     check(nbytes >= 2**20 and nbytes % 16 == 0, f"nbytes must be >= 1 MiB and a multiple of 16; got {nbytes}")
@@ -66,6 +96,8 @@ def measure_ceilings(nbytes: int = 2**30, *, repeats: int = 5) -> dict[str, floa
     h2d = _copy_gbps(hbm2, host, repeats=repeats)
     hbm_copy = _copy_gbps(hbm2, hbm, repeats=repeats, bytes_factor=2)
     sm_read = stream_read_gbps(device_view(host), repeats=repeats)
+    both = {"ce_h2d_2x_gbps": _concurrent_gbps(host, hbm2, sm_half=False, repeats=repeats),
+            "ce_plus_sm_gbps": _concurrent_gbps(host, hbm2, sm_half=True, repeats=repeats)}
     others = {}
     for alloc in ("torch", "register"):
         other = pinned_empty((nbytes,), torch.uint8, alloc=alloc)
@@ -74,4 +106,4 @@ def measure_ceilings(nbytes: int = 2**30, *, repeats: int = 5) -> dict[str, floa
         del other
     torch.cuda.synchronize()
     return {"sm_read_gbps": sm_read, "ce_h2d_gbps": h2d, "ce_d2h_gbps": d2h, "hbm_copy_gbps": hbm_copy,
-            "probe_bytes": float(nbytes)} | others
+            "probe_bytes": float(nbytes)} | others | both
