@@ -177,7 +177,10 @@ def test_prefetched_stream_sees_the_last_tokens_stored_after_it(chunk_kb, reuse)
             new.append(torch.randn(kv.batch, 2, 128, device="cuda").to(kv.dtype))
             pool.view(-1, 2, 128)[slots] = new[-1]
         out = torch.full_like(q, float("nan"))
-        decode_attention(q, kv, variant="stream", out=out, plan=plan, last_kv=tuple(new) if give else None)
+        # given as head-major views (not contiguous): the call takes contiguous copies for its C++ scatter
+        last = tuple(t.transpose(0, 1).contiguous().transpose(0, 1) for t in new)
+        assert not last[0].is_contiguous()
+        decode_attention(q, kv, variant="stream", out=out, plan=plan, last_kv=last if give else None)
         assert plan.call == 1 and plan.consumed == plan.copied == len(plan.copies)  # the queue's one call ran
         ref = dense_reference(q, kv, 1.0 / math.sqrt(128))
         errs[give] = float((out.double() - ref).norm() / ref.norm())
@@ -195,21 +198,15 @@ def test_queued_calls_copy_ahead_into_slots_their_readers_have_freed(chunk_kb, h
     Layer after layer, each over its own random pools, queued with no sync in between, every output must match
     the reference (a copy landing in a slot still being read would mix layers' K/V). Many 64 KiB chunks (slots
     reused within each call) and one 16 MiB chunk per call (the next calls' chunks copied while this one's
-    is read). Each kernel launch is delayed on the GPU (a sleep before it) so the readers lag the copies: with the
+    is read). Each chunk's kernel is delayed on the GPU (a spin before it) so the readers lag the copies: with the
     waits for the slots' readers skipped (hide_readers), copies land under them and the outputs must be wrong, so
     the check can fail."""
     import directkv.kernels.cuda.decode_attention as dec
     from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 
-    launch = dec._launch
-
-    def lagging(*args, **kwargs):
-        torch.cuda._sleep(1_000_000)  # ~0.5 ms of GPU time on the current stream
-        return launch(*args, **kwargs)
-
-    monkeypatch.setattr(dec, "_launch", lagging)
+    monkeypatch.setattr(dec, "STREAM_LAG_CYCLES", 1_000_000)  # ~0.5 ms of GPU time before each chunk's kernel
     if hide_readers:
-        monkeypatch.setattr(dec, "_wait_for_readers", lambda plan, slot: None)
+        monkeypatch.setattr(dec, "STREAM_WAIT_FOR_READERS", False)
 
     base = make_kv([5000, 700, 3000, 64], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16,
                    hbm_fraction=0.0)

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "directkv/stream_queue.h"
+
 namespace py = pybind11;
 
 namespace directkv {
@@ -39,4 +41,32 @@ PYBIND11_MODULE(_dkv_decode_attention, m) {
         py::arg("num_runs"), py::arg("unit_bytes"), py::arg("stream"),
         "copy_async of every (src unit, dst unit, units) run (num_runs x 3 int64 in host memory) for each (dst, src) "
         "base pair, issued from C++");
+  py::class_<directkv::StreamQueue>(m, "StreamQueue",
+                                    "The decode stream variant's copy queue over one plan's ring (directkv/stream_queue.h)")
+      .def(py::init<uintptr_t, uintptr_t, int64_t, int64_t, std::vector<uintptr_t>, std::vector<int64_t>,
+                    std::vector<uintptr_t>, std::vector<uintptr_t>, uintptr_t, std::vector<int64_t>,
+                    std::vector<uintptr_t>, std::vector<uintptr_t>, int64_t, int64_t>(),
+           py::arg("ring_k"), py::arg("ring_v"), py::arg("slot_bytes"), py::arg("page_bytes"), py::arg("runs"),
+           py::arg("num_runs"), py::arg("filled"), py::arg("freed"), py::arg("side"), py::arg("last_n"),
+           py::arg("last_rows"), py::arg("last_at"), py::arg("ring_rows"), py::arg("row_bytes"))
+      .def("set_queue", &directkv::StreamQueue::set_queue, py::arg("host_k"), py::arg("host_v"))
+      .def("fill", &directkv::StreamQueue::fill, py::arg("copied"), py::arg("consumed"), py::arg("upto"),
+           py::arg("wait_readers"))
+      // positional: a layer's call is on the serving hot path, and keyword matching costs host time per argument
+      .def("run_layer",
+           [](directkv::StreamQueue& self, uintptr_t main, int64_t first, int64_t copied, int64_t early, uintptr_t q,
+              uintptr_t out, uintptr_t o_parts, uintptr_t lse_parts, uintptr_t passes, uintptr_t lens, int num_passes,
+              bool hbm_pass, uintptr_t hbm_k, uintptr_t hbm_v, uintptr_t part_o, uintptr_t part_lse,
+              uintptr_t counters, int batch, int num_heads, int num_kv_heads, int head_dim, int width,
+              int page_size, int num_splits, int tiles_per_split, int heads_per_cta, int tile, int dtype,
+              int load_mode, int split_major, float sm_scale, uintptr_t last_k, uintptr_t last_v,
+              int64_t last_src_rows, int64_t lag_cycles, bool wait_readers) {
+             const directkv::StreamLaunch a{q, out, o_parts, lse_parts, passes, lens, num_passes, hbm_pass, hbm_k,
+                                            hbm_v, part_o, part_lse, counters, batch, num_heads, num_kv_heads,
+                                            head_dim, width, page_size, num_splits, tiles_per_split,
+                                            heads_per_cta, tile, dtype, load_mode, split_major, sm_scale};
+             return self.run_layer(main, first, copied, early, a, last_k, last_v, last_src_rows, lag_cycles,
+                                   wait_readers);
+           },
+           "One call's chunks, HBM pass and merge on stream `main`; returns (copied, consumed)");
 }

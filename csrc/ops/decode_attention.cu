@@ -1,13 +1,18 @@
 // Launcher of decode attention: argument checks, dtype / head_dim / heads-per-CTA / tile dispatch, launch
-// on the caller's stream. Also the occupancy query the Python split plan uses, and an async copy helper for
-// the copy-engine ("stream") variant.
+// on the caller's stream. Also the occupancy query the Python split plan uses, the copy helpers of the
+// copy-engine ("stream") variant and its per-layer loop (StreamQueue).
 #include <stdexcept>
 #include <utility>
 #include <vector>
 #include <type_traits>
 
+#include <algorithm>
+
 #include "directkv/dispatch.h"
 #include "directkv/decode_attention.cuh"
+#include "directkv/merge_stacked.cuh"
+#include "directkv/scatter_rows.cuh"
+#include "directkv/stream_queue.h"
 
 namespace directkv {
 namespace {
@@ -140,6 +145,8 @@ void copy_async(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream) {
              "decode_attention: cudaMemcpyAsync");
 }
 
+namespace {
+
 // copy_async for many page runs in one call: for each (src page, dst page, pages) and each (dst, src) base pair,
 // pages * unit_bytes bytes. Issued from C++ because a ring chunk of scattered pages is hundreds of copies, and
 // one Python call per copy cost more CPU time than the copy engine needed for the bytes. With CUDA 13's
@@ -147,33 +154,23 @@ void copy_async(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream) {
 // refuses it, the copies go one cudaMemcpyAsync at a time, and later calls do not try the batch again.
 // `runs` points at num_runs x 3 int64 (host memory): a serving path packs its runs once per step and issues
 // them every layer, so they are not converted from Python tuples on every call.
-void copy_runs_packed(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
-                      uintptr_t runs, int64_t num_runs, size_t unit_bytes, uintptr_t stream) {
-  if (dst_bases.size() != src_bases.size()) {
-    throw std::invalid_argument("copy_runs_packed: one src base per dst base; got " + std::to_string(dst_bases.size()) +
-                                " dst and " + std::to_string(src_bases.size()) + " src");
-  }
-  if (num_runs < 0 || (num_runs > 0 && runs == 0)) {
-    throw std::invalid_argument("copy_runs_packed: num_runs " + std::to_string(num_runs) +
-                                " must be >= 0, with a runs array when > 0");
-  }
-  const auto* r = reinterpret_cast<const int64_t*>(runs);
-  std::vector<void*> dsts;
-  std::vector<const void*> srcs;
-  std::vector<size_t> sizes;
-  dsts.reserve(static_cast<size_t>(num_runs) * dst_bases.size());
-  srcs.reserve(dsts.capacity());
-  sizes.reserve(dsts.capacity());
+void issue_runs(const uintptr_t* dst_bases, const uintptr_t* src_bases, size_t bases, const int64_t* r,
+                int64_t num_runs, size_t unit_bytes, cudaStream_t s) {
+  thread_local std::vector<void*> dsts;  // reused: this runs per ring chunk, per layer
+  thread_local std::vector<const void*> srcs;
+  thread_local std::vector<size_t> sizes;
+  dsts.clear();
+  srcs.clear();
+  sizes.clear();
   for (int64_t i = 0; i < num_runs; ++i) {
     const int64_t src = r[3 * i], dst = r[3 * i + 1], n = r[3 * i + 2];
-    for (size_t b = 0; b < dst_bases.size(); ++b) {
+    for (size_t b = 0; b < bases; ++b) {
       dsts.push_back(reinterpret_cast<void*>(dst_bases[b] + static_cast<size_t>(dst) * unit_bytes));
       srcs.push_back(reinterpret_cast<const void*>(src_bases[b] + static_cast<size_t>(src) * unit_bytes));
       sizes.push_back(static_cast<size_t>(n) * unit_bytes);
     }
   }
   if (dsts.empty()) return;
-  const auto s = reinterpret_cast<cudaStream_t>(stream);
 #if CUDART_VERSION >= 13000
   static bool batch_ok = true;
   if (batch_ok && dsts.size() > 1) {
@@ -192,6 +189,163 @@ void copy_runs_packed(const std::vector<uintptr_t>& dst_bases, const std::vector
   for (size_t i = 0; i < dsts.size(); ++i) {
     check_cuda(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, s), "decode_attention: cudaMemcpyAsync");
   }
+}
+
+// Busy-waits `cycles` GPU clock cycles: a test's delay of a kernel behind its copy (torch.cuda._sleep's job).
+__global__ void spin_kernel(int64_t cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+}  // namespace
+
+void copy_runs_packed(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
+                      uintptr_t runs, int64_t num_runs, size_t unit_bytes, uintptr_t stream) {
+  if (dst_bases.size() != src_bases.size()) {
+    throw std::invalid_argument("copy_runs_packed: one src base per dst base; got " + std::to_string(dst_bases.size()) +
+                                " dst and " + std::to_string(src_bases.size()) + " src");
+  }
+  if (num_runs < 0 || (num_runs > 0 && runs == 0)) {
+    throw std::invalid_argument("copy_runs_packed: num_runs " + std::to_string(num_runs) +
+                                " must be >= 0, with a runs array when > 0");
+  }
+  issue_runs(dst_bases.data(), src_bases.data(), dst_bases.size(), reinterpret_cast<const int64_t*>(runs), num_runs,
+             unit_bytes, reinterpret_cast<cudaStream_t>(stream));
+}
+
+// --- StreamQueue (directkv/stream_queue.h) ---------------------------------------------------------------
+
+StreamQueue::StreamQueue(uintptr_t ring_k, uintptr_t ring_v, int64_t slot_bytes, int64_t page_bytes,
+                         std::vector<uintptr_t> runs, std::vector<int64_t> num_runs, std::vector<uintptr_t> filled,
+                         std::vector<uintptr_t> freed, uintptr_t side, std::vector<int64_t> last_n,
+                         std::vector<uintptr_t> last_rows, std::vector<uintptr_t> last_at, int64_t ring_rows,
+                         int64_t row_bytes)
+    : ring_k_(ring_k), ring_v_(ring_v), slot_bytes_(slot_bytes), page_bytes_(page_bytes), runs_(std::move(runs)),
+      num_runs_(std::move(num_runs)), filled_(std::move(filled)), freed_(std::move(freed)), side_(side),
+      last_n_(std::move(last_n)), last_rows_(std::move(last_rows)), last_at_(std::move(last_at)),
+      ring_rows_(ring_rows), row_bytes_(row_bytes) {
+  const size_t slots = filled_.size();
+  require(slots >= 2 && freed_.size() == slots, "StreamQueue: >= 2 ring slots, one filled and one freed event each; got " +
+                                                    std::to_string(filled_.size()) + " and " +
+                                                    std::to_string(freed_.size()));
+  for (size_t i = 0; i < slots; ++i) {
+    require(filled_[i] != 0 && freed_[i] != 0, "StreamQueue: slot " + std::to_string(i) + " has an uncreated event");
+  }
+  require(num_runs_.size() == runs_.size(), "StreamQueue: one run count per chunk's runs");
+  for (size_t c = 0; c < runs_.size(); ++c) {
+    require(num_runs_[c] >= 0 && (num_runs_[c] == 0 || runs_[c] != 0),
+            "StreamQueue: chunk " + std::to_string(c) + " has " + std::to_string(num_runs_[c]) + " runs and no array");
+  }
+  const size_t early = std::min(slots, runs_.size());
+  require(last_n_.size() == early && last_rows_.size() == early && last_at_.size() == early * slots,
+          "StreamQueue: last-token rows for each of the first min(slots, chunks) = " + std::to_string(early) +
+              " chunks, per slot; got " + std::to_string(last_n_.size()) + " counts, " +
+              std::to_string(last_at_.size()) + " ring-row arrays");
+  require(row_bytes_ >= 16 && row_bytes_ % 16 == 0 && slot_bytes_ > 0 && page_bytes_ > 0 && ring_rows_ > 0,
+          "StreamQueue: a token row of a positive multiple of 16 bytes and a non-empty ring; got row_bytes " +
+              std::to_string(row_bytes_) + ", slot_bytes " + std::to_string(slot_bytes_));
+}
+
+void StreamQueue::set_queue(std::vector<uintptr_t> host_k, std::vector<uintptr_t> host_v) {
+  require(host_k.size() == host_v.size(), "StreamQueue: one host V pool per host K pool");
+  queue_k_ = std::move(host_k);
+  queue_v_ = std::move(host_v);
+}
+
+int64_t StreamQueue::fill(int64_t copied, int64_t consumed, int64_t upto, bool wait_readers) {
+  const int64_t slots = num_slots(), n = num_chunks();
+  const int64_t limit = std::min({upto, consumed + slots, static_cast<int64_t>(queue_k_.size()) * n});
+  const auto side = reinterpret_cast<cudaStream_t>(side_);
+  for (; copied < limit; ++copied) {
+    const int64_t g = copied, slot = g % slots, c = g % n, call = g / n;
+    if (g >= slots && wait_readers) {  // the first chunks follow the caller's wait_stream before them
+      check_cuda(cudaStreamWaitEvent(side, reinterpret_cast<cudaEvent_t>(freed_[slot]), 0), "StreamQueue: wait freed");
+    }
+    const uintptr_t dst[2] = {ring_k_ + slot * slot_bytes_, ring_v_ + slot * slot_bytes_};
+    const uintptr_t src[2] = {queue_k_[call], queue_v_[call]};
+    issue_runs(dst, src, 2, reinterpret_cast<const int64_t*>(runs_[c]), num_runs_[c], page_bytes_, side);
+    check_cuda(cudaEventRecord(reinterpret_cast<cudaEvent_t>(filled_[slot]), side), "StreamQueue: record filled");
+  }
+  return copied;
+}
+
+std::pair<int64_t, int64_t> StreamQueue::run_layer(uintptr_t main, int64_t first, int64_t copied, int64_t early,
+                                                   const StreamLaunch& a, uintptr_t last_k, uintptr_t last_v,
+                                                   int64_t last_src_rows, int64_t lag_cycles, bool wait_readers) {
+  const int64_t slots = num_slots(), n = num_chunks();
+  require(a.num_passes == n + (a.hbm_pass ? 1 : 0),
+          "StreamQueue: " + std::to_string(a.num_passes) + " passes for " + std::to_string(n) + " chunks" +
+              (a.hbm_pass ? " and an HBM pass" : ""));
+  const bool single = n == 1 && !a.hbm_pass;
+  require(single || (a.o_parts && a.lse_parts), "StreamQueue: more than one pass needs o_parts and lse_parts");
+  require(is_pow2(a.page_size), "StreamQueue: page_size " + std::to_string(a.page_size) + " is not a power of two");
+  const auto stream = reinterpret_cast<cudaStream_t>(main);
+  DecodeParams p{};
+  p.q = reinterpret_cast<const void*>(a.q);
+  p.part_o = reinterpret_cast<float*>(a.part_o);
+  p.part_lse = reinterpret_cast<float*>(a.part_lse);
+  p.counters = reinterpret_cast<int*>(a.counters);
+  p.batch = a.batch;
+  p.num_heads = a.num_heads;
+  p.num_kv_heads = a.num_kv_heads;
+  p.max_pages = a.width;
+  p.page_shift = log2_int(a.page_size);
+  p.num_splits = a.num_splits;
+  p.tiles_per_split = a.tiles_per_split;
+  p.load_mode = a.load_mode;
+  p.split_major = a.split_major;
+  p.scale_log2 = a.sm_scale * 1.4426950408889634f;
+  const int64_t table_elems = int64_t(a.batch) * a.width, rows = int64_t(a.batch) * a.num_heads;
+  auto pass = [&](int i, uintptr_t k, uintptr_t v) {  // the kernel over pass i's table, pools k / v
+    p.host_k = p.hbm_k = reinterpret_cast<const void*>(k);
+    p.host_v = p.hbm_v = reinterpret_cast<const void*>(v);
+    p.block_table = reinterpret_cast<const int*>(a.passes) + i * table_elems;
+    p.seq_lens = reinterpret_cast<const int*>(a.lens) + int64_t(i) * a.batch;
+    p.out = single ? reinterpret_cast<void*>(a.out) : nullptr;
+    p.out_f32 = single ? nullptr : reinterpret_cast<float*>(a.o_parts) + i * rows * a.head_dim;
+    p.lse_out = single ? nullptr : reinterpret_cast<float*>(a.lse_parts) + i * rows;
+    launch(p, a.dtype, a.head_dim, a.heads_per_cta, a.tile, stream);
+  };
+  int64_t consumed = first;
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t g = first + c, slot = g % slots;
+    copied = fill(copied, consumed, g + 1, wait_readers);
+    // the copy must not land on top of the last tokens written next
+    check_cuda(cudaStreamWaitEvent(stream, reinterpret_cast<cudaEvent_t>(filled_[slot]), 0), "StreamQueue: wait filled");
+    if (g < early && last_k && c < static_cast<int64_t>(last_n_.size()) && last_n_[c] > 0) {
+      // copied before the caller stored this step's tokens: write them in just before this chunk's kernel,
+      // which so waits for its own copy only (not for every early chunk's)
+      ScatterRowsParams s{};
+      s.dst[0] = reinterpret_cast<void*>(ring_k_);
+      s.dst[1] = reinterpret_cast<void*>(ring_v_);
+      s.src[0] = reinterpret_cast<const void*>(last_k);
+      s.src[1] = reinterpret_cast<const void*>(last_v);
+      s.dst_rows = reinterpret_cast<const int64_t*>(last_at_[c * slots + slot]);
+      s.src_rows = reinterpret_cast<const int64_t*>(last_rows_[c]);
+      s.n = last_n_[c];
+      s.dst_rows_total = ring_rows_;
+      s.src_rows_total = last_src_rows;
+      s.row_vecs = static_cast<int>(row_bytes_ / 16);
+      launch_scatter_rows(s, 2, stream);
+    }
+    if (lag_cycles > 0) {
+      spin_kernel<<<1, 1, 0, stream>>>(lag_cycles);
+      check_cuda(cudaGetLastError(), "StreamQueue: spin kernel launch");
+    }
+    pass(static_cast<int>(c), ring_k_ + slot * slot_bytes_, ring_v_ + slot * slot_bytes_);
+    check_cuda(cudaEventRecord(reinterpret_cast<cudaEvent_t>(freed_[slot]), stream), "StreamQueue: record freed");
+    consumed = g + 1;
+    copied = fill(copied, consumed, consumed + slots, wait_readers);  // this call's next chunk, or a later call's
+  }
+  if (a.hbm_pass) pass(a.num_passes - 1, a.hbm_k, a.hbm_v);
+  if (!single) {
+    // a pass without a sequence's tokens has LSE -inf there: weight 0
+    const MergeStackedParams m{reinterpret_cast<const float*>(a.o_parts), reinterpret_cast<const float*>(a.lse_parts),
+                               reinterpret_cast<void*>(a.out), rows, a.head_dim, a.num_passes, a.head_dim};
+    launch_merge_stacked(m, a.dtype, stream);
+  }
+  return {copied, consumed};
 }
 
 }  // namespace directkv

@@ -17,18 +17,7 @@ void merge_stacked_run(uintptr_t o, uintptr_t lse, uintptr_t out, int64_t rows, 
   if (rows == 0) return;
   const MergeStackedParams p{reinterpret_cast<const float*>(o), reinterpret_cast<const float*>(lse),
                              reinterpret_cast<void*>(out), rows, out_row_stride, num_parts, head_dim};
-  constexpr int kThreads = 256;
-  const int64_t threads = rows * (head_dim / 4);
-  const dim3 grid(static_cast<unsigned>((threads + kThreads - 1) / kThreads));
-  const auto s = reinterpret_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case kFloat16: merge_stacked_kernel<__half><<<grid, kThreads, 0, s>>>(p); break;
-    case kBFloat16: merge_stacked_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(p); break;
-    case kFloat32: merge_stacked_kernel<float><<<grid, kThreads, 0, s>>>(p); break;
-    default: throw std::runtime_error("merge_stacked: dtype code " + std::to_string(dtype) +
-                                      " is not fp16 (0), bf16 (1) or fp32 (2)");
-  }
-  check_cuda(cudaGetLastError(), "merge_stacked: kernel launch");
+  launch_merge_stacked(p, dtype, reinterpret_cast<cudaStream_t>(stream));
 }
 
 }  // namespace directkv

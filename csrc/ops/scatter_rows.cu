@@ -34,11 +34,7 @@ void scatter_rows_run(const std::vector<uintptr_t>& dst, const std::vector<uintp
   p.dst_rows_total = dst_rows_total;
   p.src_rows_total = src_rows_total;
   p.row_vecs = static_cast<int>(row_bytes / 16);
-  constexpr int kThreads = 128;
-  const int64_t threads = n * p.row_vecs;
-  const dim3 grid(static_cast<unsigned>((threads + kThreads - 1) / kThreads), static_cast<unsigned>(dst.size()));
-  scatter_rows_kernel<<<grid, kThreads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(p);
-  check_cuda(cudaGetLastError(), "scatter_rows: kernel launch");
+  launch_scatter_rows(p, static_cast<int>(dst.size()), reinterpret_cast<cudaStream_t>(stream));
 }
 
 }  // namespace directkv

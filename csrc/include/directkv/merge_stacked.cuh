@@ -56,4 +56,20 @@ __global__ void merge_stacked_kernel(const MergeStackedParams p) {
   for (int j = 0; j < 4; ++j) dst[j] = from_float(acc[j], T());
 }
 
+// Launch with the output dtype `dtype` (fp16 0, bf16 1, fp32 2) on `stream`; p.rows > 0. Shared by the
+// merge_stacked op and the stream decode loop.
+inline void launch_merge_stacked(const MergeStackedParams& p, int dtype, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const int64_t threads = p.rows * (p.head_dim / 4);
+  const dim3 grid(static_cast<unsigned>((threads + kThreads - 1) / kThreads));
+  switch (dtype) {
+    case kFloat16: merge_stacked_kernel<__half><<<grid, kThreads, 0, stream>>>(p); break;
+    case kBFloat16: merge_stacked_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p); break;
+    case kFloat32: merge_stacked_kernel<float><<<grid, kThreads, 0, stream>>>(p); break;
+    default: throw std::runtime_error("merge_stacked: dtype code " + std::to_string(dtype) +
+                                      " is not fp16 (0), bf16 (1) or fp32 (2)");
+  }
+  check_cuda(cudaGetLastError(), "merge_stacked: kernel launch");
+}
+
 }  // namespace directkv

@@ -34,4 +34,14 @@ __global__ void scatter_rows_kernel(const ScatterRowsParams p) {
   dst[d * p.row_vecs + v] = src[s * p.row_vecs + v];
 }
 
+// Launch for `pairs` (1 or 2) pairs on `stream`; p.n > 0. Shared by the scatter_rows op and the stream decode
+// loop (the ring's last-token rows).
+inline void launch_scatter_rows(const ScatterRowsParams& p, int pairs, cudaStream_t stream) {
+  constexpr int kThreads = 128;
+  const int64_t threads = p.n * p.row_vecs;
+  const dim3 grid(static_cast<unsigned>((threads + kThreads - 1) / kThreads), static_cast<unsigned>(pairs));
+  scatter_rows_kernel<<<grid, kThreads, 0, stream>>>(p);
+  check_cuda(cudaGetLastError(), "scatter_rows: kernel launch");
+}
+
 }  // namespace directkv

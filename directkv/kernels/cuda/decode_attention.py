@@ -26,8 +26,6 @@ import torch
 
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.cuda import build
-from directkv.kernels.cuda.merge_stacked import merge_stacked
-from directkv.kernels.cuda.scatter_rows import scatter_rows
 from directkv.kernels.paged import PagedKV, check_queries, per_table
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import STREAM_RING_BYTES, decode_traffic
@@ -111,31 +109,40 @@ _WORKSPACES: dict[tuple[int, int], _Workspace] = {}
 _TRAFFIC: dict = {}  # per_table's memo of the closed-form Traffic
 
 
+def _config(q: torch.Tensor, num_kv_heads: int, page_size: int, width: int, *, variant: str, tile_kv: int,
+            num_splits: int | None, stream: int) -> tuple[int, int, int, int, int, int]:
+    """(heads_per_cta, num_splits, tiles_per_split, part_o, part_lse, counters) of a launch over block tables of
+    `width` pages: the split plan and the workspace pointers (0 without splits) on `stream`'s workspace."""
+    batch, num_heads, head_dim = q.shape
+    hpc = heads_per_cta(variant, num_heads // num_kv_heads)
+    device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    slots = _occupancy(device, DTYPE_CODES[q.dtype], head_dim, hpc, tile_kv)
+    groups = batch * (num_heads // hpc)
+    splits, tiles_per_split = plan_splits(groups, math.ceil(width * page_size / tile_kv), slots, num_splits)
+    if splits == 1:
+        return hpc, splits, tiles_per_split, 0, 0, 0
+    ws = _WORKSPACES.setdefault((device, stream), _Workspace())
+    ws.ensure(splits * batch * num_heads, head_dim, groups, q.device)
+    return hpc, splits, tiles_per_split, ws.part_o.data_ptr(), ws.part_lse.data_ptr(), ws.counters.data_ptr()
+
+
 def _launch(q, host_k, host_v, hbm_k, hbm_v, block_table, seq_lens, *, variant, tile_kv, sm_scale, num_splits,
             out=None, out_f32=None, lse_out=None, stream: int | None = None) -> None:
     """One kernel launch; pools `[pages, page_size, num_kv_heads, head_dim]`, q `[batch, heads, head_dim]`;
     stream: the CUDA stream handle to launch on (default: the current stream's, looked up per call)."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads, page_size = host_k.shape[2], host_k.shape[1]
-    hpc = heads_per_cta(variant, num_heads // num_kv_heads)
-    code = DTYPE_CODES[q.dtype]
-    device = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    slots = _occupancy(device, code, head_dim, hpc, tile_kv)
-    max_tiles = math.ceil(block_table.shape[1] * page_size / tile_kv)
-    groups = batch * (num_heads // hpc)
-    splits, tiles_per_split = plan_splits(groups, max_tiles, slots, num_splits)
     stream = torch.cuda.current_stream(q.device).cuda_stream if stream is None else stream
-    ws = _WORKSPACES.setdefault((device, stream), _Workspace())
-    if splits > 1:
-        ws.ensure(splits * batch * num_heads, head_dim, groups, q.device)
+    hpc, splits, tiles_per_split, part_o, part_lse, counters = _config(
+        q, num_kv_heads, page_size, block_table.shape[1], variant=variant, tile_kv=tile_kv, num_splits=num_splits,
+        stream=stream)
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
     _module().run(
         q.data_ptr(), host_k.data_ptr(), host_v.data_ptr(), hbm_k.data_ptr(), hbm_v.data_ptr(),
-        block_table.data_ptr(), seq_lens.data_ptr(), ptr(out), ptr(out_f32), ptr(lse_out),
-        ptr(ws.part_o) if splits > 1 else 0, ptr(ws.part_lse) if splits > 1 else 0,
-        ptr(ws.counters) if splits > 1 else 0, batch, num_heads, num_kv_heads, head_dim,
-        block_table.shape[1], page_size, splits, tiles_per_split, hpc, tile_kv, sm_scale, code,
-        LOAD_MODES[LOAD_MODE], int(SPLIT_MAJOR), stream,
+        block_table.data_ptr(), seq_lens.data_ptr(), ptr(out), ptr(out_f32), ptr(lse_out), part_o, part_lse,
+        counters, batch, num_heads, num_kv_heads, head_dim, block_table.shape[1], page_size, splits,
+        tiles_per_split, hpc, tile_kv, sm_scale, DTYPE_CODES[q.dtype], LOAD_MODES[LOAD_MODE], int(SPLIT_MAJOR),
+        stream,
     )  # fmt: skip
 
 
@@ -236,6 +243,9 @@ def decode_attention(
                 f"last_kv is an option of variant 'stream' with a plan: (K, V) of shape {want}, {kv.dtype}, on "
                 f"{q.device}; got variant {variant!r}, plan {'given' if plan is not None else 'None'}, "
                 f"{[(tuple(t.shape), t.dtype, str(t.device)) for t in last_kv]}")
+        # the C++ loop scatters them as contiguous, 16-byte aligned rows
+        last_kv = tuple(t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+                        for t in last_kv)
     out = torch.empty_like(q) if out is None else out
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[2])
     if variant == "stream":
@@ -274,6 +284,8 @@ class StreamPlan:
         queue index of the next call; chunk c of call i is chunk g = i * len(copies) + c of the queue and sits in
         slot g % num_slots; copied / consumed count the queue's chunks whose copies / kernels are queued. A
         copy waits for its slot's last reader, so copied <= consumed + num_slots.
+    native : the C++ StreamQueue over this plan's ring, runs, events and last-token rows (csrc stream_queue.h),
+        made on the plan's first GPU use: it issues a call's chunks in one Python call (_native).
     """
 
     passes: torch.Tensor
@@ -291,6 +303,7 @@ class StreamPlan:
     call: int = 0
     copied: int = 0
     consumed: int = 0
+    native: object = None
 
 
 def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, chunk_pages: int, *,
@@ -453,7 +466,10 @@ def new_ring(shape: tuple, dtype: torch.dtype, device: torch.device, slots: int)
     rings = [torch.empty(shape, dtype=dtype, device=device) for _ in range(2)]
     for r in rings:
         r.record_stream(side)
-    return (*rings, side, [torch.cuda.Event() for _ in range(slots)], [torch.cuda.Event() for _ in range(slots)])
+    events = [torch.cuda.Event() for _ in range(2 * slots)]
+    for e in events:  # torch creates an event on its first record; the C++ queue takes the handles
+        e.record(side)
+    return (*rings, side, events[:slots], events[slots:])
 
 
 def release_ring(owner) -> None:
@@ -487,82 +503,77 @@ def prefetch_stream(plan: StreamPlan, pools: list[tuple[torch.Tensor, torch.Tens
     into the pools after this must reach its call as last_kv. Returns the number of chunks issued (at most one
     per ring slot)."""
     plan.side.wait_stream(torch.cuda.current_stream(plan.ring_k.device))
-    plan.queue = [(k.data_ptr(), v.data_ptr()) for k, v in pools]
-    plan.call = plan.copied = plan.consumed = 0
-    _fill(plan, plan.ring_k.shape[0])
+    _set_queue(plan, [(k.data_ptr(), v.data_ptr()) for k, v in pools])
+    plan.copied = _native(plan).fill(0, 0, plan.ring_k.shape[0], STREAM_WAIT_FOR_READERS)
     return plan.copied
 
 
-def _wait_for_readers(plan: StreamPlan, slot: int) -> None:
-    """The side stream waits for the kernel that last read `slot` (its freed event, already recorded)."""
-    plan.side.wait_event(plan.freed[slot])
+# Test hooks of the C++ loop (tests/test_cuda_decode.py): GPU clock cycles each chunk's kernel is delayed by
+# (readers lagging their copies), and whether a copy waits for its slot's last reader (False: a mutation the
+# tests must catch).
+STREAM_LAG_CYCLES = 0
+STREAM_WAIT_FOR_READERS = True
 
 
-def _fill(plan: StreamPlan, upto: int) -> None:
-    """Queue copies of the queue's chunks up to (excluding) chunk `upto`, as far as free slots allow: chunk g
-    goes into slot g % num_slots after the kernel of chunk g - num_slots is queued, and waits for it."""
-    num_slots, n = plan.ring_k.shape[0], len(plan.copies)
-    limit = min(upto, plan.consumed + num_slots, len(plan.queue) * n)
-    if plan.copied >= limit:
-        return
-    slot_bytes = plan.ring_k.stride(0) * plan.ring_k.element_size()
-    ring_k, ring_v = plan.ring_k.data_ptr(), plan.ring_v.data_ptr()
-    copy_runs = copy_module().copy_runs_packed
-    while plan.copied < limit:
-        g = plan.copied
-        slot = g % num_slots
-        if g >= num_slots:  # the first chunks follow the wait_stream before them
-            _wait_for_readers(plan, slot)
-        runs = plan.copies[g % n]
-        copy_runs([ring_k + slot * slot_bytes, ring_v + slot * slot_bytes], list(plan.queue[g // n]),
-                  runs.data_ptr(), runs.shape[0], plan.page_bytes, plan.side.cuda_stream)
-        plan.filled[slot].record(plan.side)
-        plan.copied += 1
+def _native(plan: StreamPlan):
+    """The plan's C++ StreamQueue, made on first use (once per plan, so per serving step)."""
+    if plan.native is None:
+        num_slots = plan.ring_k.shape[0]
+        row = math.prod(plan.ring_k.shape[3:])  # one token of one layer: num_kv_heads x head_dim
+        last = [plan.last[c] for c in range(min(num_slots, len(plan.copies)))]
+        plan.native = _module().StreamQueue(
+            plan.ring_k.data_ptr(), plan.ring_v.data_ptr(), plan.ring_k.stride(0) * plan.ring_k.element_size(),
+            plan.page_bytes, [c.data_ptr() for c in plan.copies], [c.shape[0] for c in plan.copies],
+            [e.cuda_event for e in plan.filled], [e.cuda_event for e in plan.freed], plan.side.cuda_stream,
+            [0 if e is None else e[0].shape[0] for e in last], [0 if e is None else e[0].data_ptr() for e in last],
+            [0 if e is None else e[1][s].data_ptr() for e in last for s in range(num_slots)],
+            plan.ring_k.numel() // row, row * plan.ring_k.element_size(),
+        )  # fmt: skip
+    return plan.native
+
+
+def _set_queue(plan: StreamPlan, queue: list[tuple[int, int]]) -> None:
+    plan.queue, plan.call, plan.copied, plan.consumed = queue, 0, 0, 0
+    _native(plan).set_queue([k for k, _ in queue], [v for _, v in queue])
 
 
 def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_splits, last_kv=None) -> None:
+    """One call's chunks (copies, waits, last tokens, kernels), HBM pass and merge, issued by the plan's C++
+    StreamQueue in one call: a Python loop per chunk cost ~4x swap's host time per layer (H200, 2026-12-01)."""
     if plan.passes.shape[1] != q.shape[0]:
         raise ConfigError(f"stream plan is for batch {plan.passes.shape[1]}, q has batch {q.shape[0]}")
     main = torch.cuda.current_stream(q.device)
-    num_slots, n = plan.ring_k.shape[0], len(plan.copies)
+    n = len(plan.copies)
     pools = (kv.host_k.data_ptr(), kv.host_v.data_ptr())
     if not (plan.call < len(plan.queue) and plan.queue[plan.call] == pools):
         # not the call the queue expects (no prefetch, or other pools): a queue of this call alone, whose copies
         # follow everything queued so far (the wait_stream below; copies queued for other pools are never read)
-        plan.queue, plan.call, plan.copied, plan.consumed = [pools], 0, 0, 0
+        _set_queue(plan, [pools])
     first, early = plan.call * n, plan.copied  # chunks copied before this call: before its caller's stores
     plan.call += 1
-    if plan.passes.shape[0] == 0:  # no sequence has a token
+    num_passes = plan.passes.shape[0]
+    if num_passes == 0:  # no sequence has a token
         out.zero_()
         return
     handle = main.cuda_stream  # looked up once: current_stream() costs host time per call
-    kwargs = dict(variant="tiled", tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits, stream=handle)
     plan.side.wait_stream(main)  # q, this call's stores and the ring's readers precede the copies queued next
-    single = n == 1 and not plan.hbm_pass  # one pass: the kernel writes out, no merge
-    if not single:
-        o_parts = torch.empty((plan.passes.shape[0], *q.shape), dtype=torch.float32, device=q.device)
+    o_parts = lse_parts = None
+    if not (n == 1 and not plan.hbm_pass):  # more than one pass: per-pass partials, merged
+        o_parts = torch.empty((num_passes, *q.shape), dtype=torch.float32, device=q.device)
         lse_parts = torch.empty(plan.passes.shape[:2] + q.shape[1:2], dtype=torch.float32, device=q.device)
-    for c in range(n):
-        g = first + c
-        slot = g % num_slots
-        _fill(plan, g + 1)
-        main.wait_event(plan.filled[slot])  # the copy must not land on top of the last tokens written next
-        if g < early and last_kv is not None and plan.last[c] is not None:
-            # queued before the caller stored this step's tokens: write them in just before this chunk's kernel,
-            # which so waits for its own copy only (not for every early chunk's)
-            rows, at = plan.last[c]
-            scatter_rows((plan.ring_k, plan.ring_v), last_kv, at[slot], rows, stream=handle)
-        ring_k, ring_v = plan.ring_k[slot], plan.ring_v[slot]
-        dest = dict(out=out) if single else dict(out_f32=o_parts[c], lse_out=lse_parts[c])
-        _launch(q, ring_k, ring_v, ring_k, ring_v, plan.passes[c], plan.lens[c], **dest, **kwargs)
-        plan.freed[slot].record(main)
-        plan.consumed = g + 1
-        _fill(plan, plan.consumed + num_slots)  # the slot's next chunk: of this call, or of a queued later one
-    if plan.hbm_pass:
-        _launch(q, kv.hbm_k, kv.hbm_v, kv.hbm_k, kv.hbm_v, plan.passes[-1], plan.lens[-1], out_f32=o_parts[-1],
-                lse_out=lse_parts[-1], **kwargs)
-    if not single:
-        merge_stacked(o_parts, lse_parts, out, stream=handle)  # a pass without a sequence's tokens: weight 0
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, page_size, width = kv.host_k.shape[2], kv.page_size, plan.passes.shape[2]
+    hpc, splits, tiles_per_split, part_o, part_lse, counters = _config(
+        q, num_kv_heads, page_size, width, variant="tiled", tile_kv=tile_kv, num_splits=num_splits, stream=handle)
+    last_k, last_v = (t.data_ptr() for t in last_kv) if last_kv is not None else (0, 0)
+    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+    plan.copied, plan.consumed = _native(plan).run_layer(
+        handle, first, plan.copied, early, q.data_ptr(), out.data_ptr(), ptr(o_parts), ptr(lse_parts),
+        plan.passes.data_ptr(), plan.lens.data_ptr(), num_passes, plan.hbm_pass, kv.hbm_k.data_ptr(),
+        kv.hbm_v.data_ptr(), part_o, part_lse, counters, batch, num_heads, num_kv_heads, head_dim, width, page_size,
+        splits, tiles_per_split, hpc, tile_kv, DTYPE_CODES[q.dtype], LOAD_MODES[LOAD_MODE], int(SPLIT_MAJOR), scale,
+        last_k, last_v, batch, STREAM_LAG_CYCLES, STREAM_WAIT_FOR_READERS,
+    )  # fmt: skip
 
 
 def merge_passes(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor) -> None:
