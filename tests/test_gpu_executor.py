@@ -525,3 +525,36 @@ def test_a_serving_steps_attention_calls_do_not_sync(name, variant, monkeypatch)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert res.metrics["completed"] == 5 and len(calls) >= 5 * SPEC.num_layers  # at least the 5 requests' steps
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_serving_steps_inputs_reach_the_runner_without_a_sync(monkeypatch):
+    """The runner checks each step's token ids, positions and logit rows, then moves them to the GPU: the
+    executor hands them over on the host, where the check is free (on the GPU it read them back, a device
+    sync per step before any layer was queued). Runs under torch's sync debug mode; the control, in the first
+    call, must raise, so the check can fail."""
+    from directkv.model.runner import ModelRunner
+
+    inputs, calls = ModelRunner._inputs, []
+
+    def strict(self, tokens, positions, logits_rows):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            if not calls:
+                with pytest.raises(RuntimeError, match="synchroniz"):
+                    torch.ones(1, device="cuda").sum().item()
+            out = inputs(self, tokens, positions, logits_rows)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        calls.append(tokens.device)
+        return out
+
+    monkeypatch.setattr(ModelRunner, "_inputs", strict)
+    mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
+    try:
+        res, _ = run_gpu(_requests(), SystemPolicy("swap", ""), SPEC, mem=mem, sched_cfg=SCHED, device="cuda",
+                         cuda_graphs=True)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert res.metrics["completed"] == 5 and len(calls) >= 5 and all(d.type == "cpu" for d in calls)

@@ -338,11 +338,9 @@ class _Stager:
             # One C++ call per pool issues every run (cudaMemcpyBatchAsync where CUDA 13 has it): at ~50 requests
             # per step the runs were hundreds per layer, and one torch copy_ per run from Python cost more than
             # the copies (H200, Alpaca at 30 req/s: swap 53 ms per token against directkv's 19.5).
-            copy_runs = cuda_decode.copy_module().copy_runs_packed
-            runs = self.dma_runs
             for dst, src in zip(bufs, pools, strict=True):
-                copy_runs([dst.data_ptr()], [src.data_ptr()], runs.data_ptr(), runs.shape[0],
-                          src[0].numel() * src.element_size(), self.stream.cuda_stream)
+                cuda_decode.copy_runs_packed([dst.data_ptr()], [src.data_ptr()], self.dma_runs,
+                                             src[0].numel() * src.element_size(), self.stream.cuda_stream)
             self.ready[buf] = torch.cuda.Event()
             self.ready[buf].record(self.stream)
 

@@ -36,7 +36,9 @@ class StepPlan:
     chunk_tables_cpu: list[torch.Tensor]  # the same on the host (stream plans its copies from them, no sync)
     slots: torch.Tensor  # [num_tokens] int64 flat slot of each new token in its tier pool, on device
     slots_cpu: torch.Tensor  # the same on the host (swap's staging remaps them there, no copy back)
-    positions: torch.Tensor  # [num_tokens] int64 absolute positions
+    # [num_tokens] int64 absolute positions, on the host: the runner checks the inputs' ranges where they live,
+    # and on the GPU that check was a device sync per step
+    positions: torch.Tensor
 
     @property
     def num_decodes(self) -> int:
@@ -76,5 +78,5 @@ def plan_step(step: Step, kv: KVCacheManager, device: torch.device) -> StepPlan:
         chunk_tables_cpu=chunk_tables,
         slots=slots_cpu.to(**to),
         slots_cpu=slots_cpu,
-        positions=torch.cat(pos).to(**to),
+        positions=torch.cat(pos),
     )

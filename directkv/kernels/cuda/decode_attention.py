@@ -75,9 +75,12 @@ def _module():
     return build.load("decode_attention")  # once: load() takes a lock on every call
 
 
-def copy_module():
-    """The decode_attention module, whose copy_runs_packed issues every ring and staging copy (chunk_runs' layout)."""
-    return _module()
+def copy_runs_packed(dst_bases: list[int], src_bases: list[int], runs: torch.Tensor, unit_bytes: int,
+                     stream: int) -> None:
+    """Queue on `stream` (a CUDA stream handle) every (src unit, dst unit, units) run of `runs` (chunk_runs' int64
+    `[runs, 3]` CPU tensor, read by pointer) for each (dst, src) base address pair: the ring's and swap's
+    staging copies, issued from C++ (one cudaMemcpyBatchAsync where CUDA 13 has it)."""
+    _module().copy_runs_packed(dst_bases, src_bases, runs.data_ptr(), runs.shape[0], unit_bytes, stream)
 
 
 @cache

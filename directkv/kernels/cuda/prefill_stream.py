@@ -12,7 +12,7 @@ import torch
 from directkv.errors import check
 from directkv.kernels.cuda.decode_attention import (
     HostPages,
-    copy_module,
+    copy_runs_packed,
     grown_pages,
     host_pages,
     new_ring,
@@ -202,7 +202,6 @@ def copy_pass(plan: PrefillStreamPlan, ring_k, ring_v, side, filled, freed, host
         side.wait_event(freed[slot])  # the passes of chunk c - STREAM_SLOTS are done with the slot
     slot_bytes = ring_k.stride(0) * ring_k.element_size()
     runs = plan.passes[c].copies
-    copy_module().copy_runs_packed([ring_k.data_ptr() + slot * slot_bytes, ring_v.data_ptr() + slot * slot_bytes],
-                                   [host_k.data_ptr(), host_v.data_ptr()], runs.data_ptr(), runs.shape[0],
-                                   plan.page_bytes, side.cuda_stream)
+    copy_runs_packed([ring_k.data_ptr() + slot * slot_bytes, ring_v.data_ptr() + slot * slot_bytes],
+                     [host_k.data_ptr(), host_v.data_ptr()], runs, plan.page_bytes, side.cuda_stream)
     filled[slot].record(side)
