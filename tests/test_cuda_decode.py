@@ -11,13 +11,11 @@ from directkv.errors import ConfigError
 from directkv.kernels.cuda.decode_attention import (
     decode_attention,
     heads_per_cta,
-    host_pages,
     plan_splits,
-    plan_stream,
     prefetch_stream,
-    stream_schedule,
     traffic,
 )
+from directkv.kernels.cuda.stream_plan import host_pages, plan_stream, stream_schedule
 from directkv.kernels.paged import PagedKV
 from directkv.kernels.reference import decode_attention as reference_decode
 from directkv.kernels.reference.fixtures import random_paged_kv
@@ -255,9 +253,15 @@ def test_stream_plan_takes_over_an_earlier_ring_or_grows_it():
     grown = plan_stream(big, min_chunks=35, min_chunk_bytes=8 << 10, reuse=first)
     assert sum(n for _, _, n in grown.copies[0].tolist()) == 9 and grown.ring_k.shape[1] == 10 and first.ring_k is None
     run_and_check(big, 8, "stream", plan=grown)
+    ring, side = grown.ring_k, grown.side
     kept = plan_stream(small, chunk_bytes=64 << 10, min_chunk_bytes=64 << 10, reuse=grown)
-    assert kept.ring_k is grown.ring_k and kept.side is grown.side and len(kept.copies) > 1
+    assert kept.ring_k is ring and kept.side is side and len(kept.copies) > 1
     run_and_check(small, 8, "stream", plan=kept)
+    # the earlier plans' C++ queues held the ring's addresses: using them now must refuse, not copy
+    assert grown.ring_k is None and grown.native is None
+    for old in (first, grown):
+        with pytest.raises(ConfigError, match="ring was released or taken over"):
+            run_and_check(big, 8, "stream", plan=old)
 
 
 @pytest.mark.gpu
@@ -374,7 +378,7 @@ def test_bad_arguments_raise_config_error():
 def test_last_token_slots_point_at_the_ring_copy_of_each_last_token(chunk_pages, seed, hbm_fraction):
     """The rows a call writes last_kv to: for every sequence whose last token's page is read from host memory,
     the chunk that copies that page and the token's row within the chunk's ring slot."""
-    from directkv.kernels.cuda.decode_attention import _last_token_slots
+    from directkv.kernels.cuda.stream_plan import _last_token_slots
 
     lens = [1, 15, 16, 17, 200, 64, 0]
     kv = random_paged_kv(lens, page_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float16,
@@ -395,9 +399,9 @@ def test_plan_stream_on_the_cpu_with_a_stand_in_ring(monkeypatch, seed, hbm_frac
     """plan_stream's host side without a GPU (its ring and copy stream stood in by CPU tensors): the passes and
     lens it hands the kernels are stream_schedule's, as contiguous int32 views per pass, and each last-token
     entry names the sequence and, per ring slot, the flat ring row its page's copy lands on."""
-    from directkv.kernels.cuda import decode_attention as cuda_decode
+    from directkv.kernels.cuda import stream_plan
 
-    monkeypatch.setattr(cuda_decode, "new_ring", lambda shape, dtype, device, slots: (
+    monkeypatch.setattr(stream_plan, "new_ring", lambda shape, dtype, device, slots: (
         torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype), None, [None] * slots, [None] * slots))
     lens = [1, 15, 16, 17, 200, 64, 0, 333]
     kv = random_paged_kv(lens, page_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float16,
@@ -484,3 +488,28 @@ def test_host_table_spares_the_device_sync_and_changes_no_result(variant):
     assert float((out.double() - ref).norm() / ref.norm()) < TOL[kv.dtype]
     fresh = PagedKV(kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v, kv.block_table.clone(), kv.seq_lens.clone())
     assert t == traffic(fresh, num_heads=8, variant=variant)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_stream_queue_refuses_bad_arguments_before_any_copy():
+    """The C++ StreamQueue's checks: its constructor refuses a ring of one slot and an event never created; a
+    call whose launch is refused (q not 16-byte aligned) refuses before its first copy, so the plan's queue
+    is unchanged and the next call is exact."""
+    from directkv.kernels.cuda.decode_attention import _module
+
+    with pytest.raises(RuntimeError, match=">= 2 ring slots"):
+        _module().StreamQueue(0, 0, 16, 16, [], [], [1], [1], 0, [], [], [], 1, 16)
+    with pytest.raises(RuntimeError, match="uncreated event"):
+        _module().StreamQueue(0, 0, 16, 16, [], [], [1, 0], [1, 1], 0, [], [], [], 1, 16)
+    kv = make_kv([3000, 700], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, hbm_fraction=0.3)
+    plan = plan_stream(kv, chunk_bytes=64 << 10)
+    assert prefetch_stream(plan, [(kv.host_k, kv.host_v)]) == 2
+    shape = (kv.batch, 8, 128)
+    q_bad = torch.randn(kv.batch * 8 * 128 + 1, device="cuda").to(kv.dtype)[1:].view(shape)  # 2 bytes off
+    assert q_bad.is_contiguous() and q_bad.data_ptr() % 16 != 0
+    with pytest.raises(RuntimeError, match="16-byte aligned"):
+        decode_attention(q_bad, kv, variant="stream", plan=plan)
+    assert (plan.call, plan.copied, plan.consumed) == (0, 2, 0)
+    run_and_check(kv, 8, "stream", plan=plan)
+    assert plan.call == 1 and plan.consumed == len(plan.copies)

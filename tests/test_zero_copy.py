@@ -118,14 +118,19 @@ def test_measure_ceilings_reports_the_concurrent_link_rates():
 
 @pytest.mark.gpu
 @needs_gpu
-def test_concurrent_probe_copies_the_first_half():
+@pytest.mark.parametrize("sm_half", [True, False])
+def test_concurrent_probe_moves_each_half_its_way(sm_half):
+    """The first half is copied; the second is copied too (two copies) or read in place, never written."""
     from directkv.kernels.cuda.probe import _concurrent_gbps
 
     n = 8 << 20
     host = pinned_empty((n,), torch.uint8, alloc="host_alloc")
     host.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8))
     hbm = torch.full((n,), 7, dtype=torch.uint8, device="cuda")
-    assert _concurrent_gbps(host, hbm, sm_half=True, repeats=1) > 0
+    assert _concurrent_gbps(host, hbm, sm_half=sm_half, repeats=1) > 0
     torch.cuda.synchronize()
     assert torch.equal(hbm[: n // 2].cpu(), host[: n // 2])
-    assert bool((hbm[n // 2:] == 7).all())  # the SM half is read in place, never copied
+    if sm_half:
+        assert bool((hbm[n // 2:] == 7).all())
+    else:
+        assert torch.equal(hbm[n // 2:].cpu(), host[n // 2:])

@@ -54,7 +54,7 @@ PYBIND11_MODULE(_dkv_decode_attention, m) {
            py::arg("wait_readers"))
       // positional: a layer's call is on the serving hot path, and keyword matching costs host time per argument
       .def("run_layer",
-           [](directkv::StreamQueue& self, uintptr_t main, int64_t first, int64_t copied, int64_t early, uintptr_t q,
+           [](directkv::StreamQueue& self, uintptr_t main, int64_t first, int64_t copied, uintptr_t q,
               uintptr_t out, uintptr_t o_parts, uintptr_t lse_parts, uintptr_t passes, uintptr_t lens, int num_passes,
               bool hbm_pass, uintptr_t hbm_k, uintptr_t hbm_v, uintptr_t part_o, uintptr_t part_lse,
               uintptr_t counters, int batch, int num_heads, int num_kv_heads, int head_dim, int width,
@@ -65,8 +65,7 @@ PYBIND11_MODULE(_dkv_decode_attention, m) {
                                             hbm_v, part_o, part_lse, counters, batch, num_heads, num_kv_heads,
                                             head_dim, width, page_size, num_splits, tiles_per_split,
                                             heads_per_cta, tile, dtype, load_mode, split_major, sm_scale};
-             return self.run_layer(main, first, copied, early, a, last_k, last_v, last_src_rows, lag_cycles,
-                                   wait_readers);
+             return self.run_layer(main, first, copied, a, last_k, last_v, last_src_rows, lag_cycles, wait_readers);
            },
            "One call's chunks, HBM pass and merge on stream `main`; returns (copied, consumed)");
 }

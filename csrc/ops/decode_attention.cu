@@ -1,12 +1,13 @@
 // Launcher of decode attention: argument checks, dtype / head_dim / heads-per-CTA / tile dispatch, launch
 // on the caller's stream. Also the occupancy query the Python split plan uses, the copy helpers of the
 // copy-engine ("stream") variant and its per-layer loop (StreamQueue).
+#include <algorithm>
+#include <atomic>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
-#include <type_traits>
 
-#include <algorithm>
 
 #include "directkv/dispatch.h"
 #include "directkv/decode_attention.cuh"
@@ -75,7 +76,8 @@ std::pair<int, int> decode_attention_occupancy(int dtype, int head_dim, int head
 
 namespace {
 
-void launch(const DecodeParams& p, int dtype, int head_dim, int heads_per_cta, int tile, cudaStream_t stream) {
+// Every check a launch makes, without launching (the stream loop checks a layer's launches before its copies).
+void check_launch(const DecodeParams& p, int dtype, int head_dim, int heads_per_cta, int tile) {
   require(p.batch >= 1 && p.num_heads >= 1 && p.num_kv_heads >= 1, "decode_attention: empty batch or heads");
   require(p.num_heads % p.num_kv_heads == 0, "decode_attention: num_heads " + std::to_string(p.num_heads) +
                                                  " is not a multiple of num_kv_heads " + std::to_string(p.num_kv_heads));
@@ -94,6 +96,11 @@ void launch(const DecodeParams& p, int dtype, int head_dim, int heads_per_cta, i
   require(p.batch <= 65535 && p.num_splits <= 65535, "decode_attention: batch and num_splits must be <= 65535");
   require(p.load_mode >= kCpAsyncL2 && p.load_mode <= kCpAsyncL2Pair,
           "decode_attention: load_mode " + std::to_string(p.load_mode) + " is not in 0..4 (see DecodeLoad)");
+  with_kernel(dtype, head_dim, heads_per_cta, tile, [](auto, size_t, int) {});  // dtype / head_dim / hpc / tile
+}
+
+void launch(const DecodeParams& p, int dtype, int head_dim, int heads_per_cta, int tile, cudaStream_t stream) {
+  check_launch(p, dtype, head_dim, heads_per_cta, tile);
   with_kernel(dtype, head_dim, heads_per_cta, tile, [&](auto kernel, size_t smem, int threads) {
     const int groups = p.num_heads / heads_per_cta;
     const dim3 grid = p.split_major ? dim3(p.num_splits, groups, p.batch) : dim3(groups, p.batch, p.num_splits);
@@ -172,7 +179,7 @@ void issue_runs(const uintptr_t* dst_bases, const uintptr_t* src_bases, size_t b
   }
   if (dsts.empty()) return;
 #if CUDART_VERSION >= 13000
-  static bool batch_ok = true;
+  static std::atomic<bool> batch_ok{true};  // atomic: safe should a binding ever release the GIL
   if (batch_ok && dsts.size() > 1) {
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // the pinned pages may be written by earlier work
@@ -232,16 +239,20 @@ StreamQueue::StreamQueue(uintptr_t ring_k, uintptr_t ring_v, int64_t slot_bytes,
   for (size_t i = 0; i < slots; ++i) {
     require(filled_[i] != 0 && freed_[i] != 0, "StreamQueue: slot " + std::to_string(i) + " has an uncreated event");
   }
-  require(num_runs_.size() == runs_.size(), "StreamQueue: one run count per chunk's runs");
+  require(num_runs_.size() == runs_.size(), "StreamQueue: one run count per chunk's runs array; got " +
+                                               std::to_string(num_runs_.size()) + " counts for " +
+                                               std::to_string(runs_.size()) + " arrays");
   for (size_t c = 0; c < runs_.size(); ++c) {
     require(num_runs_[c] >= 0 && (num_runs_[c] == 0 || runs_[c] != 0),
-            "StreamQueue: chunk " + std::to_string(c) + " has " + std::to_string(num_runs_[c]) + " runs and no array");
+            "StreamQueue: chunk " + std::to_string(c) + " needs a run count >= 0 and, above 0, a runs array; got " +
+                std::to_string(num_runs_[c]) + " runs" + (runs_[c] ? "" : " and no array"));
   }
   const size_t early = std::min(slots, runs_.size());
   require(last_n_.size() == early && last_rows_.size() == early && last_at_.size() == early * slots,
           "StreamQueue: last-token rows for each of the first min(slots, chunks) = " + std::to_string(early) +
               " chunks, per slot; got " + std::to_string(last_n_.size()) + " counts, " +
-              std::to_string(last_at_.size()) + " ring-row arrays");
+              std::to_string(last_rows_.size()) + " row arrays, " + std::to_string(last_at_.size()) +
+              " ring-row arrays");
   require(row_bytes_ >= 16 && row_bytes_ % 16 == 0 && slot_bytes_ > 0 && page_bytes_ > 0 && ring_rows_ > 0,
           "StreamQueue: a token row of a positive multiple of 16 bytes and a non-empty ring; got row_bytes " +
               std::to_string(row_bytes_) + ", slot_bytes " + std::to_string(slot_bytes_));
@@ -270,10 +281,17 @@ int64_t StreamQueue::fill(int64_t copied, int64_t consumed, int64_t upto, bool w
   return copied;
 }
 
-std::pair<int64_t, int64_t> StreamQueue::run_layer(uintptr_t main, int64_t first, int64_t copied, int64_t early,
+std::pair<int64_t, int64_t> StreamQueue::run_layer(uintptr_t main, int64_t first, int64_t copied,
                                                    const StreamLaunch& a, uintptr_t last_k, uintptr_t last_v,
                                                    int64_t last_src_rows, int64_t lag_cycles, bool wait_readers) {
   const int64_t slots = num_slots(), n = num_chunks();
+  // chunks copied before the call began were copied before its caller stored this step's tokens
+  const int64_t early = copied;
+  require(n == 0 || (first % n == 0 && first / n < static_cast<int64_t>(queue_k_.size()) && first <= copied &&
+                     copied <= first + slots),
+          "StreamQueue: call at chunk " + std::to_string(first) + " with " + std::to_string(copied) +
+              " chunks copied is not a call of the queue (" + std::to_string(queue_k_.size()) + " calls of " +
+              std::to_string(n) + " chunks, " + std::to_string(slots) + " slots)");
   require(a.num_passes == n + (a.hbm_pass ? 1 : 0),
           "StreamQueue: " + std::to_string(a.num_passes) + " passes for " + std::to_string(n) + " chunks" +
               (a.hbm_pass ? " and an HBM pass" : ""));
@@ -297,6 +315,13 @@ std::pair<int64_t, int64_t> StreamQueue::run_layer(uintptr_t main, int64_t first
   p.split_major = a.split_major;
   p.scale_log2 = a.sm_scale * 1.4426950408889634f;
   const int64_t table_elems = int64_t(a.batch) * a.width, rows = int64_t(a.batch) * a.num_heads;
+  // every check of every launch before the first copy: a refusal then leaves the queue as it was
+  p.host_k = p.hbm_k = reinterpret_cast<const void*>(ring_k_);
+  p.host_v = p.hbm_v = reinterpret_cast<const void*>(ring_v_);
+  p.out = reinterpret_cast<void*>(a.out);
+  check_launch(p, a.dtype, a.head_dim, a.heads_per_cta, a.tile);
+  require(slot_bytes_ % 16 == 0 && a.hbm_k % 16 == 0 && a.hbm_v % 16 == 0,
+          "StreamQueue: ring slots and HBM pools must be 16-byte aligned");
   auto pass = [&](int i, uintptr_t k, uintptr_t v) {  // the kernel over pass i's table, pools k / v
     p.host_k = p.hbm_k = reinterpret_cast<const void*>(k);
     p.host_v = p.hbm_v = reinterpret_cast<const void*>(v);
@@ -313,7 +338,7 @@ std::pair<int64_t, int64_t> StreamQueue::run_layer(uintptr_t main, int64_t first
     copied = fill(copied, consumed, g + 1, wait_readers);
     // the copy must not land on top of the last tokens written next
     check_cuda(cudaStreamWaitEvent(stream, reinterpret_cast<cudaEvent_t>(filled_[slot]), 0), "StreamQueue: wait filled");
-    if (g < early && last_k && c < static_cast<int64_t>(last_n_.size()) && last_n_[c] > 0) {
+    if (g < early && last_k && last_n_[c] > 0) {  // g < early <= first + slots: c < min(slots, n)
       // copied before the caller stored this step's tokens: write them in just before this chunk's kernel,
       // which so waits for its own copy only (not for every early chunk's)
       ScatterRowsParams s{};

@@ -5,9 +5,10 @@
 // calls (one per layer's pools): chunk g of the queue sits in ring slot g % num_slots, and its copy waits for
 // the kernel that last read that slot. A StreamQueue holds what one step's plan fixes (ring, copy runs,
 // events, the last tokens' ring rows), so a layer's chunks are issued by one call instead of a Python loop
-// per chunk (4x swap's host time per layer on the H200 host, 2026-12-01). The counters (chunks copied and
-// consumed) stay with the Python plan and are passed in and returned. Handles and pointers are integers; no
-// CUDA resource is owned here.
+// per chunk (4x swap's host time per layer on the H200 host, 2026-12-01). The counters stay with the Python
+// plan: a call gets the chunks copied so far and returns (copied, consumed); consumed on entry is the call's
+// first chunk, every earlier call's kernels being queued. Handles and pointers are integers; no CUDA resource
+// is owned here.
 #pragma once
 
 #include <cstdint>
@@ -52,14 +53,15 @@ class StreamQueue {
   // slot's last reader (wait_readers false skips the wait: a test's mutation). Returns the new `copied`.
   int64_t fill(int64_t copied, int64_t consumed, int64_t upto, bool wait_readers);
 
-  // One call's passes on `main`: per chunk, its copy (fill), the wait for it, the last tokens written into it
-  // when it was copied before the call (chunk index < early; last_k / last_v [last_src_rows, row] or 0), the
-  // kernel, the slot's release and the next copies; then the HBM pass and the merge. The copies follow what
-  // `main` queued before the call only through the caller's side.wait_stream(main). lag_cycles > 0 delays
-  // each chunk's kernel on the GPU (tests). Returns (copied, consumed).
-  std::pair<int64_t, int64_t> run_layer(uintptr_t main, int64_t first, int64_t copied, int64_t early,
-                                        const StreamLaunch& launch, uintptr_t last_k, uintptr_t last_v,
-                                        int64_t last_src_rows, int64_t lag_cycles, bool wait_readers);
+  // One call's passes on `main`, the call whose first chunk is queue chunk `first`, with `copied` chunks
+  // copied so far: per chunk, its copy (fill), the wait for it, the last tokens written into it when it was
+  // copied before the call began (last_k / last_v [last_src_rows, row], or 0), the kernel, the slot's release
+  // and the next copies; then the HBM pass and the merge. Every launch is checked before the first copy. The
+  // copies follow what `main` queued before the call only through the caller's side.wait_stream(main).
+  // lag_cycles > 0 delays each chunk's kernel on the GPU (tests). Returns (copied, consumed).
+  std::pair<int64_t, int64_t> run_layer(uintptr_t main, int64_t first, int64_t copied, const StreamLaunch& launch,
+                                        uintptr_t last_k, uintptr_t last_v, int64_t last_src_rows,
+                                        int64_t lag_cycles, bool wait_readers);
 
   int num_slots() const { return static_cast<int>(filled_.size()); }
   int num_chunks() const { return static_cast<int>(runs_.size()); }

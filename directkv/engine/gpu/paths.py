@@ -37,6 +37,7 @@ from directkv.kernels.cuda import decode_attention as cuda_decode
 from directkv.kernels.cuda import prefill_stream
 from directkv.kernels.cuda.scatter_rows import scatter_rows
 from directkv.kernels.cuda.side_stream import side_stream
+from directkv.kernels.cuda.stream_plan import chunk_runs, plan_stream
 from directkv.kernels.paged import PagedKV
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import STREAM_RING_BYTES, STREAM_SLOTS, stream_reads_in_place
@@ -92,7 +93,7 @@ class ZeroCopyPath:
         # a ring of a new size every step cost a few ms per step on the H200 in the steps after a prompt
         self.decode_plan = None
         if p.num_decodes:
-            self.decode_plan = cuda_decode.plan_stream(
+            self.decode_plan = plan_stream(
                 self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens), reuse=self._kept["decode"],
                 host_table=(p.decode_table_cpu, p.decode_lens_cpu), num_slots=self.stream_slots,
                 ring_bytes=self.stream_slots * STREAM_RING_BYTES // STREAM_SLOTS)
@@ -305,7 +306,7 @@ class _Stager:
         flat = torch.tensor(list(itertools.chain.from_iterable(page_lists)), dtype=torch.int64)
         self.pages, where = torch.unique(flat, sorted=True, return_inverse=True)
         # copy_runs_packed's (host page, staging index, pages) runs, packed once for every layer's copies of the step
-        self.dma_runs = (cuda_decode.chunk_runs(self.pages, len(self.pages))[0] if len(self.pages)
+        self.dma_runs = (chunk_runs(self.pages, len(self.pages))[0] if len(self.pages)
                          else torch.zeros((0, 3), dtype=torch.int64))
         # link bytes of one layer's staging, counted by every layer of the step
         self.layer_bytes = len(self.pages) * sum(p[0].numel() * p.element_size() for p in self.host_pools(0))

@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from directkv.kernels.cuda import decode_attention as dec
-from directkv.kernels.cuda.decode_attention import decode_attention, plan_stream, traffic
+from directkv.kernels.cuda.decode_attention import decode_attention, traffic
 from directkv.kernels.cuda.probe import measure_ceilings
+from directkv.kernels.cuda.stream_plan import plan_stream
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 from directkv.kernels.paged import PagedKV
 from directkv.timing import time_fn

@@ -20,15 +20,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cache
-from typing import NamedTuple
 
 import torch
 
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.cuda import build
+from directkv.kernels.cuda.stream_plan import StreamPlan, plan_stream
 from directkv.kernels.paged import PagedKV, check_queries, per_table
 from directkv.kernels.traffic import Traffic
-from directkv.kernels.traffic_model import STREAM_RING_BYTES, decode_traffic
+from directkv.kernels.traffic_model import decode_traffic
 
 VARIANTS = ("naive", "tiled", "stream")
 TILES = (32, 64)
@@ -247,8 +247,8 @@ def decode_attention(
                 f"{q.device}; got variant {variant!r}, plan {'given' if plan is not None else 'None'}, "
                 f"{[(tuple(t.shape), t.dtype, str(t.device)) for t in last_kv]}")
         # the C++ loop scatters them as contiguous, 16-byte aligned rows
-        last_kv = tuple(t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
-                        for t in last_kv)
+        last_kv = tuple(t if t.is_contiguous() and t.data_ptr() % 16 == 0
+                        else t.clone(memory_format=torch.contiguous_format) for t in last_kv)
     out = torch.empty_like(q) if out is None else out
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[2])
     if variant == "stream":
@@ -263,238 +263,6 @@ def decode_attention(
 # --- stream variant -------------------------------------------------------------------------------
 
 
-@dataclass
-class StreamPlan:
-    """Copy schedule of the stream variant, made once per block table (host-side; reads the block table
-    from the GPU once unless plan_stream is given its host copy).
-
-    passes : [num_passes, batch, width] int32 CUDA block tables, one per chunk (entries -(ring_pos + 1)),
-        plus a last one over HBM-resident pages (original entries) when any exist.
-    lens : [num_passes, batch] int32 CUDA, tokens of each sequence in each pass (passes and lens are views of
-        one device tensor: one host-to-device copy per step).
-    copies : per chunk, the (first host page, first ring position, pages) runs to copy, as the int64 `[runs, 3]`
-        CPU tensor copy_runs_packed reads by pointer (chunk_runs): made once per step, read by every layer.
-    ring_k, ring_v : [num_slots, >= chunk_pages, page_size, num_kv_heads, head_dim] HBM rings.
-    last : per chunk c < num_slots (the ones a call may find copied before it began), (rows, ring rows by
-        slot): `[n]` int64 CUDA, the sequences whose last token's page chunk c holds, and per ring slot s that
-        token's row in `ring_k.view(-1, num_kv_heads, head_dim)` when the chunk sits in slot s; None where chunk
-        c holds no last token. A call given last_kv writes the tokens there, each chunk's just before its kernel.
-    A ring taken over from an earlier plan (plan_stream's reuse) may hold more than chunk_pages pages per slot;
-    chunks use the first ones.
-    page_bytes : bytes of one page of K (V the same).
-    queue, call, copied, consumed : the copy queue. queue holds the (host K, host V) data pointers of the calls
-        this plan serves in order (prefetch_stream's pools; one entry, the call's own, without it); call is the
-        queue index of the next call; chunk c of call i is chunk g = i * len(copies) + c of the queue and sits in
-        slot g % num_slots; copied / consumed count the queue's chunks whose copies / kernels are queued. A
-        copy waits for its slot's last reader, so copied <= consumed + num_slots.
-    native : the C++ StreamQueue over this plan's ring, runs, events and last-token rows (csrc stream_queue.h),
-        made on the plan's first GPU use: it issues a call's chunks in one Python call (_native).
-    """
-
-    passes: torch.Tensor
-    lens: torch.Tensor
-    copies: list[torch.Tensor]
-    hbm_pass: bool
-    ring_k: torch.Tensor
-    ring_v: torch.Tensor
-    side: torch.cuda.Stream
-    filled: list[torch.cuda.Event]
-    freed: list[torch.cuda.Event]
-    last: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]
-    page_bytes: int
-    queue: list[tuple[int, int]] = field(default_factory=list)
-    call: int = 0
-    copied: int = 0
-    consumed: int = 0
-    native: object = None
-
-
-def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, chunk_pages: int, *,
-                    hp: HostPages | None = None):
-    """Host-side chunking of the host pages a batch uses (CPU tensors in, CPU tensors out).
-
-    Used host pages, sorted, are cut into chunks of <= chunk_pages; each chunk's block table keeps every
-    sequence's pages in logical order, so a partly filled last page stays last and `lens` counts tokens
-    exactly (attention needs no key order otherwise). Returns (tables [P, batch, width] int32, lens [P, batch]
-    int32, copies per chunk as chunk_runs' int64 `[runs, 3]` tensors, hbm_pass) with P = chunks (+1 for the
-    HBM-page pass). hp: host_pages of the same arguments, where the caller has it already.
-    """
-    table, tokens, host, pages, index = hp if hp is not None else host_pages(block_table, seq_lens, page_size)
-    copies = chunk_runs(pages, chunk_pages)
-    hbm = (tokens > 0) & (table < 0)
-    has_hbm = bool(hbm.any())
-    num_passes = len(copies) + has_hbm
-    batch = table.shape[0]
-    if num_passes == 0:  # no sequence has a token: no pass
-        return torch.zeros((0, batch, 1), dtype=torch.int32), torch.zeros((0, batch), dtype=torch.int32), copies, False
-    # each column's pass (its page's chunk; the HBM pass last; num_passes where unused) and entry in that pass,
-    # then one stable sort per row puts every pass's columns together in logical order: one sort for all passes
-    # (a sort per pass cost ~0.1 ms each at batch 48 on the host's critical path)
-    key = torch.where(host, index // chunk_pages, torch.where(hbm, len(copies), num_passes))
-    entry = torch.where(host, -(index % chunk_pages + 1), table)
-    order = torch.sort(key, dim=1, stable=True).indices
-    key_sorted, entry_sorted, tokens_sorted = key.gather(1, order), entry.gather(1, order), tokens.gather(1, order)
-    counts = torch.zeros((batch, num_passes + 1), dtype=torch.int64).scatter_add_(1, key, torch.ones_like(key))
-    rank = torch.arange(table.shape[1]) - (counts.cumsum(1) - counts).gather(1, key_sorted)
-    width = max(int(counts[:, :num_passes].max()), 1)
-    rows, cols = (key_sorted < num_passes).nonzero(as_tuple=True)  # once: every boolean index is a nonzero
-    passes = key_sorted[rows, cols]
-    out_tables = torch.zeros((num_passes, batch, width), dtype=torch.int64)
-    out_tables[passes, rows, rank[rows, cols]] = entry_sorted[rows, cols]
-    out_lens = torch.zeros((num_passes + 1, batch), dtype=torch.int64)
-    out_lens.index_put_((passes, rows), tokens_sorted[rows, cols], accumulate=True)
-    return out_tables.to(torch.int32), out_lens[:num_passes].to(torch.int32), copies, has_hbm
-
-
-def chunk_runs(pages: torch.Tensor, chunk_pages: int) -> list[torch.Tensor]:
-    """The copies of each chunk of the sorted page ids `pages` (chunk c: pages[c * chunk_pages:][:chunk_pages]) as
-    (first page, first position in the chunk, pages) runs of consecutive ids, one int64 `[runs, 3]` CPU tensor per
-    chunk (views of one contiguous tensor), the layout copy_runs_packed reads by pointer. Tensor ops only: a
-    Python loop over the runs cost ~5 ms per step at ~4000 runs (fragmented decode pages) before any copy began."""
-    if len(pages) == 0:
-        return []
-    index = torch.arange(len(pages))
-    first = torch.ones(len(pages), dtype=torch.bool)
-    first[1:] = (pages[1:] != pages[:-1] + 1) | (index[1:] % chunk_pages == 0)
-    starts = index[first]
-    lengths = torch.diff(starts, append=torch.tensor([len(pages)]))
-    runs = torch.stack([pages[starts].to(torch.int64), starts % chunk_pages, lengths], dim=1)
-    per_chunk = torch.bincount(starts // chunk_pages, minlength=-(-len(pages) // chunk_pages))
-    return list(torch.split(runs, per_chunk.tolist()))
-
-
-class HostPages(NamedTuple):
-    """The host pages a batch reads, found once per block table (host_pages); CPU tensors."""
-
-    table: torch.Tensor  # [batch, width] int64 block table
-    tokens: torch.Tensor  # [batch, width] int64 tokens in each column's page
-    host: torch.Tensor  # [batch, width] bool: the column's page is a host page holding tokens
-    pages: torch.Tensor  # [pages] int64 sorted unique host page ids the batch reads
-    index: torch.Tensor  # [batch, width] int64 each host column's index into pages (0 elsewhere)
-
-
-def host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> HostPages:
-    """HostPages of a block table `[batch, width]` and seq_lens `[batch]` (CPU tensors). The indices come from
-    unique's inverse: torch's CPU searchsorted took ~0.3 ms per step on the H200 host."""
-    table, lens = block_table.to(torch.int64), seq_lens.to(torch.int64)
-    cols = torch.arange(table.shape[1])
-    tokens = (lens[:, None] - cols[None, :] * page_size).clamp(0, page_size)
-    host = (tokens > 0) & (table >= 0)
-    where = host.nonzero(as_tuple=True)  # once: table[host] and index[host] would each find it
-    pages, inverse = torch.unique(table[where], sorted=True, return_inverse=True)
-    index = torch.zeros_like(table)
-    index[where] = inverse
-    return HostPages(table, tokens, host, pages, index)
-
-
-def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2, min_chunks: int = 1,
-                min_chunk_bytes: int = 2 << 20, ring_bytes: int = STREAM_RING_BYTES, reuse: StreamPlan | None = None,
-                host_table: tuple[torch.Tensor, torch.Tensor] | None = None) -> StreamPlan:
-    """Plan the stream variant for `kv` (reads its block table once); the HBM ring is
-    2 * num_slots * chunk_bytes (K and V), at most ring_bytes (64 MiB by default), and a new ring holds no more
-    than the host pages the batch reads (or min_chunk_bytes per slot) need.
-
-    reuse : an earlier plan (a serving path's previous step) whose ring, copy stream and events this one
-        takes over when its ring holds enough pages per slot for the same page shape; a ring too small is
-        replaced by one a quarter larger at least (up to chunk_bytes and ring_bytes over all slots), so growing
-        contexts do not allocate a ring of a new size every step. The earlier plan must not be used afterwards.
-    host_table : (block table, seq_lens) as CPU tensors equal to kv's, where the caller has them: reading
-        kv's from the GPU is a device sync.
-    ring_bytes : the most the ring (all slots, K and V) may hold; the kernel benchmarks' target keeps the default
-        64 MiB, a serving path may allow more slots (ZeroCopyPath's stream_slots).
-
-    min_chunks > 1 cuts small caches into that many chunks (of >= min_chunk_bytes) so copy and math overlap;
-    it is off by default because each chunk costs ~0.1 ms of Python launches: on the H200 a 16 MiB cache
-    took 0.63 ms as four 2 MiB chunks and 0.36 ms as one.
-    """
-    page_bytes = kv.page_size * kv.num_kv_heads * kv.head_dim * kv.host_k.element_size()
-    most = chunk_bytes // page_bytes
-    table, seq_lens = host_table if host_table is not None else (kv.block_table.cpu(), kv.seq_lens.cpu())
-    hp = host_pages(table, seq_lens, kv.page_size)
-    read = max(len(hp.pages), 1)  # pages read by this batch, not the arena
-    chunk_pages = min(most, max(math.ceil(read / min_chunks), min_chunk_bytes // page_bytes, 1))
-    check(chunk_pages >= 1 and num_slots >= 2 and 2 * num_slots * chunk_pages * page_bytes <= ring_bytes,
-          f"stream ring of {num_slots} slots x 2 x {chunk_bytes} B must hold >= 1 page ({page_bytes} B) per slot, "
-          f">= 2 slots and <= {ring_bytes} B")
-    tables, lens, copies, hbm_pass = stream_schedule(table, seq_lens, kv.page_size, chunk_pages, hp=hp)
-    device = kv.block_table.device
-    page_shape = tuple(kv.host_k.shape[1:])
-    fits = (reuse is not None and reuse.ring_k is not None and reuse.ring_k.shape[0] == num_slots
-            and tuple(reuse.ring_k.shape[2:]) == page_shape and reuse.ring_k.dtype == kv.dtype
-            and reuse.ring_k.device == device)
-    if fits and reuse.ring_k.shape[1] >= chunk_pages:
-        ring_k, ring_v, side, filled, freed = reuse.ring_k, reuse.ring_v, reuse.side, reuse.filled, reuse.freed
-    else:
-        # grow: a ring of a new size every step would allocate (and fragment torch's cache) every step
-        held = grown_pages(chunk_pages, reuse.ring_k.shape[1] if fits else 0,
-                           min(most, ring_bytes // (2 * num_slots * page_bytes)))
-        if reuse is not None:
-            release_ring(reuse)
-        ring_k, ring_v, side, filled, freed = new_ring((num_slots, held, *page_shape), kv.dtype, device, num_slots)
-    rows, at, chunk = _last_token_slots(hp, seq_lens, kv.page_size, chunk_pages)
-    slot_rows = ring_k.shape[1] * kv.page_size  # token rows per ring slot
-    # each host-to-device copy of a small pageable tensor costs ~20 us of host time before the step's first
-    # copy: the tables go over as one int32 tensor, the last tokens' rows as one int64 tensor, then views
-    blocks, sizes = [torch.zeros(0, dtype=torch.int64)], []
-    for c in range(min(num_slots, len(copies))):  # per chunk: [sequences, their ring row in slot 0, 1, ...]
-        mine = chunk == c
-        blocks += [rows[mine], *(at[mine] + s * slot_rows for s in range(num_slots))]
-        sizes.append(int(mine.sum()))
-    flat = torch.cat(blocks).to(device)
-    last, start = [], 0
-    for n in sizes:
-        views = flat[start:start + n * (1 + num_slots)].view(1 + num_slots, n)
-        last.append((views[0], tuple(views[1:])) if n else None)
-        start += n * (1 + num_slots)
-    both = torch.cat([tables.flatten(), lens.flatten()]).to(device)
-    return StreamPlan(
-        passes=both[:tables.numel()].view(tables.shape), lens=both[tables.numel():].view(lens.shape), copies=copies,
-        hbm_pass=hbm_pass,
-        ring_k=ring_k, ring_v=ring_v, side=side, filled=filled, freed=freed,
-        last=tuple(last), page_bytes=page_bytes,
-    )  # fmt: skip
-
-
-def grown_pages(need: int, held: int, most: int) -> int:
-    """Pages per slot of a ring replacing one of `held` pages (0: none) that cannot hold `need`: a quarter
-    more than it held at least, at most `most` (never below `need`)."""
-    return max(need, min(most, held * 5 // 4))
-
-
-def new_ring(shape: tuple, dtype: torch.dtype, device: torch.device, slots: int):
-    """(ring_k, ring_v, copy stream, filled events, freed events) of a new ring. The rings are marked as used
-    by the copy stream, so when they are freed the caching allocator does not hand their memory out before
-    that stream's queued copies (a prefetch no call consumed) are done, whichever stream frees them."""
-    side = torch.cuda.Stream(device)
-    rings = [torch.empty(shape, dtype=dtype, device=device) for _ in range(2)]
-    for r in rings:
-        r.record_stream(side)
-    events = [torch.cuda.Event() for _ in range(2 * slots)]
-    for e in events:  # torch creates an event on its first record; the C++ queue takes the handles
-        e.record(side)
-    return (*rings, side, events[:slots], events[slots:])
-
-
-def release_ring(owner) -> None:
-    """Drop `owner`'s ring (a StreamPlan or a PrefillRing whose ring a larger one replaces); new_ring's
-    record_stream keeps the memory from reuse until its copies are done."""
-    owner.ring_k = owner.ring_v = None
-
-
-def _last_token_slots(hp: HostPages, seq_lens: torch.Tensor, page_size: int,
-                      chunk_pages: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sequences, token rows within a ring slot, chunks) of each sequence's last token whose page is read from
-    host memory (CPU), from host_pages' `hp` of the same table and lens. stream_schedule cuts the sorted host
-    pages into chunks of chunk_pages, so page i is chunk i // chunk_pages at position i % chunk_pages of its
-    ring slot."""
-    lens = seq_lens.to(torch.int64)
-    rows = torch.nonzero(lens > 0).flatten()
-    col = (lens[rows] - 1) // page_size
-    keep = hp.host[rows, col]
-    i, rows = hp.index[rows, col][keep], rows[keep]
-    return rows, (i % chunk_pages) * page_size + (lens[rows] - 1) % page_size, i // chunk_pages
-
-
 def prefetch_stream(plan: StreamPlan, pools: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
     """Queue the plan's calls over `pools` (host K, host V per call, in the order the calls will come: a
     serving step's layers) and start copying their first chunks into the ring now, on its side stream, after
@@ -505,6 +273,7 @@ def prefetch_stream(plan: StreamPlan, pools: list[tuple[torch.Tensor, torch.Tens
     serving step's dense work in between, which swap's copies overlap the same way). A token the caller stores
     into the pools after this must reach its call as last_kv. Returns the number of chunks issued (at most one
     per ring slot)."""
+    _check_ring(plan)
     plan.side.wait_stream(torch.cuda.current_stream(plan.ring_k.device))
     _set_queue(plan, [(k.data_ptr(), v.data_ptr()) for k, v in pools])
     plan.copied = _native(plan).fill(0, 0, plan.ring_k.shape[0], STREAM_WAIT_FOR_READERS)
@@ -516,6 +285,12 @@ def prefetch_stream(plan: StreamPlan, pools: list[tuple[torch.Tensor, torch.Tens
 # tests must catch).
 STREAM_LAG_CYCLES = 0
 STREAM_WAIT_FOR_READERS = True
+
+
+def _check_ring(plan: StreamPlan) -> None:
+    if plan.ring_k is None:  # its C++ queue held the ring's addresses: copies would land in freed memory
+        raise ConfigError("this stream plan's ring was released or taken over by a later plan (plan_stream's "
+                          "reuse=); use the later plan or plan again")
 
 
 def _native(plan: StreamPlan):
@@ -536,6 +311,7 @@ def _native(plan: StreamPlan):
 
 
 def _set_queue(plan: StreamPlan, queue: list[tuple[int, int]]) -> None:
+    """A new copy queue of `queue`'s (host K, host V) pointers, one entry per call, nothing copied yet."""
     plan.queue, plan.call, plan.copied, plan.consumed = queue, 0, 0, 0
     _native(plan).set_queue([k for k, _ in queue], [v for _, v in queue])
 
@@ -545,6 +321,7 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
     StreamQueue in one call: a Python loop per chunk cost ~4x swap's host time per layer (H200, 2026-12-01)."""
     if plan.passes.shape[1] != q.shape[0]:
         raise ConfigError(f"stream plan is for batch {plan.passes.shape[1]}, q has batch {q.shape[0]}")
+    _check_ring(plan)
     main = torch.cuda.current_stream(q.device)
     n = len(plan.copies)
     pools = (kv.host_k.data_ptr(), kv.host_v.data_ptr())
@@ -552,10 +329,10 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
         # not the call the queue expects (no prefetch, or other pools): a queue of this call alone, whose copies
         # follow everything queued so far (the wait_stream below; copies queued for other pools are never read)
         _set_queue(plan, [pools])
-    first, early = plan.call * n, plan.copied  # chunks copied before this call: before its caller's stores
-    plan.call += 1
+    first = plan.call * n
     num_passes = plan.passes.shape[0]
     if num_passes == 0:  # no sequence has a token
+        plan.call += 1
         out.zero_()
         return
     handle = main.cuda_stream  # looked up once: current_stream() costs host time per call
@@ -570,13 +347,15 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
         q, num_kv_heads, page_size, width, variant="tiled", tile_kv=tile_kv, num_splits=num_splits, stream=handle)
     last_k, last_v = (t.data_ptr() for t in last_kv) if last_kv is not None else (0, 0)
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+    # the C++ call checks every launch before its first copy, so a refusal leaves the queue as it was
     plan.copied, plan.consumed = _native(plan).run_layer(
-        handle, first, plan.copied, early, q.data_ptr(), out.data_ptr(), ptr(o_parts), ptr(lse_parts),
+        handle, first, plan.copied, q.data_ptr(), out.data_ptr(), ptr(o_parts), ptr(lse_parts),
         plan.passes.data_ptr(), plan.lens.data_ptr(), num_passes, plan.hbm_pass, kv.hbm_k.data_ptr(),
         kv.hbm_v.data_ptr(), part_o, part_lse, counters, batch, num_heads, num_kv_heads, head_dim, width, page_size,
         splits, tiles_per_split, hpc, tile_kv, DTYPE_CODES[q.dtype], LOAD_MODES[LOAD_MODE], int(SPLIT_MAJOR), scale,
         last_k, last_v, batch, STREAM_LAG_CYCLES, STREAM_WAIT_FOR_READERS,
     )  # fmt: skip
+    plan.call += 1
 
 
 def merge_passes(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor) -> None:

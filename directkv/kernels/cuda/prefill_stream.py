@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from directkv.errors import check
-from directkv.kernels.cuda.decode_attention import (
+from directkv.kernels.cuda.decode_attention import copy_runs_packed
+from directkv.kernels.cuda.stream_plan import (
     HostPages,
-    copy_runs_packed,
     grown_pages,
     host_pages,
     new_ring,
@@ -68,7 +68,7 @@ class StreamPass:
         original (negative) entries for the HBM-page pass; pages in logical order, so a partly filled last
         page stays last and past_len counts the pass's tokens exactly.
     copies : ring chunk only: the (first host page, first ring position, pages) runs to copy, as the int64
-        `[runs, 3]` CPU tensor copy_runs_packed reads by pointer (decode_attention.chunk_runs), made once for
+        `[runs, 3]` CPU tensor copy_runs_packed reads by pointer (stream_plan.chunk_runs), made once for
         every call of the plan; no rows for the HBM pass.
     """
 
@@ -81,7 +81,7 @@ class StreamPass:
 def stream_passes(block_table: torch.Tensor, past_len: int, page_size: int, chunk_pages: int, *,
                   hp: HostPages | None = None) -> list[StreamPass]:
     """The passes over the past of one sequence (CPU in, CPU out): ring chunks of <= chunk_pages host pages in
-    copy order, then one over the HBM-resident pages if any (decode_attention.stream_schedule, batch 1). A pass
+    copy order, then one over the HBM-resident pages if any (stream_plan.stream_schedule, batch 1). A pass
     with no tokens is dropped (the kernel refuses zero keys); past_len 0 gives none. hp: host_pages of the
     table's first past_len tokens, where the caller has it already."""
     if past_len == 0:

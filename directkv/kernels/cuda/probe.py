@@ -77,7 +77,8 @@ def _concurrent_gbps(host: torch.Tensor, hbm: torch.Tensor, *, sm_half: bool, re
             hbm[half:2 * half].copy_(host[half:2 * half], non_blocking=True)
         main.wait_stream(side)
 
-    timing = time_fn(run, warmup=2, repeats=repeats, device=hbm.device)
+    with torch.cuda.device(hbm.device):  # time_fn's events go on the current device's stream: main's
+        timing = time_fn(run, warmup=2, repeats=repeats, device=hbm.device)
     return 2 * half / (timing.median_ms * 1e-3) / 1e9
 
 
