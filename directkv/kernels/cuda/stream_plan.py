@@ -4,7 +4,8 @@ The copy engine moves the host pages a batch reads into a small HBM ring, chunk 
 reads the previous chunk. Planned once per block table (a serving step), reused by every layer: the chunks'
 copy runs, one block table and token count per pass, the ring (kept across steps and grown by a quarter when
 too small) and the rows where each sequence's last token lands in the ring. CPU tensor work plus the ring's
-allocation; no kernel runs here.
+allocation; no kernel runs here. The array work is numpy's: each of its ~50 small operations costs ~1 us of
+host time where torch's CPU ops cost ~5-10 us, and the planning of a step comes before its first copy.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from directkv.errors import check
@@ -81,66 +83,70 @@ def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size
     hbm = (tokens > 0) & (table < 0)
     has_hbm = bool(hbm.any())
     num_passes = len(copies) + has_hbm
-    batch = table.shape[0]
+    batch, cols = table.shape
     if num_passes == 0:  # no sequence has a token: no pass
         return torch.zeros((0, batch, 1), dtype=torch.int32), torch.zeros((0, batch), dtype=torch.int32), copies, False
     # each column's pass (its page's chunk; the HBM pass last; num_passes where unused) and entry in that pass,
     # then one stable sort per row puts every pass's columns together in logical order: one sort for all passes
     # (a sort per pass cost ~0.1 ms each at batch 48 on the host's critical path)
-    key = torch.where(host, index // chunk_pages, torch.where(hbm, len(copies), num_passes))
-    entry = torch.where(host, -(index % chunk_pages + 1), table)
-    order = torch.sort(key, dim=1, stable=True).indices
-    key_sorted, entry_sorted, tokens_sorted = key.gather(1, order), entry.gather(1, order), tokens.gather(1, order)
-    counts = torch.zeros((batch, num_passes + 1), dtype=torch.int64).scatter_add_(1, key, torch.ones_like(key))
-    rank = torch.arange(table.shape[1]) - (counts.cumsum(1) - counts).gather(1, key_sorted)
+    key = np.where(host, index // chunk_pages, np.where(hbm, len(copies), num_passes))
+    entry = np.where(host, -(index % chunk_pages + 1), table)
+    r = np.arange(batch)[:, None]
+    order = r, np.argsort(key, axis=1, kind="stable")
+    key_sorted, entry_sorted, tokens_sorted = key[order], entry[order], tokens[order]
+    per_row = num_passes + 1  # columns per row of each key, counted in one flat bincount
+    flat = (key + r * per_row).ravel()
+    counts = np.bincount(flat, minlength=batch * per_row).reshape(batch, per_row)
+    rank = np.arange(cols) - (counts.cumsum(1) - counts)[r, key_sorted]
     width = max(int(counts[:, :num_passes].max()), 1)
-    rows, cols = (key_sorted < num_passes).nonzero(as_tuple=True)  # once: every boolean index is a nonzero
-    passes = key_sorted[rows, cols]
-    out_tables = torch.zeros((num_passes, batch, width), dtype=torch.int64)
-    out_tables[passes, rows, rank[rows, cols]] = entry_sorted[rows, cols]
-    out_lens = torch.zeros((num_passes + 1, batch), dtype=torch.int64)
-    out_lens.index_put_((passes, rows), tokens_sorted[rows, cols], accumulate=True)
-    return out_tables.to(torch.int32), out_lens[:num_passes].to(torch.int32), copies, has_hbm
+    rows, at = np.nonzero(key_sorted < num_passes)  # once: every boolean index is a nonzero
+    passes = key_sorted[rows, at]
+    out_tables = np.zeros((num_passes, batch, width), dtype=np.int32)
+    out_tables[passes, rows, rank[rows, at]] = entry_sorted[rows, at]
+    out_lens = np.bincount(passes * batch + rows, weights=tokens_sorted[rows, at], minlength=num_passes * batch)
+    return (torch.from_numpy(out_tables), torch.from_numpy(out_lens.astype(np.int32).reshape(num_passes, batch)),
+            copies, has_hbm)
 
 
-def chunk_runs(pages: torch.Tensor, chunk_pages: int) -> list[torch.Tensor]:
-    """The copies of each chunk of the sorted page ids `pages` (chunk c: pages[c * chunk_pages:][:chunk_pages]) as
-    (first page, first position in the chunk, pages) runs of consecutive ids, one int64 `[runs, 3]` CPU tensor per
-    chunk (views of one contiguous tensor), the layout copy_runs_packed reads by pointer. Tensor ops only: a
-    Python loop over the runs cost ~5 ms per step at ~4000 runs (fragmented decode pages) before any copy began."""
-    if len(pages) == 0:
+def chunk_runs(pages, chunk_pages: int) -> list[torch.Tensor]:
+    """The copies of each chunk of the sorted page ids `pages` (1-D, a CPU tensor or an array; chunk c:
+    pages[c * chunk_pages:][:chunk_pages]) as (first page, first position in the chunk, pages) runs of
+    consecutive ids, one int64 `[runs, 3]` CPU tensor per chunk (views of one contiguous tensor), the layout
+    copy_runs_packed reads by pointer. Array ops only: a Python loop over the runs cost ~5 ms per step at ~4000
+    runs (fragmented decode pages) before any copy began."""
+    pages = np.asarray(pages, dtype=np.int64)
+    n = len(pages)
+    if n == 0:
         return []
-    index = torch.arange(len(pages))
-    first = torch.ones(len(pages), dtype=torch.bool)
+    index = np.arange(n)
+    first = np.ones(n, dtype=bool)
     first[1:] = (pages[1:] != pages[:-1] + 1) | (index[1:] % chunk_pages == 0)
-    starts = index[first]
-    lengths = torch.diff(starts, append=torch.tensor([len(pages)]))
-    runs = torch.stack([pages[starts].to(torch.int64), starts % chunk_pages, lengths], dim=1)
-    per_chunk = torch.bincount(starts // chunk_pages, minlength=-(-len(pages) // chunk_pages))
-    return list(torch.split(runs, per_chunk.tolist()))
+    starts = np.flatnonzero(first)
+    runs = np.stack([pages[starts], starts % chunk_pages, np.diff(starts, append=n)], axis=1)
+    per_chunk = np.bincount(starts // chunk_pages, minlength=-(-n // chunk_pages))
+    return list(torch.split(torch.from_numpy(runs), per_chunk.tolist()))
 
 
 class HostPages(NamedTuple):
-    """The host pages a batch reads, found once per block table (host_pages); CPU tensors."""
+    """The host pages a batch reads, found once per block table (host_pages); numpy arrays."""
 
-    table: torch.Tensor  # [batch, width] int64 block table
-    tokens: torch.Tensor  # [batch, width] int64 tokens in each column's page
-    host: torch.Tensor  # [batch, width] bool: the column's page is a host page holding tokens
-    pages: torch.Tensor  # [pages] int64 sorted unique host page ids the batch reads
-    index: torch.Tensor  # [batch, width] int64 each host column's index into pages (0 elsewhere)
+    table: np.ndarray  # [batch, width] int64 block table
+    tokens: np.ndarray  # [batch, width] int64 tokens in each column's page
+    host: np.ndarray  # [batch, width] bool: the column's page is a host page holding tokens
+    pages: np.ndarray  # [pages] int64 sorted unique host page ids the batch reads
+    index: np.ndarray  # [batch, width] int64 each host column's index into pages (0 elsewhere)
 
 
 def host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> HostPages:
     """HostPages of a block table `[batch, width]` and seq_lens `[batch]` (CPU tensors). The indices come from
     unique's inverse: torch's CPU searchsorted took ~0.3 ms per step on the H200 host."""
-    table, lens = block_table.to(torch.int64), seq_lens.to(torch.int64)
-    cols = torch.arange(table.shape[1])
-    tokens = (lens[:, None] - cols[None, :] * page_size).clamp(0, page_size)
+    table, lens = block_table.numpy().astype(np.int64), seq_lens.numpy().astype(np.int64)
+    tokens = np.clip(lens[:, None] - np.arange(table.shape[1])[None, :] * page_size, 0, page_size)
     host = (tokens > 0) & (table >= 0)
-    where = host.nonzero(as_tuple=True)  # once: table[host] and index[host] would each find it
-    pages, inverse = torch.unique(table[where], sorted=True, return_inverse=True)
-    index = torch.zeros_like(table)
-    index[where] = inverse
+    where = np.nonzero(host)  # once: table[host] and index[host] would each find it
+    pages, inverse = np.unique(table[where], return_inverse=True)
+    index = np.zeros_like(table)
+    index[where] = inverse.ravel()
     return HostPages(table, tokens, host, pages, index)
 
 
@@ -192,12 +198,12 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     slot_rows = ring_k.shape[1] * kv.page_size  # token rows per ring slot
     # each host-to-device copy of a small pageable tensor costs ~20 us of host time before the step's first
     # copy: the tables go over as one int32 tensor, the last tokens' rows as one int64 tensor, then views
-    blocks, sizes = [torch.zeros(0, dtype=torch.int64)], []
+    blocks, sizes = [np.zeros(0, dtype=np.int64)], []
     for c in range(min(num_slots, len(copies))):  # per chunk: [sequences, their ring row in slot 0, 1, ...]
         mine = chunk == c
         blocks += [rows[mine], *(at[mine] + s * slot_rows for s in range(num_slots))]
         sizes.append(int(mine.sum()))
-    flat = torch.cat(blocks).to(device)
+    flat = torch.from_numpy(np.concatenate(blocks)).to(device)
     last, start = [], 0
     for n in sizes:
         views = flat[start:start + n * (1 + num_slots)].view(1 + num_slots, n)
@@ -242,13 +248,13 @@ def release_ring(owner) -> None:
 
 
 def _last_token_slots(hp: HostPages, seq_lens: torch.Tensor, page_size: int,
-                      chunk_pages: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      chunk_pages: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sequences, token rows within a ring slot, chunks) of each sequence's last token whose page is read from
-    host memory (CPU), from host_pages' `hp` of the same table and lens. stream_schedule cuts the sorted host
-    pages into chunks of chunk_pages, so page i is chunk i // chunk_pages at position i % chunk_pages of its
-    ring slot."""
-    lens = seq_lens.to(torch.int64)
-    rows = torch.nonzero(lens > 0).flatten()
+    host memory (int64 arrays), from host_pages' `hp` of the same table and lens (a CPU tensor).
+    stream_schedule cuts the sorted host pages into chunks of chunk_pages, so page i is chunk i // chunk_pages
+    at position i % chunk_pages of its ring slot."""
+    lens = seq_lens.numpy().astype(np.int64)
+    rows = np.flatnonzero(lens > 0)
     col = (lens[rows] - 1) // page_size
     keep = hp.host[rows, col]
     i, rows = hp.index[rows, col][keep], rows[keep]
