@@ -328,6 +328,9 @@ def test_stream_schedule_covers_every_token_once(chunk_pages):
     kv = random_paged_kv(lens, page_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float16, hbm_fraction=0.3,
                          generator=torch.Generator().manual_seed(torch.seed() % 2**31))
     tables, plens, copies, hbm_pass = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk_pages)
+    # read by raw pointer on the GPU: int32 tables and lens, int64 [runs, 3] row-major copies
+    assert tables.dtype == plens.dtype == torch.int32 and tables.is_contiguous() and plens.is_contiguous()
+    assert all(c.dtype == torch.int64 and c.is_contiguous() and c.shape[1:] == (3,) for c in copies)
     used_hbm = any(int(kv.block_table[b, j]) < 0 for b, n in enumerate(lens) for j in range(math.ceil(n / 16)))
     assert hbm_pass == used_hbm and tables.shape[0] == len(copies) + used_hbm
     got: list[list[tuple[int, int]]] = [[] for _ in lens]
@@ -409,6 +412,8 @@ def test_plan_stream_on_the_cpu_with_a_stand_in_ring(monkeypatch, seed, hbm_frac
     plan = plan_stream(kv, chunk_bytes=12 * 16 * 64 * 2, min_chunk_bytes=1)  # 12 pages per chunk: a few chunks
     tables, plens, copies, hbm_pass = stream_schedule(kv.block_table, kv.seq_lens, 16, 12)
     assert torch.equal(plan.passes, tables) and torch.equal(plan.lens, plens) and plan.hbm_pass == hbm_pass
+    assert plan.passes.dtype == plan.lens.dtype == torch.int32  # torch.equal does not compare dtypes
+    assert all(c.dtype == torch.int64 and c.is_contiguous() and c.shape[1:] == (3,) for c in plan.copies)
     assert [c.tolist() for c in plan.copies] == [c.tolist() for c in copies]
     slot_rows = plan.ring_k.shape[1] * 16
     seen = set()

@@ -369,16 +369,18 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, mon
     import directkv.engine.gpu.paths as paths
     import directkv.kernels.cuda.decode_attention as dec
     import directkv.kernels.cuda.prefill_stream as pre
+    import directkv.kernels.cuda.stream_plan as sp
     from directkv.engine.gpu.paths import ZeroCopyPath
 
-    if chunk_bytes is not None:
-        monkeypatch.setattr(dec, "plan_stream", partial(dec.plan_stream, chunk_bytes=chunk_bytes))
+    if chunk_bytes is not None:  # the serving path's plan_stream: paths imports it from stream_plan
+        monkeypatch.setattr(paths, "plan_stream", partial(sp.plan_stream, chunk_bytes=chunk_bytes))
         monkeypatch.setattr(pre, "plan_prefill_stream", partial(pre.plan_prefill_stream, chunk_bytes=chunk_bytes))
         # the in-place rule at the same chunk size: pasts of more than two toy pages are streamed
         monkeypatch.setattr(paths, "stream_reads_in_place", lambda past, ps, page: -(-past // ps) <= chunk_bytes // page)
     init, attend, prefetch, prefetch_chunk = (ZeroCopyPath.__init__, ZeroCopyPath.attend, dec.prefetch_stream,
                                               pre.prefetch_prefill_stream)
     issued, issued_chunk, errors, chunks = [], [], [], []  # chunks: (past_len, streamed) of each layer's
+    many = []  # per decode plan: more than one ring chunk per layer
 
     def poisoned_init(self, kv, *args, **kwargs):
         init(self, kv, *args, **kwargs)
@@ -405,6 +407,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, mon
 
     def checked_prefetch(plan, pools):  # once per step with decodes, over every layer's pools in order
         assert len(pools) == SPEC.num_layers and len({k.data_ptr() for k, _ in pools}) == SPEC.num_layers
+        many.append(len(plan.copies) > 1)
         issued.append(prefetch(plan, pools))
         return issued[-1]
 
@@ -437,8 +440,8 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, mon
     # a clean chunk per ring slot was copied ahead: of layer 0, or of layers 0 and 1 (and 2, 3)
     assert issued and max(issued) == slots
     layers = SPEC.num_layers
-    if chunk_bytes:  # and prompt chunks' past, when it spans several ring chunks
-        assert max(issued_chunk) >= 1 and any(streamed for _, streamed in chunks)
+    if chunk_bytes:  # many decode chunks per layer; and prompt chunks' past, when it spans several ring chunks
+        assert any(many) and max(issued_chunk) >= 1 and any(streamed for _, streamed in chunks)
         assert waits_chunk == [True, *[False] * (layers - 1)] * (len(waits_chunk) // layers), waits_chunk
     else:  # a past of <= 2 MiB of K is read in place by the tiled kernel: no ring, nothing copied ahead
         assert not issued_chunk and not any(streamed for _, streamed in chunks)

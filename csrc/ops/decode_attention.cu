@@ -315,7 +315,8 @@ std::pair<int64_t, int64_t> StreamQueue::run_layer(uintptr_t main, int64_t first
   p.split_major = a.split_major;
   p.scale_log2 = a.sm_scale * 1.4426950408889634f;
   const int64_t table_elems = int64_t(a.batch) * a.width, rows = int64_t(a.batch) * a.num_heads;
-  // every check of every launch before the first copy: a refusal then leaves the queue as it was
+  // the decode kernel's checks before the first copy, so a refused launch leaves the queue as it was (the
+  // scatter's and merge's own checks cover what the Python wrapper already guarantees: 16-byte rows, head_dim)
   p.host_k = p.hbm_k = reinterpret_cast<const void*>(ring_k_);
   p.host_v = p.hbm_v = reinterpret_cast<const void*>(ring_v_);
   p.out = reinterpret_cast<void*>(a.out);

@@ -56,9 +56,10 @@ class StreamQueue {
   // One call's passes on `main`, the call whose first chunk is queue chunk `first`, with `copied` chunks
   // copied so far: per chunk, its copy (fill), the wait for it, the last tokens written into it when it was
   // copied before the call began (last_k / last_v [last_src_rows, row], or 0), the kernel, the slot's release
-  // and the next copies; then the HBM pass and the merge. Every launch is checked before the first copy. The
-  // copies follow what `main` queued before the call only through the caller's side.wait_stream(main).
-  // lag_cycles > 0 delays each chunk's kernel on the GPU (tests). Returns (copied, consumed).
+  // and the next copies; then the HBM pass and the merge. The decode launches are checked before the first
+  // copy. The copies follow what `main` queued before the call only through the caller's
+  // side.wait_stream(main). lag_cycles > 0 delays each chunk's kernel on the GPU (tests). Returns (copied,
+  // consumed).
   std::pair<int64_t, int64_t> run_layer(uintptr_t main, int64_t first, int64_t copied, const StreamLaunch& launch,
                                         uintptr_t last_k, uintptr_t last_v, int64_t last_src_rows,
                                         int64_t lag_cycles, bool wait_readers);

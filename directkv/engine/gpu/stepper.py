@@ -91,10 +91,10 @@ class GPUStepper:
         # a step of mid-prompt chunks only needs no logits; the runner wants one row, which is then dropped
         want = rows if rows.numel() else torch.tensor([ids.numel() - 1])
         split = self.split(step)
+        # host tensors: the runner checks their ranges on the host, then moves them (no device sync)
         if split is not None:  # one part's attention (CPU, or zero-copy on a side stream) overlaps the other part's layers
             logits = self.runner.forward_pipelined(ids, plan.positions, self.path.attend_async, want, split=split)
         else:
-            # host tensors: the runner checks their ranges on the host, then moves them (no device sync)
             logits = self.runner.forward(ids, plan.positions, self.path.attend, want)
         # the host has queued the whole step: on a GPU, a host time near the step's device time means the device
         # waited for the host (step_times; profile prints both)

@@ -80,6 +80,10 @@ def copy_runs_packed(dst_bases: list[int], src_bases: list[int], runs: torch.Ten
     """Queue on `stream` (a CUDA stream handle) every (src unit, dst unit, units) run of `runs` (chunk_runs' int64
     `[runs, 3]` CPU tensor, read by pointer) for each (dst, src) base address pair: the ring's and swap's
     staging copies, issued from C++ (one cudaMemcpyBatchAsync where CUDA 13 has it)."""
+    if not (runs.dtype == torch.int64 and runs.device.type == "cpu" and runs.is_contiguous() and runs.dim() == 2
+            and runs.shape[1] == 3):  # read by pointer: anything else would be misread
+        raise ConfigError(f"copy_runs_packed wants a contiguous int64 [runs, 3] CPU tensor; got {runs.dtype} "
+                          f"{tuple(runs.shape)} on {runs.device}, contiguous {runs.is_contiguous()}")
     _module().copy_runs_packed(dst_bases, src_bases, runs.data_ptr(), runs.shape[0], unit_bytes, stream)
 
 

@@ -3,7 +3,7 @@
 The copy engine moves the host pages a batch reads into a small HBM ring, chunk by chunk, while the tiled kernel
 reads the previous chunk. Planned once per block table (a serving step), reused by every layer: the chunks'
 copy runs, one block table and token count per pass, the ring (kept across steps and grown by a quarter when
-too small) and the rows where each sequence's last token lands in the ring. CPU tensor work plus the ring's
+too small) and the rows where each sequence's last token lands in the ring. Host array work plus the ring's
 allocation; no kernel runs here. The array work is numpy's: each of its ~50 small operations costs ~1 us of
 host time where torch's CPU ops cost ~5-10 us, and the planning of a step comes before its first copy.
 """
@@ -94,7 +94,7 @@ def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size
     r = np.arange(batch)[:, None]
     order = r, np.argsort(key, axis=1, kind="stable")
     key_sorted, entry_sorted, tokens_sorted = key[order], entry[order], tokens[order]
-    per_row = num_passes + 1  # columns per row of each key, counted in one flat bincount
+    per_row = num_passes + 1  # key values per row; each row's columns per key counted in one flat bincount
     flat = (key + r * per_row).ravel()
     counts = np.bincount(flat, minlength=batch * per_row).reshape(batch, per_row)
     rank = np.arange(cols) - (counts.cumsum(1) - counts)[r, key_sorted]
@@ -140,6 +140,9 @@ class HostPages(NamedTuple):
 def host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> HostPages:
     """HostPages of a block table `[batch, width]` and seq_lens `[batch]` (CPU tensors). The indices come from
     unique's inverse: torch's CPU searchsorted took ~0.3 ms per step on the H200 host."""
+    check(block_table.device.type == "cpu" and seq_lens.device.type == "cpu",
+          f"host_pages plans from CPU copies of the block table and seq_lens (plan_stream's host_table); got "
+          f"{block_table.device} and {seq_lens.device}")
     table, lens = block_table.numpy().astype(np.int64), seq_lens.numpy().astype(np.int64)
     tokens = np.clip(lens[:, None] - np.arange(table.shape[1])[None, :] * page_size, 0, page_size)
     host = (tokens > 0) & (table >= 0)
