@@ -20,6 +20,7 @@ from directkv.engine.systems import (
     SystemPolicy,
 )
 from directkv.errors import ConfigError, check, unknown_name
+from directkv.kernels.cuda.prefill_attention import NEW_PASSES
 from directkv.specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -37,6 +38,7 @@ class Setup:
     cuda_graphs: bool = False  # measured serving: the runner's dense layer parts replayed as CUDA graphs
     cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL  # measured cpu_attn: one native OpenMP call, or torch's flash loop
     pipelining: Pipelining = NO_PIPELINING  # directkv: steps as two parts, one part's attention on a side stream (simulated too)
+    prefill_new_pass: str = "kernel"  # measured serving: a prompt chunk's new tokens by the tiled kernel or by flash
 
 
 def resolve_device(requested: str) -> str:
@@ -78,12 +80,15 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     cpu_kernel = str(executor.get("cpu_attn_kernel", DEFAULT_CPU_ATTN_KERNEL))
     if cpu_kernel not in CPU_ATTN_KERNELS:
         raise unknown_name("executor.cpu_attn_kernel", cpu_kernel, CPU_ATTN_KERNELS)
+    new_pass = str(executor.get("prefill_new_pass", "kernel"))
+    if new_pass not in NEW_PASSES:
+        raise unknown_name("executor.prefill_new_pass", new_pass, NEW_PASSES)
     pipelining = Pipelining.from_config(executor)
     pipelining.check_system(SystemPolicy("directkv", directkv_variant(cfg)))
     # graphs are a property of the measured executor (the simulation has no kernel launches); directkv's
     # pipelining is simulated too (systems.pipelined_step_cost)
     return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda",
-                 cpu_kernel, pipelining)
+                 cpu_kernel, pipelining, new_pass)
 
 
 def policies(cfg: DictConfig) -> list[SystemPolicy]:

@@ -54,7 +54,8 @@ CASES = [
 # partial state round-trips through HBM, with one buffer and 4-warp CTAs (two per SM) or two buffers.
 # stream: one ring chunk (these caches are small), then ring chunks of 2 or 3 pages so many chunks cycle
 # through the 2-slot ring (chunk_pages is turned into chunk_bytes per case), the last with its passes
-# forced to several tiled chunks per split; each with flash passes (the default) and tiled ones. state_dtype
+# forced to several tiled chunks per split; each with flash passes (the default) and tiled ones. tiled with
+# new_pass "flash" attends the new tokens by FlashAttention-2 and the past by the kernel. state_dtype
 # "input" keeps the partial O in q's dtype between chunks (forced round trips included). Every case mixes host and HBM pages; the first has past_len 0.
 RUNS = [
     ("naive", {}),
@@ -63,6 +64,8 @@ RUNS = [
     ("tiled", {"kv_chunk": 64, "num_splits": 2, "double_buffer": True}),
     ("tiled", {"kv_chunk": 128, "num_splits": 3, "state_dtype": "input"}),
     ("tiled", {"state_dtype": "input"}),
+    ("tiled", {"new_pass": "flash"}),
+    ("tiled", {"new_pass": "flash", "kv_chunk": 128, "num_splits": 3}),
     ("stream", {}),
     ("stream", {"chunk_pages": 2}),
     ("stream", {"chunk_pages": 3, "kv_chunk": 64, "num_splits": 2, "pass_kernel": "tiled"}),
@@ -414,6 +417,10 @@ def test_prefill_stream_options_checked_before_touching_cuda():
         prefill_attention(q, k_new, k_new, kv, variant="tiled", state_dtype="half")
     with pytest.raises(ConfigError, match=r"got variant 'naive' with state_dtype='input'"):
         prefill_attention(q, k_new, k_new, kv, variant="naive", state_dtype="input")
+    with pytest.raises(ConfigError, match=r"unknown prefill_attention new_pass 'sdpa'; valid: flash, kernel"):
+        prefill_attention(q, k_new, k_new, kv, variant="tiled", new_pass="sdpa")
+    with pytest.raises(ConfigError, match=r"new_pass is an option of variant 'tiled'; got variant 'stream'"):
+        prefill_attention(q, k_new, k_new, kv, variant="stream", new_pass="flash")
     with pytest.raises(ConfigError, match="CUDA tensor"):
         prefill_attention(q, k_new, k_new, kv, variant="stream", min_chunks=4)
 

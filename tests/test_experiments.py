@@ -134,6 +134,7 @@ def _cli(*args, cwd):
     (["+exp=rate_sweep", "warmup_requests=-1"], "warmup_requests must be >= 0, got -1"),
     (["+exp=context_sweep", "executor.cuda_graphs=maybe"], "executor.cuda_graphs must be true or false; got 'maybe'"),
     (["+exp=context_sweep", "executor.cpu_attn_kernel=ispc"], "unknown executor.cpu_attn_kernel 'ispc'; valid: flash, native"),
+    (["+exp=context_sweep", "executor.prefill_new_pass=sdpa"], "unknown executor.prefill_new_pass 'sdpa'; valid: flash, kernel"),
     (["+exp=context_sweep", "executor.directkv_pipelined=maybe"], "executor.directkv_pipelined must be true or false; got 'maybe'"),
     (["+exp=context_sweep", "executor.directkv_pipelined=true", "system.directkv_variant=stream"],
      "executor.directkv_pipelined runs directkv variants naive and tiled; got variant 'stream'"),

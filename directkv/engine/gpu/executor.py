@@ -92,7 +92,7 @@ class NvmlSampler:
 def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, mem: MemoryConfig,
             sched_cfg: SchedulerConfig, device: str = "cuda", warmup: int = 0, seed: int = 0,
             cuda_graphs: bool = False, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
-            pipelining: Pipelining = NO_PIPELINING) -> tuple[ServeResult, dict]:
+            pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel") -> tuple[ServeResult, dict]:
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
 
     cpu_attn_kernel: cpu_attn only: "flash" (torch's CPU flash kernel per run of pages of each decode) or
@@ -103,7 +103,11 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     dense layers (runner.forward_pipelined, paths.attend_async, stepper.split); see systems.Pipelining.
 
     cuda_graphs: replay the runner's dense layer parts as CUDA graphs on steps of <= 256 tokens
-    (directkv/model/graphs.py; captured once per process, before the warm-up); attention stays eager."""
+    (directkv/model/graphs.py; captured once per process, before the warm-up); attention stays eager.
+
+    prefill_new_pass: every system's tiled prefill of a prompt chunk (the CUDA kernels): "kernel" (the new
+    tokens with the past in one tiled kernel) or "flash" (prefill_attention's new_pass: the new tokens by
+    FlashAttention-2, merged with the past's tiled pass)."""
     pipelining.check_system(policy)  # before pinning host memory and capturing graphs
     dev = torch.device(device)
     cuda = dev.type == "cuda"
@@ -140,8 +144,9 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     if policy.name == "cpu_attn":
         extra["cpu_attn_kernel"] = cpu_attn_kernel
     extra |= pipelining.row_columns(policy, measured=True)
+    extra["prefill_new_pass"] = prefill_new_pass
     stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads, cpu_attn_kernel=cpu_attn_kernel,
-                         pipelining=pipelining)
+                         pipelining=pipelining, prefill_new_pass=prefill_new_pass)
     # warm-up outside the measurement: kernel builds and first launches, library handles
     serve([Request(-1, 64, 3), Request(-2, 40, 3)], stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg)
     if cuda:

@@ -74,6 +74,9 @@ class ZeroCopyPath:
         self.traffic = Traffic()  # link / HBM bytes this path caused, added to in place
         self.staging_bytes = 0
         self._kept: dict[str, object] = {"decode": None, "chunk": None}  # stream: rings kept across steps
+        # a tiled prompt chunk's new tokens: "kernel" (with the past, one kernel) or "flash" (prefill_attention's
+        # new_pass); set by make_path from executor.prefill_new_pass
+        self.prefill_new_pass = "kernel"
 
     def begin(self, plan: StepPlan) -> None:
         self.plan = plan
@@ -199,12 +202,15 @@ class ZeroCopyPath:
             lens = torch.tensor([c.past_len], dtype=torch.int32)  # host-side: the kernel takes past_len as an int, no sync
             streamed = stream and self.chunk_streamed[i]
             opts = {"stream_plan": self.chunk_plans[i], "stream_ring": self.chunk_ring if i == 0 else None} if streamed else {}
-            if self.in_place:
+            chunk_variant = "tiled" if stream and not streamed else variant
+            if self.in_place:  # the CUDA kernels
                 opts["out"] = out[rows]
                 if chunk_tables_cpu is not None:
                     opts["host_table"] = chunk_tables_cpu[i]
+                if chunk_variant == "tiled" and self.prefill_new_pass != "kernel":
+                    opts["new_pass"] = self.prefill_new_pass
             o, t = self.prefill(q[rows], k[rows], v[rows], self._paged(tier, k_pool, v_pool, table, lens),
-                                variant="tiled" if stream and not streamed else variant, causal=True, **opts)
+                                variant=chunk_variant, causal=True, **opts)
             if not self.in_place:
                 out[rows] = o
             self.traffic = self.traffic + t

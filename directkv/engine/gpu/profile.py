@@ -46,6 +46,7 @@ from directkv.engine.systems import (
     SystemPolicy,
 )
 from directkv.errors import ConfigError, check
+from directkv.kernels.cuda.prefill_attention import NEW_PASSES
 from directkv.specs import get_hardware, get_model
 from workloads import load_schedule, synthetic_workload
 
@@ -208,7 +209,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
             batch: int = 4, output: int = 4, max_batched_tokens: int = 2048, rows: int = 25,
             hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2, graphs: bool = False,
             pipelining: Pipelining = NO_PIPELINING, python: bool = False, stacks: bool = False,
-            schedule: str | None = None, min_decodes: int = 0, hardware: str = "h200-pcie5") -> None:
+            schedule: str | None = None, min_decodes: int = 0, hardware: str = "h200-pcie5",
+            prefill_new_pass: str = "kernel") -> None:
     check(not (python and stacks), "--stacks records torch.profiler stacks and --python runs cProfile instead; "
           "got both: pass one")
     check(all(isinstance(x, int) and x >= 0 for x in (skip, count, min_decodes)),
@@ -250,7 +252,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     try:
         res, extra = run_gpu(requests, policy, spec, mem=mem, sched_cfg=sched,
                              device="cuda" if torch.cuda.is_available() else "cpu", cuda_graphs=graphs,
-                             pipelining=pipelining)
+                             pipelining=pipelining, prefill_new_pass=prefill_new_pass)
     finally:
         GPUStepper.run_step = inner
     what = f"schedule {schedule} ({len(requests)} requests)" if schedule else f"context {context} batch {batch} output {output}"
@@ -336,12 +338,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="host K/V MB per layer below which a step is not cut (executor.directkv_pipeline_min_kv_mb)")
     ap.add_argument("--no-mixed", action="store_true",
                     help="cut decode-only steps only (executor.directkv_pipeline_mixed=false)")
+    ap.add_argument("--prefill-new-pass", choices=NEW_PASSES, default="kernel",
+                    help="a tiled prompt chunk's new tokens: our kernel or FlashAttention-2 (executor.prefill_new_pass)")
     a = ap.parse_args(argv)
     try:
         profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
                 max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
                 pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python,
-                stacks=a.stacks, schedule=a.schedule, min_decodes=a.min_decodes, hardware=a.hardware)
+                stacks=a.stacks, schedule=a.schedule, min_decodes=a.min_decodes, hardware=a.hardware,
+                prefill_new_pass=a.prefill_new_pass)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

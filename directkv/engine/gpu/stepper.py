@@ -28,7 +28,16 @@ from directkv.model.runner import ModelRunner
 
 
 def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None = None,
-              cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL, directkv_side_ctas: int | None):
+              cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL, directkv_side_ctas: int | None,
+              prefill_new_pass: str = "kernel"):
+    path = _system_path(policy, kv, device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
+                        directkv_side_ctas=directkv_side_ctas)
+    path.prefill_new_pass = prefill_new_pass  # every path is a ZeroCopyPath: its _chunks reads it
+    return path
+
+
+def _system_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None,
+                 cpu_attn_kernel: str, directkv_side_ctas: int | None):
     if policy.name in ("directkv", "hbm"):
         if policy.variant == "fused":
             raise ConfigError("directkv variant 'fused' is not served by the GPU executor (its kernel, proj_attention, "
@@ -46,12 +55,12 @@ def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *,
 class GPUStepper:
     def __init__(self, policy: SystemPolicy, runner: ModelRunner, kv: KVCacheManager, device: torch.device, *,
                  seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
-                 pipelining: Pipelining = NO_PIPELINING):
+                 pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel"):
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
         pipelining.check_system(policy)
         self.pipelining = pipelining
         self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
-                              directkv_side_ctas=pipelining.side_ctas)
+                              directkv_side_ctas=pipelining.side_ctas, prefill_new_pass=prefill_new_pass)
         self.gen = torch.Generator().manual_seed(seed)
         self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
         self.outputs: dict[int, list[int]] = {}  # request -> generated ids (tests compare systems on them)
