@@ -114,6 +114,8 @@ def _serving_floors(ok: pd.DataFrame) -> dict[str, float]:
     graphs_known = "cuda_graphs" in rows
     if graphs_known:
         rows = rows[rows["cuda_graphs"].fillna(False).astype(bool)]
+    if "prefill_new_pass" in rows:  # the model charges prefill as the tiled kernel: fit from rows that ran it
+        rows = rows[rows["prefill_new_pass"].fillna("kernel") == "kernel"]
     rows = rows.assign(layers=[get_model(str(m)).num_layers for m in rows["model"]])
     hbm = rows[rows["system"] == "hbm"]
     if not len(hbm):

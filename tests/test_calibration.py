@@ -116,6 +116,8 @@ def test_dense_floor_is_fitted_from_hbm_at_the_lowest_rate_with_graphs():
     assert 9.4e3 / 32 < f["dense_us_per_layer"] < 10.1e3 / 32
     assert fit(rows.assign(cuda_graphs=False), hw) == {}  # eager steps have another floor
     assert fit(rows.assign(system="swap"), hw) == {}
+    assert fit(rows.assign(prefill_new_pass="flash"), hw) == {}  # the model charges the tiled prefill kernel
+    assert fit(rows.assign(prefill_new_pass="kernel"), hw) == f
 
 
 ALPACA = Path(__file__).resolve().parents[1] / "results" / "h200" / "rate_sweep" / "combined-20261129g-alpaca"

@@ -66,6 +66,7 @@ RUNS = [
     ("tiled", {"state_dtype": "input"}),
     ("tiled", {"new_pass": "flash"}),
     ("tiled", {"new_pass": "flash", "kv_chunk": 128, "num_splits": 3}),
+    ("tiled", {"new_pass": "flash", "kv_chunk": 128, "num_splits": 3, "state_dtype": "input"}),
     ("stream", {}),
     ("stream", {"chunk_pages": 2}),
     ("stream", {"chunk_pages": 3, "kv_chunk": 64, "num_splits": 2, "pass_kernel": "tiled"}),

@@ -22,7 +22,8 @@ from directkv.engine.systems import (
     StepCost,
     SystemPolicy,
 )
-from directkv.errors import ConfigError
+from directkv.errors import ConfigError, unknown_name
+from directkv.kernels.cuda.prefill_attention import NEW_PASSES
 from directkv.memory import KVCacheManager
 from directkv.model.runner import ModelRunner
 
@@ -30,6 +31,8 @@ from directkv.model.runner import ModelRunner
 def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None = None,
               cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL, directkv_side_ctas: int | None,
               prefill_new_pass: str = "kernel"):
+    if prefill_new_pass not in NEW_PASSES:  # before anything is pinned or captured, not at the first prompt
+        raise unknown_name("prefill_new_pass", prefill_new_pass, NEW_PASSES)
     path = _system_path(policy, kv, device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
                         directkv_side_ctas=directkv_side_ctas)
     path.prefill_new_pass = prefill_new_pass  # every path is a ZeroCopyPath: its _chunks reads it
