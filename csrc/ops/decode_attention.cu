@@ -76,8 +76,8 @@ std::pair<int, int> decode_attention_occupancy(int dtype, int head_dim, int head
 
 namespace {
 
-// Every check a launch makes, without launching (the stream loop checks a layer's launches before its copies).
-void check_launch(const DecodeParams& p, int dtype, int head_dim, int heads_per_cta, int tile) {
+// The checks of a launch's parameters (the stream loop makes them once per layer, before its first copy).
+void check_launch(const DecodeParams& p, int heads_per_cta) {
   require(p.batch >= 1 && p.num_heads >= 1 && p.num_kv_heads >= 1, "decode_attention: empty batch or heads");
   require(p.num_heads % p.num_kv_heads == 0, "decode_attention: num_heads " + std::to_string(p.num_heads) +
                                                  " is not a multiple of num_kv_heads " + std::to_string(p.num_kv_heads));
@@ -96,17 +96,21 @@ void check_launch(const DecodeParams& p, int dtype, int head_dim, int heads_per_
   require(p.batch <= 65535 && p.num_splits <= 65535, "decode_attention: batch and num_splits must be <= 65535");
   require(p.load_mode >= kCpAsyncL2 && p.load_mode <= kCpAsyncL2Pair,
           "decode_attention: load_mode " + std::to_string(p.load_mode) + " is not in 0..4 (see DecodeLoad)");
-  with_kernel(dtype, head_dim, heads_per_cta, tile, [](auto, size_t, int) {});  // dtype / head_dim / hpc / tile
 }
 
-void launch(const DecodeParams& p, int dtype, int head_dim, int heads_per_cta, int tile, cudaStream_t stream) {
-  check_launch(p, dtype, head_dim, heads_per_cta, tile);
+// The launch of checked parameters (with_kernel refuses an unsupported dtype / head_dim / hpc / tile).
+void launch_checked(const DecodeParams& p, int dtype, int head_dim, int heads_per_cta, int tile, cudaStream_t stream) {
   with_kernel(dtype, head_dim, heads_per_cta, tile, [&](auto kernel, size_t smem, int threads) {
     const int groups = p.num_heads / heads_per_cta;
     const dim3 grid = p.split_major ? dim3(p.num_splits, groups, p.batch) : dim3(groups, p.batch, p.num_splits);
     kernel<<<grid, threads, smem, stream>>>(p);
     check_cuda(cudaGetLastError(), "decode_attention: kernel launch");
   });
+}
+
+void launch(const DecodeParams& p, int dtype, int head_dim, int heads_per_cta, int tile, cudaStream_t stream) {
+  check_launch(p, heads_per_cta);
+  launch_checked(p, dtype, head_dim, heads_per_cta, tile, stream);
 }
 
 }  // namespace
@@ -320,7 +324,8 @@ std::pair<int64_t, int64_t> StreamQueue::run_layer(uintptr_t main, int64_t first
   p.host_k = p.hbm_k = reinterpret_cast<const void*>(ring_k_);
   p.host_v = p.hbm_v = reinterpret_cast<const void*>(ring_v_);
   p.out = reinterpret_cast<void*>(a.out);
-  check_launch(p, a.dtype, a.head_dim, a.heads_per_cta, a.tile);
+  check_launch(p, a.heads_per_cta);
+  with_kernel(a.dtype, a.head_dim, a.heads_per_cta, a.tile, [](auto, size_t, int) {});  // a supported kernel
   require(slot_bytes_ % 16 == 0 && a.hbm_k % 16 == 0 && a.hbm_v % 16 == 0,
           "StreamQueue: ring slots and HBM pools must be 16-byte aligned");
   auto pass = [&](int i, uintptr_t k, uintptr_t v) {  // the kernel over pass i's table, pools k / v
@@ -331,7 +336,7 @@ std::pair<int64_t, int64_t> StreamQueue::run_layer(uintptr_t main, int64_t first
     p.out = single ? reinterpret_cast<void*>(a.out) : nullptr;
     p.out_f32 = single ? nullptr : reinterpret_cast<float*>(a.o_parts) + i * rows * a.head_dim;
     p.lse_out = single ? nullptr : reinterpret_cast<float*>(a.lse_parts) + i * rows;
-    launch(p, a.dtype, a.head_dim, a.heads_per_cta, a.tile, stream);
+    launch_checked(p, a.dtype, a.head_dim, a.heads_per_cta, a.tile, stream);  // checked above, once per layer
   };
   int64_t consumed = first;
   for (int64_t c = 0; c < n; ++c) {

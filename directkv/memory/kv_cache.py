@@ -21,6 +21,11 @@ from directkv.specs import ModelSpec
 TIERS = ("hbm", "host")
 
 
+def pool_page(entry: int) -> int:
+    """The page index within its tier's pool of a block-table entry (host e >= 0, HBM -(e + 1))."""
+    return entry if entry >= 0 else -(entry + 1)
+
+
 @dataclass(frozen=True)
 class KVStats:
     hbm_bytes: int  # bytes of pages held now
@@ -144,7 +149,7 @@ class KVCacheManager:
             return
         self._used[seq.tier] -= len(seq.pages)
         for e in seq.pages:
-            heapq.heappush(self._recycled[seq.tier], e if e >= 0 else -(e + 1))
+            heapq.heappush(self._recycled[seq.tier], pool_page(e))
 
     def seq_len(self, req_id: int) -> int:
         return self._seqs[req_id].length
@@ -177,7 +182,7 @@ class KVCacheManager:
 
     def slots(self, req_id: int, start: int, n: int) -> torch.Tensor:
         """Flat slot index (page * page_size + offset, within the request's tier pool) of tokens start..start+n-1."""
-        pages = torch.tensor([e if e >= 0 else -(e + 1) for e in self._seqs[req_id].pages], dtype=torch.int64)
+        pages = torch.tensor([pool_page(e) for e in self._seqs[req_id].pages], dtype=torch.int64)
         pos = torch.arange(start, start + n, dtype=torch.int64)
         return pages[pos // self.page_size] * self.page_size + pos % self.page_size
 
@@ -194,9 +199,8 @@ class KVCacheManager:
         """[len(req_ids)] int64 flat slot (as `slots`) of one token per request, at its position: a serving
         step's new decode tokens, found without a tensor per request."""
         ps = self.page_size
-        entries = [self._seqs[r].pages[p // ps] for r, p in zip(req_ids, positions, strict=True)]
-        pages = [e if e >= 0 else -(e + 1) for e in entries]
-        return torch.tensor([page * ps + p % ps for page, p in zip(pages, positions, strict=True)], dtype=torch.int64)
+        return torch.tensor([pool_page(self._seqs[r].pages[p // ps]) * ps + p % ps
+                             for r, p in zip(req_ids, positions, strict=True)], dtype=torch.int64)
 
     def pools(self, layer: int, tier: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Device-visible K, V pools `[num_pages, page_size, num_kv_heads, head_dim]` of one layer and tier."""
@@ -215,7 +219,7 @@ class KVCacheManager:
             off = p % self.page_size
             n = min(self.page_size - off, start + k.shape[0] - p)
             kp, vp = (self.arena.k_view, self.arena.v_view) if entry >= 0 else (self.hbm_k, self.hbm_v)
-            idx = entry if entry >= 0 else -(entry + 1)
+            idx = pool_page(entry)
             kp[layer, idx, off : off + n] = k[p - start : p - start + n]
             vp[layer, idx, off : off + n] = v[p - start : p - start + n]
             p += n

@@ -162,13 +162,19 @@ def step_class(kind: str) -> str:
     return f"decode-only {top // 2 + 1 if top > 8 else 1}-{top}" if top else "decode-only > 64"
 
 
+def _by_class(steps: list[tuple]) -> dict[str, list[tuple]]:
+    """The (kind, *values) rows of `steps` grouped by step_class, each row's values as a tuple."""
+    classes: dict[str, list[tuple]] = {}
+    for kind, *values in steps:
+        classes.setdefault(step_class(kind), []).append(tuple(values))
+    return classes
+
+
 def step_summary(steps: list[tuple[str, float, float, float]]) -> list[str]:
     """Lines of per-class (step_class) statistics of a long run (a replayed schedule): count, mean device ms, mean
     host ms to queue the step and to plan it (before its first copy), how many steps the host took >= 90% of the
     device time to queue (the device then likely waited for it), and their device seconds in all."""
-    classes: dict[str, list[tuple[float, float, float]]] = {}
-    for kind, *times in steps:
-        classes.setdefault(step_class(kind), []).append(tuple(times))
+    classes = _by_class(steps)
     lines = [f"{'steps':<22} {'count':>5} {'device ms':>9} {'host ms':>8} {'plan ms':>8} {'host >= 90%':>11} "
              f"{'device s':>8}"]
     for name in sorted(classes):
@@ -185,12 +191,10 @@ def simulated_summary(steps: list[tuple[str, float]]) -> list[str]:
     step ms, seconds in all (the measured table's device columns, for the gap between model and measurement).
     The model's engine clock moves on its own step times, so its steps batch the requests differently: compare
     the classes' means, not step by step."""
-    classes: dict[str, list[float]] = {}
-    for kind, seconds in steps:
-        classes.setdefault(step_class(kind), []).append(seconds)
+    classes = _by_class(steps)
     lines = [f"{'steps':<22} {'count':>5} {'model ms':>9} {'model s':>8}"]
     for name in sorted(classes):
-        xs = classes[name]
+        xs = [seconds for seconds, in classes[name]]
         lines.append(f"{name:<22} {len(xs):>5} {1e3 * sum(xs) / len(xs):>9.1f} {sum(xs):>8.2f}")
     return lines
 

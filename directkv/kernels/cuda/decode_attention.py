@@ -302,7 +302,7 @@ def _native(plan: StreamPlan):
     if plan.native is None:
         num_slots = plan.ring_k.shape[0]
         row = math.prod(plan.ring_k.shape[3:])  # one token of one layer: num_kv_heads x head_dim
-        last = [plan.last[c] for c in range(min(num_slots, len(plan.copies)))]
+        last = plan.last  # one entry per chunk c < min(num_slots, chunks), as the queue wants
         plan.native = _module().StreamQueue(
             plan.ring_k.data_ptr(), plan.ring_v.data_ptr(), plan.ring_k.stride(0) * plan.ring_k.element_size(),
             plan.page_bytes, [c.data_ptr() for c in plan.copies], [c.shape[0] for c in plan.copies],
