@@ -1,8 +1,9 @@
 """Decode-attention benchmark: CUDA variants and torch anchors side by side, ceilings from the same run.
 
-Every point (context, batch) gets one row per variant ("naive", "tiled", "stream") and per anchor
-("sdpa_hbm": torch SDPA on K/V in HBM; "sdpa_zero_copy": SDPA reading the zero-copy view; "swap_sdpa":
-copy K/V to HBM with the copy engine, then SDPA). All sequences of a point hold `context` tokens.
+Every point (context, batch) gets one row per variant (VARIANTS: "naive", "tiled", "stream" and stream's
+chunk cuts) and per anchor ("sdpa_hbm": torch SDPA on K/V in HBM; "sdpa_zero_copy": SDPA reading the
+zero-copy view; "swap_sdpa": copy K/V to HBM with the copy engine, then SDPA). All sequences of a point hold
+`context` tokens.
 
 Timing: each timed repeat runs `inner` calls back to back (inner sized so a repeat takes ~target_ms), so the
 host's launch overhead overlaps the GPU as in a real decode step; time_ms is the median repeat / inner.
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from directkv.errors import check
 from directkv.kernels.cuda import decode_attention as dec
 from directkv.kernels.cuda.decode_attention import decode_attention, traffic
 from directkv.kernels.cuda.probe import measure_ceilings
@@ -28,6 +30,16 @@ from directkv.kernels.paged import PagedKV
 from directkv.timing import time_fn
 
 ANCHORS = ("sdpa_hbm", "sdpa_zero_copy", "swap_sdpa")
+# variant name -> plan_stream options of the stream rows (None: a zero-copy variant, run as named)
+VARIANTS: dict[str, dict | None] = {
+    "naive": None,
+    "tiled": None,
+    "stream": {},  # one chunk per ring slot (16 MiB of K): a cache that fits one slot is copied, then read
+    # a small cache cut into 4 / 8 chunks (of >= 2 MiB) so its copies overlap the kernels of the chunks before;
+    # off by default in plan_stream, where each chunk once cost ~0.1 ms of Python (now issued from C++)
+    "stream:4chunks": {"min_chunks": 4},
+    "stream:8chunks": {"min_chunks": 8},
+}
 
 
 class _Point:
@@ -99,7 +111,7 @@ def bench_decode(
     head_dim: int = 128,
     dtype: torch.dtype = torch.bfloat16,
     page_size: int = 16,
-    variants: Sequence[str] = ("naive", "tiled", "stream"),
+    variants: Sequence[str] = tuple(VARIANTS),
     anchors: Sequence[str] = ANCHORS,
     repeats: int = 5,
     target_ms: float = 20.0,
@@ -127,6 +139,8 @@ def bench_decode(
     link_read_bytes (closed form), floor_ms (kv_bytes / ce_h2d), sm_read_ceiling_gbps, ce_h2d_gbps,
     pct_of_sm_ceiling, rel_err (vs fp32 SDPA; variants only), inner, mode="measured", status, error.
     """
+    bad = [v for v in variants if v not in VARIANTS]
+    check(not bad, f"unknown decode variant(s) {bad}; valid: {', '.join(VARIANTS)}")
     ceilings = ceilings or measure_ceilings()
     esize = torch.empty((), dtype=dtype).element_size()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -186,8 +200,8 @@ def _calls(point: _Point, name: str, opts: dict) -> tuple[Callable[[int], torch.
         pools = point.hbm if name == "sdpa_hbm" else point.views
         link = 0 if name == "sdpa_hbm" else point.kvs[0].host_k.numel() * 2 * point.q.element_size()
         return (lambda i: _sdpa(point.q, *point.dense(pools, i % point.copies))), link
-    if name == "stream":  # the copy engine reads host DRAM, not L2: one copy suffices
-        plan = plan_stream(point.kvs[0])
+    if VARIANTS[name] is not None:  # stream: the copy engine reads host DRAM, not L2: one copy suffices
+        plan = plan_stream(point.kvs[0], **VARIANTS[name])
         return (lambda i: decode_attention(point.q, point.kvs[0], variant="stream", out=out, plan=plan,
                                               **opts)[0]), \
             traffic(point.kvs[0], num_heads=point.q.shape[1], variant="stream").link_read_bytes
@@ -260,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Decode attention benchmark (CUDA variants + torch anchors)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768, 131072])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
-    ap.add_argument("--variants", nargs="*", default=["naive", "tiled", "stream"])
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--anchors", nargs="*", default=list(ANCHORS))
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--tile-kv", type=int, default=64)

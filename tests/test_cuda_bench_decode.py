@@ -1,0 +1,48 @@
+"""The decode benchmark's rows: every variant checked against the reference, stream's chunk cuts real."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from directkv.errors import ConfigError
+from directkv.kernels.cuda.bench_decode import ANCHORS, VARIANTS, bench_decode
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CEILINGS = {"sm_read_gbps": 50.0, "ce_h2d_gbps": 54.0, "hbm_copy_gbps": 3000.0}
+
+
+def test_an_unknown_variant_is_one_line_naming_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"unknown decode variant\(s\) \['stream:3chunks'\]; valid: naive, tiled, "):
+        bench_decode([64], [1], variants=("tiled", "stream:3chunks"), ceilings=CEILINGS)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_rows_of_every_variant_are_checked_and_ok():
+    # 4093 tokens (not a multiple of the page or tile): 8 MiB of K, so min_chunks 4 cuts it into 2 MiB chunks
+    rows = bench_decode([4093], [2], repeats=1, target_ms=1.0, ceilings=CEILINGS)
+    assert [r["variant"] for r in rows] == [*VARIANTS, *ANCHORS]
+    for r in rows:
+        assert r["status"] == "ok" and r["time_ms"] > 0 and r["link_gbps"] > 0, r
+        if r["variant"] in VARIANTS:
+            assert r["rel_err"] < 1e-2, r
+            assert r["link_read_bytes"] >= r["kv_bytes"] * (4 if r["variant"] == "naive" else 1) * 0.99, r
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_min_chunks_cuts_a_one_slot_cache_into_overlapping_chunks():
+    from directkv.kernels.cuda.stream_plan import plan_stream
+    from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
+    from directkv.kernels.paged import PagedKV
+
+    pages, shape = 256, (16, 8, 128)  # 4096 tokens of Llama-3.1-8B K: 8 MiB, one 16 MiB ring slot
+    host = pinned_empty((pages, *shape), torch.bfloat16)
+    view = device_view(host)
+    empty = torch.empty((0, *shape), dtype=torch.bfloat16, device="cuda")
+    table = torch.randperm(pages, device="cuda", dtype=torch.int64).to(torch.int32).view(1, pages)
+    kv = PagedKV(view, view, empty, empty, table, torch.tensor([4093], dtype=torch.int32, device="cuda"))
+    assert len(plan_stream(kv).copies) == 1
+    assert len(plan_stream(kv, **VARIANTS["stream:4chunks"]).copies) == 4
+    assert len(plan_stream(kv, **VARIANTS["stream:8chunks"]).copies) == 4  # not below 2 MiB a chunk
