@@ -409,8 +409,13 @@ def test_plan_stream_on_the_cpu_with_a_stand_in_ring(monkeypatch, seed, hbm_frac
     lens = [1, 15, 16, 17, 200, 64, 0, 333]
     kv = random_paged_kv(lens, page_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float16,
                          hbm_fraction=hbm_fraction, generator=torch.Generator().manual_seed(seed))
-    plan = plan_stream(kv, chunk_bytes=12 * 16 * 64 * 2, min_chunk_bytes=1)  # 12 pages per chunk: a few chunks
-    tables, plens, copies, hbm_pass = stream_schedule(kv.block_table, kv.seq_lens, 16, 12)
+    plan = plan_stream(kv, chunk_bytes=12 * 16 * 64 * 2, min_chunk_bytes=1)  # <= 12 pages per chunk: a few chunks
+    read = len(host_pages(kv.block_table, kv.seq_lens, 16).pages)
+    chunk = stream_plan.balanced_chunk_pages(max(read, 1), 12)
+    tables, plens, copies, hbm_pass = stream_schedule(kv.block_table, kv.seq_lens, 16, chunk)
+    sizes = [int(c[:, 2].sum()) for c in copies]
+    assert sum(sizes) == read and all(n <= 12 for n in sizes)
+    assert max(sizes, default=0) - min(sizes, default=0) <= max(len(sizes) - 1, 0)  # equal chunks, no short tail
     assert torch.equal(plan.passes, tables) and torch.equal(plan.lens, plens) and plan.hbm_pass == hbm_pass
     assert plan.passes.dtype == plan.lens.dtype == torch.int32  # torch.equal does not compare dtypes
     assert all(c.dtype == torch.int64 and c.is_contiguous() and c.shape[1:] == (3,) for c in plan.copies)
@@ -431,6 +436,17 @@ def test_plan_stream_on_the_cpu_with_a_stand_in_ring(monkeypatch, seed, hbm_frac
     in_first = {src + i for c in copies[: len(plan.last)] for src, _, n in c.tolist() for i in range(n)}
     want = {b for b, n in enumerate(lens) if n and int(kv.block_table[b, (n - 1) // 16]) in in_first}
     assert seen == want and len(plan.last) == min(2, len(copies)) and (len(seen) >= 2 or hbm_fraction == 1.0)
+
+
+@pytest.mark.parametrize("read,most,want", [(1025, 512, [342, 342, 341]), (1024, 512, [512, 512]), (1, 512, [1]),
+                                            (513, 512, [257, 256]), (7, 2, [2, 2, 2, 1])])
+def test_balanced_chunks_leave_no_short_tail(read, most, want):
+    """Equal chunks, none over `most`: a one-page last chunk (1025 pages as 512 + 512 + 1) left the copy engine
+    idle while the kernel before it freed a ring slot."""
+    from directkv.kernels.cuda.stream_plan import balanced_chunk_pages, chunk_runs
+
+    pages = balanced_chunk_pages(read, most)
+    assert [int(c[:, 2].sum()) for c in chunk_runs(torch.arange(read), pages)] == want
 
 
 def test_stream_schedule_of_no_tokens_has_no_pass():
