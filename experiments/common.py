@@ -21,6 +21,7 @@ from directkv.engine.systems import (
 )
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES
+from directkv.kernels.traffic_model import STREAM_SLOTS
 from directkv.specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -39,6 +40,7 @@ class Setup:
     cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL  # measured cpu_attn: one native OpenMP call, or torch's flash loop
     pipelining: Pipelining = NO_PIPELINING  # directkv: steps as two parts, one part's attention on a side stream (simulated too)
     prefill_new_pass: str = "kernel"  # measured serving: a prompt chunk's new tokens by the tiled kernel or by flash
+    stream_slots: int = STREAM_SLOTS  # measured directkv stream: slots of its decode ring (32 MiB of K and V each)
 
 
 def resolve_device(requested: str) -> str:
@@ -83,12 +85,16 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     new_pass = str(executor.get("prefill_new_pass", "kernel"))
     if new_pass not in NEW_PASSES:
         raise unknown_name("executor.prefill_new_pass", new_pass, NEW_PASSES)
+    slots = executor.get("directkv_stream_slots", STREAM_SLOTS)
+    check(isinstance(slots, int) and not isinstance(slots, bool) and slots >= 2,
+          f"executor.directkv_stream_slots must be an int >= 2 (the copy engine fills one slot while a kernel reads "
+          f"another); got {slots!r}")
     pipelining = Pipelining.from_config(executor)
     pipelining.check_system(SystemPolicy("directkv", directkv_variant(cfg)))
     # graphs are a property of the measured executor (the simulation has no kernel launches); directkv's
     # pipelining is simulated too (systems.pipelined_step_cost)
     return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda",
-                 cpu_kernel, pipelining, new_pass)
+                 cpu_kernel, pipelining, new_pass, slots)
 
 
 def policies(cfg: DictConfig) -> list[SystemPolicy]:

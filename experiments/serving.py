@@ -56,7 +56,8 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
 
             res, extra = run_gpu(requests, policy, s.model, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
                                  cuda_graphs=s.cuda_graphs, cpu_attn_kernel=s.cpu_attn_kernel,
-                                 pipelining=s.pipelining, prefill_new_pass=s.prefill_new_pass)
+                                 pipelining=s.pipelining, prefill_new_pass=s.prefill_new_pass,
+                                 stream_slots=s.stream_slots)
             return _fill(row, res, s, extra)
         res = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
                        pipelining=s.pipelining)

@@ -22,6 +22,8 @@ from directkv.engine.systems import (
     Pipelining,
     SystemPolicy,
 )
+from directkv.errors import check
+from directkv.kernels.traffic_model import STREAM_SLOTS
 from directkv.memory import HostArena, KVCacheManager
 from directkv.model.runner import ModelRunner
 from directkv.model.weights import init_weights
@@ -92,7 +94,8 @@ class NvmlSampler:
 def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, mem: MemoryConfig,
             sched_cfg: SchedulerConfig, device: str = "cuda", warmup: int = 0, seed: int = 0,
             cuda_graphs: bool = False, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
-            pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel") -> tuple[ServeResult, dict]:
+            pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel",
+            stream_slots: int = STREAM_SLOTS) -> tuple[ServeResult, dict]:
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
 
     cpu_attn_kernel: cpu_attn only: "flash" (torch's CPU flash kernel per run of pages of each decode) or
@@ -107,8 +110,13 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
 
     prefill_new_pass: every system's tiled prefill of a prompt chunk (the CUDA kernels): "kernel" (the new
     tokens with the past in one tiled kernel) or "flash" (prefill_attention's new_pass: the new tokens by
-    FlashAttention-2, merged with the past's tiled pass)."""
+    FlashAttention-2, merged with the past's tiled pass).
+
+    stream_slots: directkv variant stream only: slots of its decode ring (32 MiB of K and V each; 2 = the 64 MiB
+    of the kernel target), recorded on its rows as directkv_stream_slots."""
     pipelining.check_system(policy)  # before pinning host memory and capturing graphs
+    check(isinstance(stream_slots, int) and not isinstance(stream_slots, bool) and stream_slots >= 2,
+          f"stream_slots (executor.directkv_stream_slots) must be an int >= 2; got {stream_slots!r}")
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     if cuda and dev.index is None:  # memory-fraction and stats calls want an explicit index
@@ -145,8 +153,10 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
         extra["cpu_attn_kernel"] = cpu_attn_kernel
     extra |= pipelining.row_columns(policy, measured=True)
     extra["prefill_new_pass"] = prefill_new_pass
+    if policy.name == "directkv" and policy.variant == "stream":
+        extra["directkv_stream_slots"] = stream_slots
     stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads, cpu_attn_kernel=cpu_attn_kernel,
-                         pipelining=pipelining, prefill_new_pass=prefill_new_pass)
+                         pipelining=pipelining, prefill_new_pass=prefill_new_pass, stream_slots=stream_slots)
     # warm-up outside the measurement: kernel builds and first launches, library handles
     serve([Request(-1, 64, 3), Request(-2, 40, 3)], stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg)
     if cuda:

@@ -57,8 +57,10 @@ class ZeroCopyPath:
         """side_ctas: attend_async's kernels are split to about this many CTAs (None: the kernel's own plan,
         which fills every SM and leaves none to the other half's dense layers). stream_slots: slots of the stream
         variant's decode ring, 16 MiB of K and of V each: how many chunks the copy engine may run ahead of the
-        kernels (and so of the host, which queues a slot's next copy after its reader). Not a config option: 4
-        slots measured no faster than 2 in serving (H200, 2026-12-01, ShareGPT 10 req/s)."""
+        kernels (and so of the host, which queues a slot's next copy after its reader); executor.directkv_stream_slots.
+        4 slots measured no faster than 2 at ShareGPT 10 req/s (H200, 2026-12-01, with the Python loop per chunk);
+        in mixed steps at 16K (2 decodes + a 2,046-token chunk) stream took 1.10-1.36x swap's time, where 2 slots
+        hold half a layer of the decodes' K/V: the option is there to measure more."""
         check(isinstance(stream_slots, int) and stream_slots >= 2,
               f"stream_slots must be an int >= 2 (the copy engine fills one slot while a kernel reads another); "
               f"got {stream_slots!r}")

@@ -47,6 +47,7 @@ from directkv.engine.systems import (
 )
 from directkv.errors import ConfigError, check
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES
+from directkv.kernels.traffic_model import STREAM_SLOTS
 from directkv.specs import get_hardware, get_model
 from workloads import load_schedule, synthetic_workload
 
@@ -214,7 +215,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
             hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2, graphs: bool = False,
             pipelining: Pipelining = NO_PIPELINING, python: bool = False, stacks: bool = False,
             schedule: str | None = None, min_decodes: int = 0, hardware: str = "h200-pcie5",
-            prefill_new_pass: str = "kernel") -> None:
+            prefill_new_pass: str = "kernel", stream_slots: int = STREAM_SLOTS) -> None:
     check(not (python and stacks), "--stacks records torch.profiler stacks and --python runs cProfile instead; "
           "got both: pass one")
     check(all(isinstance(x, int) and x >= 0 for x in (skip, count, min_decodes)),
@@ -256,7 +257,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     try:
         res, extra = run_gpu(requests, policy, spec, mem=mem, sched_cfg=sched,
                              device="cuda" if torch.cuda.is_available() else "cpu", cuda_graphs=graphs,
-                             pipelining=pipelining, prefill_new_pass=prefill_new_pass)
+                             pipelining=pipelining, prefill_new_pass=prefill_new_pass, stream_slots=stream_slots)
     finally:
         GPUStepper.run_step = inner
     what = f"schedule {schedule} ({len(requests)} requests)" if schedule else f"context {context} batch {batch} output {output}"
@@ -344,13 +345,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="cut decode-only steps only (executor.directkv_pipeline_mixed=false)")
     ap.add_argument("--prefill-new-pass", choices=NEW_PASSES, default="kernel",
                     help="a tiled prompt chunk's new tokens: our kernel or FlashAttention-2 (executor.prefill_new_pass)")
+    ap.add_argument("--stream-slots", type=int, default=STREAM_SLOTS,
+                    help="slots of directkv stream's decode ring, 32 MiB each (executor.directkv_stream_slots)")
     a = ap.parse_args(argv)
     try:
         profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
                 max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
                 pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python,
                 stacks=a.stacks, schedule=a.schedule, min_decodes=a.min_decodes, hardware=a.hardware,
-                prefill_new_pass=a.prefill_new_pass)
+                prefill_new_pass=a.prefill_new_pass, stream_slots=a.stream_slots)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -24,30 +24,32 @@ from directkv.engine.systems import (
 )
 from directkv.errors import ConfigError, unknown_name
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES
+from directkv.kernels.traffic_model import STREAM_SLOTS
 from directkv.memory import KVCacheManager
 from directkv.model.runner import ModelRunner
 
 
 def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None = None,
               cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL, directkv_side_ctas: int | None,
-              prefill_new_pass: str = "kernel"):
+              prefill_new_pass: str = "kernel", stream_slots: int = STREAM_SLOTS):
     if prefill_new_pass not in NEW_PASSES:  # before anything is pinned or captured, not at the first prompt
         raise unknown_name("prefill_new_pass", prefill_new_pass, NEW_PASSES)
     path = _system_path(policy, kv, device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
-                        directkv_side_ctas=directkv_side_ctas)
+                        directkv_side_ctas=directkv_side_ctas, stream_slots=stream_slots)
     path.prefill_new_pass = prefill_new_pass  # every path is a ZeroCopyPath: its _chunks reads it
     return path
 
 
 def _system_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None,
-                 cpu_attn_kernel: str, directkv_side_ctas: int | None):
+                 cpu_attn_kernel: str, directkv_side_ctas: int | None, stream_slots: int = STREAM_SLOTS):
     if policy.name in ("directkv", "hbm"):
         if policy.variant == "fused":
             raise ConfigError("directkv variant 'fused' is not served by the GPU executor (its kernel, proj_attention, "
                               "runs in kernel_ablation); valid on the GPU: naive, tiled, stream")
         if policy.variant == "stream" and kernel_backend() != "cuda":
             raise ConfigError("directkv variant 'stream' needs the CUDA kernels (a GPU); valid without one: naive, tiled")
-        return ZeroCopyPath(kv, policy.kv_tier, policy.variant or "tiled", side_ctas=directkv_side_ctas)
+        return ZeroCopyPath(kv, policy.kv_tier, policy.variant or "tiled", side_ctas=directkv_side_ctas,
+                            stream_slots=stream_slots)
     if policy.name == "swap":
         return StagedPath(kv)
     if policy.name == "cpu_attn":
@@ -58,12 +60,14 @@ def _system_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device,
 class GPUStepper:
     def __init__(self, policy: SystemPolicy, runner: ModelRunner, kv: KVCacheManager, device: torch.device, *,
                  seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
-                 pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel"):
+                 pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel",
+                 stream_slots: int = STREAM_SLOTS):
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
         pipelining.check_system(policy)
         self.pipelining = pipelining
         self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
-                              directkv_side_ctas=pipelining.side_ctas, prefill_new_pass=prefill_new_pass)
+                              directkv_side_ctas=pipelining.side_ctas, prefill_new_pass=prefill_new_pass,
+                              stream_slots=stream_slots)
         self.gen = torch.Generator().manual_seed(seed)
         self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
         self.outputs: dict[int, list[int]] = {}  # request -> generated ids (tests compare systems on them)
