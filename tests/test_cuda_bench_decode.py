@@ -20,9 +20,12 @@ def test_an_unknown_variant_is_one_line_naming_the_valid_ones():
 @pytest.mark.gpu
 @needs_gpu
 def test_rows_of_every_variant_are_checked_and_ok():
-    # 4093 tokens (not a multiple of the page or tile): 8 MiB of K, so min_chunks 4 cuts it into 2 MiB chunks
-    rows = bench_decode([4093], [2], repeats=1, target_ms=1.0, ceilings=CEILINGS)
+    # 4093 tokens (not a multiple of the page or tile) x 2 sequences: 16 MiB of K, one 16 MiB ring slot, so
+    # min_chunks 4 / 8 cut it into 4 MiB / 2 MiB chunks
+    rows = bench_decode([4093], [2], variants=tuple(VARIANTS), repeats=1, target_ms=1.0, ceilings=CEILINGS)
     assert [r["variant"] for r in rows] == [*VARIANTS, *ANCHORS]
+    assert {r["variant"]: r.get("stream_chunks") for r in rows if r["variant"].startswith("stream")} == {
+        "stream": 1, "stream:4chunks": 4, "stream:8chunks": 8}
     for r in rows:
         assert r["status"] == "ok" and r["time_ms"] > 0 and r["link_gbps"] > 0, r
         if r["variant"] in VARIANTS:

@@ -440,13 +440,18 @@ def test_plan_stream_on_the_cpu_with_a_stand_in_ring(monkeypatch, seed, hbm_frac
 
 @pytest.mark.parametrize("read,most,want", [(1025, 512, [342, 342, 341]), (1024, 512, [512, 512]), (1, 512, [1]),
                                             (513, 512, [257, 256]), (7, 2, [2, 2, 2, 1])])
-def test_balanced_chunks_leave_no_short_tail(read, most, want):
-    """Equal chunks, none over `most`: a one-page last chunk (1025 pages as 512 + 512 + 1) left the copy engine
-    idle while the kernel before it freed a ring slot."""
+def test_balanced_chunks_are_equal_and_no_more(read, most, want):
+    """Chunks of one size (the last short by fewer pages than there are chunks), none over `most`, as few as
+    chunks of `most` would be: a one-page last chunk (1025 pages as 512 + 512 + 1) left the copy engine idle
+    while the kernel before it freed a ring slot."""
     from directkv.kernels.cuda.stream_plan import balanced_chunk_pages, chunk_runs
 
     pages = balanced_chunk_pages(read, most)
     assert [int(c[:, 2].sum()) for c in chunk_runs(torch.arange(read), pages)] == want
+    for r in range(1, 700):
+        for m in (1, 2, 3, 7, 64, 512):
+            n = balanced_chunk_pages(r, m)
+            assert 1 <= n <= m and -(-r // n) == -(-r // m) and r - (-(-r // n) - 1) * n > n - -(-r // n)
 
 
 def test_stream_schedule_of_no_tokens_has_no_pass():

@@ -30,8 +30,8 @@ from directkv.kernels.traffic import TIERS, Traffic
 STREAM_RING_BYTES = 64 << 20
 STREAM_SLOTS = 2  # ring slots: one is filled by the copy engine while the kernel reads the other
 STREAM_CHUNK_BYTES = STREAM_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (V the same): 16 MiB
-# A min_chunks cut stops at chunks this small (each chunk costs ~0.1 ms of launches); serving also reads a prompt
-# chunk's past this small in place (stream_reads_in_place).
+# A min_chunks cut stops at ring slots this small (each chunk costs launches; decode's equal chunks may come out
+# smaller, prefill's do not); serving also reads a prompt chunk's past this small in place (stream_reads_in_place).
 STREAM_MIN_CHUNK_BYTES = 2 << 20
 
 

@@ -61,7 +61,7 @@ class ZeroCopyPath:
         4 slots measured no faster than 2 at ShareGPT 10 req/s (H200, 2026-12-01, with the Python loop per chunk);
         in mixed steps at 16K (2 decodes + a 2,046-token chunk) stream took 1.10-1.36x swap's time, where 2 slots
         hold half a layer of the decodes' K/V: the option is there to measure more."""
-        check(isinstance(stream_slots, int) and stream_slots >= 2,
+        check(isinstance(stream_slots, int) and not isinstance(stream_slots, bool) and stream_slots >= 2,
               f"stream_slots must be an int >= 2 (the copy engine fills one slot while a kernel reads another); "
               f"got {stream_slots!r}")
         self.kv, self.tier, self.variant, self.side_ctas = kv, tier, variant, side_ctas

@@ -35,8 +35,8 @@ VARIANTS: dict[str, dict | None] = {
     "naive": None,
     "tiled": None,
     "stream": {},  # one chunk per ring slot (16 MiB of K): a cache that fits one slot is copied, then read
-    # a small cache cut into 4 / 8 chunks (of >= 2 MiB) so its copies overlap the kernels of the chunks before;
-    # off by default in plan_stream, where each chunk once cost ~0.1 ms of Python (now issued from C++)
+    # a small cache cut into about 4 / 8 chunks (slots of >= 2 MiB) so its copies overlap the kernels of the chunks
+    # before. Not in the default rows: no faster than one chunk on the H200 (2026-12-01); --variants runs them
     "stream:4chunks": {"min_chunks": 4},
     "stream:8chunks": {"min_chunks": 8},
 }
@@ -111,7 +111,7 @@ def bench_decode(
     head_dim: int = 128,
     dtype: torch.dtype = torch.bfloat16,
     page_size: int = 16,
-    variants: Sequence[str] = tuple(VARIANTS),
+    variants: Sequence[str] = ("naive", "tiled", "stream"),
     anchors: Sequence[str] = ANCHORS,
     repeats: int = 5,
     target_ms: float = 20.0,
@@ -184,8 +184,9 @@ def bench_decode(
     return rows
 
 
-def _calls(point: _Point, name: str, opts: dict) -> tuple[Callable[[int], torch.Tensor], int]:
-    """(call i -> output, link_read_bytes) of a variant or anchor."""
+def _calls(point: _Point, name: str, opts: dict) -> tuple[Callable[[int], torch.Tensor], int, dict]:
+    """(call i -> output, link_read_bytes, extra row columns) of a variant or anchor; stream rows get
+    stream_chunks, the ring chunks per call (variants whose plans coincide at a point say so)."""
     out = torch.empty_like(point.q)
     if name in ANCHORS:
         if name == "swap_sdpa":
@@ -196,23 +197,24 @@ def _calls(point: _Point, name: str, opts: dict) -> tuple[Callable[[int], torch.
                     dst.copy_(src, non_blocking=True)
                 return _sdpa(point.q, *point.dense(stage, 0))
 
-            return swap, point.kvs[0].host_k.numel() * 2 * point.q.element_size()
+            return swap, point.kvs[0].host_k.numel() * 2 * point.q.element_size(), {}
         pools = point.hbm if name == "sdpa_hbm" else point.views
         link = 0 if name == "sdpa_hbm" else point.kvs[0].host_k.numel() * 2 * point.q.element_size()
-        return (lambda i: _sdpa(point.q, *point.dense(pools, i % point.copies))), link
+        return (lambda i: _sdpa(point.q, *point.dense(pools, i % point.copies))), link, {}
     if VARIANTS[name] is not None:  # stream: the copy engine reads host DRAM, not L2: one copy suffices
         plan = plan_stream(point.kvs[0], **VARIANTS[name])
         return (lambda i: decode_attention(point.q, point.kvs[0], variant="stream", out=out, plan=plan,
                                               **opts)[0]), \
-            traffic(point.kvs[0], num_heads=point.q.shape[1], variant="stream").link_read_bytes
+            traffic(point.kvs[0], num_heads=point.q.shape[1], variant="stream").link_read_bytes, \
+            {"stream_chunks": len(plan.copies)}
     return (lambda i: decode_attention(point.q, point.kvs[i % point.copies], variant=name, out=out, **opts)[0]), \
-        traffic(point.kvs[0], num_heads=point.q.shape[1], variant=name).link_read_bytes
+        traffic(point.kvs[0], num_heads=point.q.shape[1], variant=name).link_read_bytes, {}
 
 
 def _measure(point: _Point, name: str, ref: torch.Tensor, base: dict, repeats: int, target_ms: float,
              opts: dict) -> dict:
     try:
-        call, link_bytes = _calls(point, name, opts)
+        call, link_bytes, extra = _calls(point, name, opts)
         first = call(0)  # warms up the build, the split plan and the traffic memo
         # anchors read pages in physical order, which mixes sequences: their output is not comparable
         rel_err = float("nan") if name in ANCHORS else _rel_err(first, ref)
@@ -224,7 +226,7 @@ def _measure(point: _Point, name: str, ref: torch.Tensor, base: dict, repeats: i
         gbps = base["kv_bytes"] / time_ms / 1e6
         return dict(status="ok", error="", time_ms=time_ms, time_min_ms=timing.min_ms / inner, inner=inner,
                     link_gbps=gbps, link_read_bytes=link_bytes, rel_err=rel_err,
-                    pct_of_sm_ceiling=100 * gbps / base["sm_read_ceiling_gbps"])
+                    pct_of_sm_ceiling=100 * gbps / base["sm_read_ceiling_gbps"], **extra)
     except Exception as exc:  # noqa: BLE001 - one bad point must not end the sweep
         status = "oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "error"
         return dict(status=status, error=f"{type(exc).__name__}: {exc}")
@@ -274,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Decode attention benchmark (CUDA variants + torch anchors)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768, 131072])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
-    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="*", default=["naive", "tiled", "stream"], choices=list(VARIANTS))
     ap.add_argument("--anchors", nargs="*", default=list(ANCHORS))
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--tile-kv", type=int, default=64)

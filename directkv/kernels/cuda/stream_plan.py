@@ -169,16 +169,20 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2,
     ring_bytes : the most the ring (all slots, K and V) may hold; the kernel benchmarks' target keeps the default
         64 MiB, a serving path may allow more slots (ZeroCopyPath's stream_slots).
 
-    min_chunks > 1 cuts small caches into that many chunks (of >= min_chunk_bytes) so copy and math overlap;
-    it is off by default because each chunk cost ~0.1 ms of Python launches when measured (on the H200, before
-    the C++ loop, a 16 MiB cache took 0.63 ms as four 2 MiB chunks and 0.36 ms as one).
+    Each ring slot holds min(chunk_bytes, max(read / min_chunks, min_chunk_bytes)) of K, and the pages read are cut
+    into as few chunks of at most a slot as will do, all of one size (balanced_chunk_pages), so a chunk may be
+    smaller than min_chunk_bytes. min_chunks > 1 cuts small caches into about that many chunks so copy and math
+    overlap; it is off by default: on the H200 it was slower both before the C++ loop (a 16 MiB cache took
+    0.63 ms as four 2 MiB chunks and 0.36 ms as one) and after it (bench_decode's stream:4chunks rows, 4K x 1,
+    0.8-0.9 points of the copy rate below one chunk, 2026-12-01).
     """
     page_bytes = kv.page_size * kv.num_kv_heads * kv.head_dim * kv.host_k.element_size()
     most = chunk_bytes // page_bytes
     table, seq_lens = host_table if host_table is not None else (kv.block_table.cpu(), kv.seq_lens.cpu())
     hp = host_pages(table, seq_lens, kv.page_size)
     read = max(len(hp.pages), 1)  # pages read by this batch, not the arena
-    slot_pages = min(most, max(math.ceil(read / min_chunks), min_chunk_bytes // page_bytes, 1))  # ring sizing
+    # slots keep the size they had before chunks were balanced, so rings are reused and grown as before
+    slot_pages = min(most, max(math.ceil(read / min_chunks), min_chunk_bytes // page_bytes, 1))
     check(slot_pages >= 1 and num_slots >= 2 and 2 * num_slots * slot_pages * page_bytes <= ring_bytes,
           f"stream ring of {num_slots} slots x 2 x {chunk_bytes} B must hold >= 1 page ({page_bytes} B) per slot, "
           f">= 2 slots and <= {ring_bytes} B")
