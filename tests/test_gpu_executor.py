@@ -188,6 +188,8 @@ def test_run_gpu_entry_on_cpu():
     assert 0 < extra["host_prep_ms_mean"] < extra["host_queue_ms_mean"] <= extra["step_ms_mean"]
     assert extra["host_bound_step_share"] != extra["host_bound_step_share"]  # NaN off a GPU: the host is the device
     assert 0 < extra["step_ms_mean"] * res.steps <= res.duration_s * 1e3 * (1 + 1e-9)  # the steps fill the engine's time
+    # the run's garbage collections, counted and timed with what existed before it frozen (GcGuard)
+    assert extra["gc_collections"] >= extra["gc_oldest_collections"] >= 0 and extra["gc_pause_ms"] >= 0
 
 
 def test_step_time_columns_mean_and_count_host_bound_steps():

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from directkv.engine.gpu.gc_guard import GcGuard
 from directkv.engine.gpu.stepper import GPUStepper
 from directkv.engine.loop import ServeResult, serve
 from directkv.engine.scheduler import SchedulerConfig
@@ -164,9 +165,9 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
         torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev) if cuda else 0
     stepper.step_times.clear()  # the warm-up's steps are not the run's
-    with NvmlSampler() if cuda else _Null() as sampler:
+    with GcGuard() as collections, NvmlSampler() if cuda else _Null() as sampler:
         res = serve(requests, stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg, warmup=warmup)
-    extra |= step_time_columns(stepper.step_times, device=cuda)
+    extra |= step_time_columns(stepper.step_times, device=cuda) | collections.columns()
     if cuda:
         res.gpu_mem_bytes = torch.cuda.max_memory_reserved(dev)
         extra |= {"gpu_peak_allocated_gb": torch.cuda.max_memory_allocated(dev) / 1e9,
