@@ -49,8 +49,10 @@ def stream_chunk_pages(host_pages: int, page_bytes: int, *, chunk_bytes: int | N
     chunk_bytes (default STREAM_CHUNK_BYTES, the most the 64 MiB ring of 2 slots x (K, V) allows) rounded down
     to whole pages and to the host pages there are; min_chunks > 1 cuts a small cache into that many chunks
     so copy and math overlap, but not into chunks below STREAM_MIN_CHUNK_BYTES (each chunk costs launches).
-    Unlike decode's plan_stream (balanced_chunk_pages) the last chunk may be short, down to one page; whether that
-    idles the copy engine here, as it did in decode, was not measured (the prompt ring's kernels are longer).
+    Unlike decode's plan_stream (balanced_chunk_pages) the last chunk may be short, down to one page: a serving
+    step prefetches a prompt's first STREAM_SLOTS chunks a layer ahead, and full-size first chunks copy more
+    ahead than equal ones would. Whether the short tail idles the copy engine here, as it did in decode, was not
+    measured.
     """
     check_stream_options("stream", chunk_bytes, min_chunks)
     chunk_bytes = STREAM_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
