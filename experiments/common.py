@@ -21,7 +21,7 @@ from directkv.engine.systems import (
 )
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES
-from directkv.kernels.traffic_model import STREAM_SLOTS
+from directkv.kernels.traffic_model import STREAM_SLOTS, check_stream_slots
 from directkv.specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -85,10 +85,7 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     new_pass = str(executor.get("prefill_new_pass", "kernel"))
     if new_pass not in NEW_PASSES:
         raise unknown_name("executor.prefill_new_pass", new_pass, NEW_PASSES)
-    slots = executor.get("directkv_stream_slots", STREAM_SLOTS)
-    check(isinstance(slots, int) and not isinstance(slots, bool) and slots >= 2,
-          f"executor.directkv_stream_slots must be an int >= 2 (the copy engine fills one slot while a kernel reads "
-          f"another); got {slots!r}")
+    slots = check_stream_slots(executor.get("directkv_stream_slots", STREAM_SLOTS), "executor.directkv_stream_slots")
     pipelining = Pipelining.from_config(executor)
     pipelining.check_system(SystemPolicy("directkv", directkv_variant(cfg)))
     # graphs are a property of the measured executor (the simulation has no kernel launches); directkv's

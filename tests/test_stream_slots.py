@@ -31,7 +31,7 @@ def test_make_path_gives_directkv_its_slots():
 
 def test_run_gpu_refuses_bad_slots_before_any_work():
     mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
-    with pytest.raises(ConfigError, match=r"stream_slots \(executor.directkv_stream_slots\) must be an int >= 2; got 1"):
+    with pytest.raises(ConfigError, match=r"stream_slots \(executor.directkv_stream_slots\) must be an int >= 2 \(.*\); got 1"):
         run_gpu(_requests(), SystemPolicy("directkv", "tiled"), SPEC, mem=mem, sched_cfg=SCHED, device="cpu",
                 stream_slots=1)
 

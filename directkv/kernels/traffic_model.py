@@ -35,6 +35,13 @@ STREAM_CHUNK_BYTES = STREAM_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (
 STREAM_MIN_CHUNK_BYTES = 2 << 20
 
 
+def check_stream_slots(slots, name: str = "stream_slots") -> int:
+    """`slots` if it is a ring slot count (an int >= 2; not a bool), else a ConfigError naming `name`: the config
+    key, the executor's argument and the serving path all take it."""
+    check(isinstance(slots, int) and not isinstance(slots, bool) and slots >= 2,
+          f"{name} must be an int >= 2 (the copy engine fills one slot while a kernel reads another); got {slots!r}")
+    return slots
+
 def stream_reads_in_place(past_len: int, page_size: int, k_page_bytes: int) -> bool:
     """Whether directkv `stream` serving reads a prompt chunk's past in place with the tiled kernel instead of
     through a prefill ring: when its host pages hold at most STREAM_MIN_CHUNK_BYTES of K (1,024 Llama-3.1-8B

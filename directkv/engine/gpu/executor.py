@@ -23,8 +23,7 @@ from directkv.engine.systems import (
     Pipelining,
     SystemPolicy,
 )
-from directkv.errors import check
-from directkv.kernels.traffic_model import STREAM_SLOTS
+from directkv.kernels.traffic_model import STREAM_SLOTS, check_stream_slots
 from directkv.memory import HostArena, KVCacheManager
 from directkv.model.runner import ModelRunner
 from directkv.model.weights import init_weights
@@ -116,8 +115,7 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     stream_slots: directkv variant stream only: slots of its decode ring (32 MiB of K and V each; 2 = the 64 MiB
     of the kernel target), recorded on its rows as directkv_stream_slots."""
     pipelining.check_system(policy)  # before pinning host memory and capturing graphs
-    check(isinstance(stream_slots, int) and not isinstance(stream_slots, bool) and stream_slots >= 2,
-          f"stream_slots (executor.directkv_stream_slots) must be an int >= 2; got {stream_slots!r}")
+    check_stream_slots(stream_slots, "stream_slots (executor.directkv_stream_slots)")  # before pinning, every system
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     if cuda and dev.index is None:  # memory-fraction and stats calls want an explicit index

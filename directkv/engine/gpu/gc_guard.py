@@ -2,10 +2,10 @@
 collections that still run are counted and timed.
 
 A collection pauses the thread that queues the GPU's work; in host-bound steps (42-54% of a ShareGPT replay's
-steps on the H200) the device then waits. The first system measured in a process found the model build's objects
-in young generations, which its collections scanned; a later system found them in the oldest one. Systems run
-second measured ~10% faster on the median (2026-12-01, thirteen pairs); whether collections are why was not
-measured: the columns below say how long they paused each run.
+steps on the H200) the device then waits. Systems run second in a process measured ~10% faster on the median
+(2026-12-01, thirteen pairs). One possible cause, not measured: the first run's collections still scanned the
+model build's objects, which a later run finds in the oldest generation. The freeze removes that difference, and
+the columns below say how long collections paused each run.
 """
 
 from __future__ import annotations

@@ -40,7 +40,12 @@ from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.cuda.stream_plan import chunk_runs, plan_stream
 from directkv.kernels.paged import PagedKV
 from directkv.kernels.traffic import Traffic
-from directkv.kernels.traffic_model import STREAM_RING_BYTES, STREAM_SLOTS, stream_reads_in_place
+from directkv.kernels.traffic_model import (
+    STREAM_RING_BYTES,
+    STREAM_SLOTS,
+    check_stream_slots,
+    stream_reads_in_place,
+)
 from directkv.memory import KVCacheManager
 
 
@@ -61,9 +66,7 @@ class ZeroCopyPath:
         4 slots measured no faster than 2 at ShareGPT 10 req/s (H200, 2026-12-01, with the Python loop per chunk);
         in mixed steps at 16K (2 decodes + a 2,046-token chunk) stream took 1.10-1.36x swap's time, where 2 slots
         hold half a layer of the decodes' K/V: the option is there to measure more."""
-        check(isinstance(stream_slots, int) and not isinstance(stream_slots, bool) and stream_slots >= 2,
-              f"stream_slots must be an int >= 2 (the copy engine fills one slot while a kernel reads another); "
-              f"got {stream_slots!r}")
+        check_stream_slots(stream_slots)
         self.kv, self.tier, self.variant, self.side_ctas = kv, tier, variant, side_ctas
         self.stream_slots = stream_slots
         backend = kernel_backend()

@@ -40,6 +40,7 @@ VARIANTS: dict[str, dict | None] = {
     "stream:4chunks": {"min_chunks": 4},
     "stream:8chunks": {"min_chunks": 8},
 }
+DEFAULT_VARIANTS = ("naive", "tiled", "stream")
 
 
 class _Point:
@@ -111,7 +112,7 @@ def bench_decode(
     head_dim: int = 128,
     dtype: torch.dtype = torch.bfloat16,
     page_size: int = 16,
-    variants: Sequence[str] = ("naive", "tiled", "stream"),
+    variants: Sequence[str] = DEFAULT_VARIANTS,
     anchors: Sequence[str] = ANCHORS,
     repeats: int = 5,
     target_ms: float = 20.0,
@@ -276,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Decode attention benchmark (CUDA variants + torch anchors)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768, 131072])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
-    ap.add_argument("--variants", nargs="*", default=["naive", "tiled", "stream"], choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="*", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--anchors", nargs="*", default=list(ANCHORS))
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--tile-kv", type=int, default=64)
