@@ -21,7 +21,7 @@ from directkv.engine.systems import (
 )
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES
-from directkv.kernels.traffic_model import STREAM_SLOTS, check_stream_slots
+from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS, check_stream_slots
 from directkv.specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -40,7 +40,7 @@ class Setup:
     cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL  # measured cpu_attn: one native OpenMP call, or torch's flash loop
     pipelining: Pipelining = NO_PIPELINING  # directkv: steps as two parts, one part's attention on a side stream (simulated too)
     prefill_new_pass: str = "kernel"  # measured serving: a prompt chunk's new tokens by the tiled kernel or by flash
-    stream_slots: int = STREAM_SLOTS  # measured directkv stream: slots of its decode ring (32 MiB of K and V each)
+    stream_slots: int = SERVING_STREAM_SLOTS  # measured directkv stream: slots of its decode ring (32 MiB of K and V each)
 
 
 def resolve_device(requested: str) -> str:
@@ -85,7 +85,7 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     new_pass = str(executor.get("prefill_new_pass", "kernel"))
     if new_pass not in NEW_PASSES:
         raise unknown_name("executor.prefill_new_pass", new_pass, NEW_PASSES)
-    slots = check_stream_slots(executor.get("directkv_stream_slots", STREAM_SLOTS), "executor.directkv_stream_slots")
+    slots = check_stream_slots(executor.get("directkv_stream_slots", SERVING_STREAM_SLOTS), "executor.directkv_stream_slots")
     pipelining = Pipelining.from_config(executor)
     pipelining.check_system(SystemPolicy("directkv", directkv_variant(cfg)))
     # graphs are a property of the measured executor (the simulation has no kernel launches); directkv's

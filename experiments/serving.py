@@ -60,9 +60,13 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
                                  stream_slots=s.stream_slots)
             return _fill(row, res, s, extra)
         res = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
-                       pipelining=s.pipelining)
-        # a pipelined directkv row is simulated pipelined too, and says so like its measured row
-        return _fill(row, res, s, s.pipelining.row_columns(policy, measured=False))
+                       pipelining=s.pipelining, stream_slots=s.stream_slots)
+        # a pipelined directkv row is simulated pipelined too, and says so like its measured row; a stream row
+        # says with how many decode ring slots it was simulated
+        extra = s.pipelining.row_columns(policy, measured=False)
+        if policy.name == "directkv" and policy.variant == "stream":
+            extra["directkv_stream_slots"] = s.stream_slots
+        return _fill(row, res, s, extra)
     except KVCapacityError as e:
         return row | {"status": "oom", "error": str(e)}
     except ConfigError:

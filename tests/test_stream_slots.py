@@ -1,6 +1,7 @@
 """executor.directkv_stream_slots: validated at setup (CPU), carried to directkv's path, and on the GPU a stream
 decode ring of that many slots serves the toy requests and is recorded on the row."""
 
+import pandas as pd
 import pytest
 import torch
 from test_experiments import _compose
@@ -10,11 +11,13 @@ from directkv.engine.gpu.executor import run_gpu
 from directkv.engine.sim_executor import MemoryConfig
 from directkv.engine.systems import SystemPolicy
 from directkv.errors import ConfigError
+from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS
 from experiments.common import setup
+from experiments.run import run_experiment
 
 
 def test_setup_takes_the_slots_and_refuses_fewer_than_two():
-    assert setup(_compose(["run_id=t", "device=cpu"])).stream_slots == 2
+    assert setup(_compose(["run_id=t", "device=cpu"])).stream_slots == SERVING_STREAM_SLOTS == 8
     assert setup(_compose(["run_id=t", "device=cpu", "executor.directkv_stream_slots=4"])).stream_slots == 4
     for bad in ("1", "true", "2.5", "four"):
         with pytest.raises(ConfigError, match=r"executor.directkv_stream_slots must be an int >= 2 \(.*\); got "):
@@ -57,3 +60,35 @@ def test_a_four_slot_ring_serves_and_is_recorded(monkeypatch):
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert res.metrics["completed"] == 5 and extra["directkv_stream_slots"] == 4
     assert rings and set(rings) == {4}
+
+
+def test_the_simulation_prefetches_as_much_as_the_decode_ring_holds():
+    # Llama-3.1-8B, two 16K decodes beside a 4,096-token prompt chunk of an 8K past: a layer's decode K/V is
+    # 128 MiB, of which 2 slots (64 MiB) can be staged during the chunk's dense work and 8 (256 MiB) all
+    from directkv.costmodel import CostModel
+    from directkv.engine.state import PrefillChunk, ReqState, Step
+    from directkv.engine.systems import step_cost
+    from directkv.specs import get_hardware, get_model
+    from workloads.request import Request
+
+    model, cm = get_model("llama-3.1-8b"), CostModel.for_hardware(get_hardware("h200-pcie5"))
+    decodes = tuple(ReqState(Request(i, 16384, 8), prefilled=16384, generated=1) for i in range(2))
+    chunk = PrefillChunk(ReqState(Request(2, 16384, 8), prefilled=8192), 4096, 8192)
+    policy = SystemPolicy("directkv", "stream")
+    two, four, eight = (step_cost(policy, Step(decodes, (chunk,)), model, cm, stream_slots=n) for n in (2, 4, 8))
+    assert eight.time_s <= four.time_s < 0.8 * two.time_s  # 4 slots hold all but the two new tokens' K/V
+    assert eight.staging_bytes - two.staging_bytes == 6 * (32 << 20)
+
+
+def test_simulated_stream_rows_say_how_many_slots_and_hold_their_ring(tmp_path):
+    def row(slots: int):
+        cfg = _compose(["+exp=context_sweep", f"run_id=s{slots}", "progress=false", "render=false", "device=cpu",
+                        "contexts=[16384]", "batch_size=4", "output_len=4", "system.names=[directkv,hbm]",
+                        "system.directkv_variant=stream", f"executor.directkv_stream_slots={slots}"])
+        return pd.read_parquet(run_experiment(cfg, tmp_path / str(slots))).set_index("system")
+
+    two, eight = row(2), row(8)
+    assert two.loc["directkv", "directkv_stream_slots"] == 2 and eight.loc["directkv", "directkv_stream_slots"] == 8
+    assert pd.isna(eight.loc["hbm", "directkv_stream_slots"])
+    grown = (eight.loc["directkv", "gpu_mem_gb"] - two.loc["directkv", "gpu_mem_gb"]) * 1e9
+    assert grown == pytest.approx(6 * (32 << 20), rel=1e-6)

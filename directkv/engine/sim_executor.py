@@ -22,6 +22,7 @@ from directkv.engine.systems import (
     step_cost,
 )
 from directkv.errors import KVCapacityError
+from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS
 from directkv.memory import KVCacheManager
 from directkv.specs import ModelSpec
 from workloads.request import Request
@@ -54,9 +55,11 @@ class CostModelStepper:
     pipelining: Pipelining = NO_PIPELINING
     page_size: int = 16
     on_step: Callable[[Step, StepCost], None] | None = None  # sees every step and its cost (profile's comparison)
+    stream_slots: int = SERVING_STREAM_SLOTS  # directkv stream's decode ring
 
     def run_step(self, step: Step) -> StepCost:
-        cost = step_cost(self.policy, step, self.model, self.cm, self.pipelining, page_size=self.page_size)
+        cost = step_cost(self.policy, step, self.model, self.cm, self.pipelining, page_size=self.page_size,
+                         stream_slots=self.stream_slots)
         if self.on_step is not None:
             self.on_step(step, cost)
         return cost
@@ -65,16 +68,17 @@ class CostModelStepper:
 def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm: CostModel, *,
              mem: MemoryConfig, sched_cfg: SchedulerConfig | None = None, warmup: int = 0,
              pipelining: Pipelining = NO_PIPELINING,
-             on_step: Callable[[Step, StepCost], None] | None = None) -> ServeResult:
+             on_step: Callable[[Step, StepCost], None] | None = None,
+             stream_slots: int = SERVING_STREAM_SLOTS) -> ServeResult:
     """Serve `requests` with `policy` on the cost model; raises KVCapacityError if weights alone don't fit.
     pipelining: directkv's two-part steps as the measured executor would run them (systems.pipelined_step_cost).
-    on_step: called with every step and its simulated cost."""
+    on_step: called with every step and its simulated cost. stream_slots: directkv stream's decode ring slots."""
     pipelining.check_system(policy)
     sched_cfg = sched_cfg or SchedulerConfig()
     hbm_kv, host_kv = kv_budgets(policy, model, mem, sched_cfg)
     kv = KVCacheManager(model, page_size=mem.page_size, hbm_budget_bytes=hbm_kv, host_budget_bytes=host_kv,
                         bytes_per_token=policy.kv_bytes_per_token(model))
-    stepper = CostModelStepper(policy, model, cm, pipelining, mem.page_size, on_step)
+    stepper = CostModelStepper(policy, model, cm, pipelining, mem.page_size, on_step, stream_slots)
     res = serve(requests, stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg, warmup=warmup)
     res.gpu_mem_bytes = gpu_memory_bytes(model, kv_hbm_peak=res.kv_hbm_peak_bytes,
                                          staging_peak=res.staging_peak_bytes,

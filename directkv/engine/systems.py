@@ -25,7 +25,12 @@ from directkv.engine import step_traffic as st
 from directkv.engine.state import Step
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.traffic import Traffic
-from directkv.kernels.traffic_model import STREAM_RING_BYTES, stream_reads_in_place
+from directkv.kernels.traffic_model import (
+    SERVING_STREAM_SLOTS,
+    STREAM_RING_BYTES,
+    STREAM_SLOTS,
+    stream_reads_in_place,
+)
 from directkv.specs import ModelSpec
 
 SYSTEMS = ("directkv", "hbm", "swap", "cpu_attn", "flexgen")
@@ -88,10 +93,13 @@ class StepCost:
 
 
 def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
-              pipelining: Pipelining | None = None, *, page_size: int = 16) -> StepCost:
+              pipelining: Pipelining | None = None, *, page_size: int = 16,
+              stream_slots: int = SERVING_STREAM_SLOTS) -> StepCost:
     """Time of one engine step for `policy`, by layer: linear work + the system's attention path. With
     `pipelining` enabled, directkv's steps that the measured executor cuts run as two parts
-    (pipelined_step_cost). page_size: tokens per KV page (directkv stream's in-place rule counts pages)."""
+    (pipelined_step_cost). page_size: tokens per KV page (directkv stream's in-place rule counts pages).
+    stream_slots: directkv stream's decode ring slots (executor.directkv_stream_slots), which bound how much of a
+    layer's decode K/V is copied during the dense work before its attention."""
     if pipelining is not None and policy.name == "directkv":
         cut = pipelining.cut(policy, step, model.kv_bytes_per_token_per_layer())
         if cut is not None:
@@ -132,8 +140,9 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
             # the rings' first chunks (decodes', first prompt chunk's if streamed) are copied during the dense work
             first = step.prefills[0].past_len * kvl if step.prefills and not small[0] else 0
             rings = [sum(step.decode_kv_lens) * kvl, first]
-            layer_t -= min(t_lin, cm.copy_time(sum(min(r, STREAM_RING_BYTES) for r in rings), "h2d"))
-            staging = STREAM_RING_BYTES * sum(r > 0 for r in rings)  # each ring <= 64 MiB, kept for the step
+            sizes = [stream_slots * STREAM_RING_BYTES // STREAM_SLOTS, STREAM_RING_BYTES]  # decode ring, prefill ring
+            layer_t -= min(t_lin, cm.copy_time(sum(min(r, n) for r, n in zip(rings, sizes, strict=True)), "h2d"))
+            staging = sum(n for r, n in zip(rings, sizes, strict=True) if r > 0)  # the rings are kept for the step
     elif name in ("swap", "flexgen"):
         ratio = policy.kv_bytes_per_token(model) / model.kv_bytes_per_token()  # < 1 for FlexGen's 4-bit KV
         stored, new_stored = int(past * ratio), int(new_kv * ratio)

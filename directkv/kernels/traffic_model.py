@@ -30,6 +30,11 @@ from directkv.kernels.traffic import TIERS, Traffic
 STREAM_RING_BYTES = 64 << 20
 STREAM_SLOTS = 2  # ring slots: one is filled by the copy engine while the kernel reads the other
 STREAM_CHUNK_BYTES = STREAM_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (V the same): 16 MiB
+# Serving's decode ring (executor.directkv_stream_slots) holds more slots of that size, 256 MiB in all: in a step
+# mixing decodes with a prompt chunk the copy engine then stages the next layer's decode K/V during the chunk's
+# dense work, as swap stages whole layers. H200, 2026-12-01, Llama-3.1-8B batch 4 at 16K: 2 slots 1.13x swap's
+# TPOT, 4 slots 0.99x, 8 slots 0.97x (results/h200/README.md, seventeenth session).
+SERVING_STREAM_SLOTS = 8
 # A min_chunks cut stops at ring slots this small (each chunk costs launches; decode's equal chunks may come out
 # smaller, prefill's do not); serving also reads a prompt chunk's past this small in place (stream_reads_in_place).
 STREAM_MIN_CHUNK_BYTES = 2 << 20

@@ -23,7 +23,7 @@ from directkv.engine.systems import (
     Pipelining,
     SystemPolicy,
 )
-from directkv.kernels.traffic_model import STREAM_SLOTS, check_stream_slots
+from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS, check_stream_slots
 from directkv.memory import HostArena, KVCacheManager
 from directkv.model.runner import ModelRunner
 from directkv.model.weights import init_weights
@@ -95,7 +95,7 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
             sched_cfg: SchedulerConfig, device: str = "cuda", warmup: int = 0, seed: int = 0,
             cuda_graphs: bool = False, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
             pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel",
-            stream_slots: int = STREAM_SLOTS) -> tuple[ServeResult, dict]:
+            stream_slots: int = SERVING_STREAM_SLOTS) -> tuple[ServeResult, dict]:
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
 
     cpu_attn_kernel: cpu_attn only: "flash" (torch's CPU flash kernel per run of pages of each decode) or
@@ -113,7 +113,7 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     FlashAttention-2, merged with the past's tiled pass).
 
     stream_slots: directkv variant stream only: slots of its decode ring (32 MiB of K and V each; 2 = the 64 MiB
-    of the kernel target), recorded on its rows as directkv_stream_slots."""
+    of the kernel target, 8 by default), recorded on its rows as directkv_stream_slots."""
     pipelining.check_system(policy)  # before pinning host memory and capturing graphs
     check_stream_slots(stream_slots, "stream_slots (executor.directkv_stream_slots)")  # before pinning, every system
     dev = torch.device(device)

@@ -41,6 +41,7 @@ from directkv.kernels.cuda.stream_plan import chunk_runs, plan_stream
 from directkv.kernels.paged import PagedKV
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import (
+    SERVING_STREAM_SLOTS,
     STREAM_RING_BYTES,
     STREAM_SLOTS,
     check_stream_slots,
@@ -58,14 +59,13 @@ class ZeroCopyPath:
 
 
     def __init__(self, kv: KVCacheManager, tier: str, variant: str, *, side_ctas: int | None = None,
-                 stream_slots: int = STREAM_SLOTS):
+                 stream_slots: int = SERVING_STREAM_SLOTS):
         """side_ctas: attend_async's kernels are split to about this many CTAs (None: the kernel's own plan,
         which fills every SM and leaves none to the other half's dense layers). stream_slots: slots of the stream
         variant's decode ring, 16 MiB of K and of V each: how many chunks the copy engine may run ahead of the
         kernels (and so of the host, which queues a slot's next copy after its reader); executor.directkv_stream_slots.
-        4 slots measured no faster than 2 at ShareGPT 10 req/s (H200, 2026-12-01, with the Python loop per chunk);
-        in mixed steps at 16K (2 decodes + a 2,046-token chunk) stream took 1.10-1.36x swap's time, where 2 slots
-        hold half a layer of the decodes' K/V: the option is there to measure more."""
+        The default, 8, lets the copy engine stage the next layer's decode K/V during a prompt chunk's dense work:
+        with 2, Llama 16K steps of 2 decodes + a 2,046-token chunk took 1.10-1.36x swap's time (H200, 2026-12-01)."""
         check_stream_slots(stream_slots)
         self.kv, self.tier, self.variant, self.side_ctas = kv, tier, variant, side_ctas
         self.stream_slots = stream_slots

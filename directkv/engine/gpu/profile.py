@@ -47,7 +47,7 @@ from directkv.engine.systems import (
 )
 from directkv.errors import ConfigError, check
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES
-from directkv.kernels.traffic_model import STREAM_SLOTS
+from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS
 from directkv.specs import get_hardware, get_model
 from workloads import load_schedule, synthetic_workload
 
@@ -215,7 +215,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
             hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2, graphs: bool = False,
             pipelining: Pipelining = NO_PIPELINING, python: bool = False, stacks: bool = False,
             schedule: str | None = None, min_decodes: int = 0, hardware: str = "h200-pcie5",
-            prefill_new_pass: str = "kernel", stream_slots: int = STREAM_SLOTS) -> None:
+            prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS) -> None:
     check(not (python and stacks), "--stacks records torch.profiler stacks and --python runs cProfile instead; "
           "got both: pass one")
     check(all(isinstance(x, int) and x >= 0 for x in (skip, count, min_decodes)),
@@ -270,7 +270,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         # the cost model's run of the same requests, per class: where the simulation beside a row is optimistic
         sim: list[tuple[str, float]] = []
         res_sim = simulate(requests, policy, spec, cost_model, mem=mem,
-                           sched_cfg=sched, pipelining=pipelining,
+                           sched_cfg=sched, pipelining=pipelining, stream_slots=stream_slots,
                            on_step=lambda step, cost: sim.append((step_kind(step), cost.time_s)))
         print(f"simulated ({hardware} cost model, same requests): {res_sim.steps} steps, "
               f"{res_sim.duration_s:.2f} s engine time, TPOT {res_sim.metrics['mean_tpot_ms']:.1f} ms")
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="cut decode-only steps only (executor.directkv_pipeline_mixed=false)")
     ap.add_argument("--prefill-new-pass", choices=NEW_PASSES, default="kernel",
                     help="a tiled prompt chunk's new tokens: our kernel or FlashAttention-2 (executor.prefill_new_pass)")
-    ap.add_argument("--stream-slots", type=int, default=STREAM_SLOTS,
+    ap.add_argument("--stream-slots", type=int, default=SERVING_STREAM_SLOTS,
                     help="slots of directkv stream's decode ring, 32 MiB each (executor.directkv_stream_slots)")
     a = ap.parse_args(argv)
     try:

@@ -24,14 +24,14 @@ from directkv.engine.systems import (
 )
 from directkv.errors import ConfigError, unknown_name
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES
-from directkv.kernels.traffic_model import STREAM_SLOTS
+from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS
 from directkv.memory import KVCacheManager
 from directkv.model.runner import ModelRunner
 
 
 def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None = None,
               cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL, directkv_side_ctas: int | None,
-              prefill_new_pass: str = "kernel", stream_slots: int = STREAM_SLOTS):
+              prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS):
     if prefill_new_pass not in NEW_PASSES:  # before anything is pinned or captured, not at the first prompt
         raise unknown_name("prefill_new_pass", prefill_new_pass, NEW_PASSES)
     path = _system_path(policy, kv, device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
@@ -41,7 +41,7 @@ def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *,
 
 
 def _system_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None,
-                 cpu_attn_kernel: str, directkv_side_ctas: int | None, stream_slots: int = STREAM_SLOTS):
+                 cpu_attn_kernel: str, directkv_side_ctas: int | None, stream_slots: int = SERVING_STREAM_SLOTS):
     if policy.name in ("directkv", "hbm"):
         if policy.variant == "fused":
             raise ConfigError("directkv variant 'fused' is not served by the GPU executor (its kernel, proj_attention, "
@@ -61,7 +61,7 @@ class GPUStepper:
     def __init__(self, policy: SystemPolicy, runner: ModelRunner, kv: KVCacheManager, device: torch.device, *,
                  seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
                  pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel",
-                 stream_slots: int = STREAM_SLOTS):
+                 stream_slots: int = SERVING_STREAM_SLOTS):
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
         pipelining.check_system(policy)
         self.pipelining = pipelining
