@@ -97,6 +97,9 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
 def policies(cfg: DictConfig) -> list[SystemPolicy]:
     names = list(cfg.system.names)
     check(len(names) > 0, "system.names is empty; valid: directkv, hbm, swap, cpu_attn, flexgen")
+    # a point is keyed by its system, so a second entry would be skipped as already done, silently
+    twice = sorted({str(n) for n in names if names.count(n) > 1})
+    check(not twice, f"system.names lists {', '.join(twice)} more than once; each system runs once per point")
     variant = directkv_variant(cfg)
     return [SystemPolicy(n, variant if n == "directkv" else "") for n in names]
 

@@ -126,6 +126,7 @@ def _cli(*args, cwd):
     (["+exp=context_sweep", "contexts=[200000]"], "exceeds llama-3.1-8b's limit"),
     (["+exp=context_sweep", "hardware.hbm_budget_gb=-1"], "hbm_budget_gb must be in"),
     (["+exp=context_sweep", "system.names=[pie]"], "unknown system 'pie'"),
+    (["+exp=rate_sweep", "system.names=[swap,hbm,swap]"], "system.names lists swap more than once; each system runs once per point"),
     (["+exp=context_sweep", "contexts=[abc]"], "context length must be an integer, got 'abc'"),
     (["+exp=context_sweep", "model=tiny", "contexts=[256]", "batch_size=x"], "batch_size must be an integer"),
     (["+exp=context_sweep", "memory.page_size=3"], "page_size must be a power of two, got 3"),
