@@ -40,7 +40,7 @@ class Setup:
     cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL  # measured cpu_attn: one native OpenMP call, or torch's flash loop
     pipelining: Pipelining = NO_PIPELINING  # directkv: steps as two parts, one part's attention on a side stream (simulated too)
     prefill_new_pass: str = "kernel"  # measured serving: a prompt chunk's new tokens by the tiled kernel or by flash
-    stream_slots: int = SERVING_STREAM_SLOTS  # measured directkv stream: slots of its decode ring (32 MiB of K and V each)
+    stream_slots: int = SERVING_STREAM_SLOTS  # directkv stream, measured and simulated: its decode ring's slots (32 MiB each)
 
 
 def resolve_device(requested: str) -> str:

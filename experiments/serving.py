@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from directkv.engine.loop import ServeResult
 from directkv.engine.sim_executor import kv_budgets, simulate
-from directkv.engine.systems import SystemPolicy
+from directkv.engine.systems import SystemPolicy, stream_row_columns
 from directkv.errors import ConfigError, KVCapacityError
 from experiments.common import Setup
 from workloads.request import Request
@@ -63,9 +63,7 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
                        pipelining=s.pipelining, stream_slots=s.stream_slots)
         # a pipelined directkv row is simulated pipelined too, and says so like its measured row; a stream row
         # says with how many decode ring slots it was simulated
-        extra = s.pipelining.row_columns(policy, measured=False)
-        if policy.name == "directkv" and policy.variant == "stream":
-            extra["directkv_stream_slots"] = s.stream_slots
+        extra = s.pipelining.row_columns(policy, measured=False) | stream_row_columns(policy, s.stream_slots)
         return _fill(row, res, s, extra)
     except KVCapacityError as e:
         return row | {"status": "oom", "error": str(e)}

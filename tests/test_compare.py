@@ -138,3 +138,28 @@ def test_resimulate_reads_the_token_counter_from_the_schedules_of_an_interrupted
     assert manifest["interrupted"] and "workloads" not in manifest
     again = resimulate(H200 / "20261129-155834")  # raises if the requests came out differently
     assert set(again["dataset"]) == {"alpaca", "sharegpt"} and os.environ["DIRECTKV_TOKENIZER"] == "auto"
+
+
+def test_resimulate_gives_a_stream_run_the_ring_it_was_measured_with(monkeypatch, capsys):
+    """A run from before executor.directkv_stream_slots served stream with 2 slots: it is simulated so, and its
+    rows (which carry no slot count) still pair with the new simulated ones; a later run is simulated with the
+    slots its config names (8 here, by override)."""
+    import experiments.serving as serving
+    from experiments.resimulate import resimulate
+
+    simulate, slots = serving.simulate, []
+
+    def recording(*args, **kwargs):
+        slots.append(kwargs["stream_slots"])
+        return simulate(*args, **kwargs)
+
+    monkeypatch.setattr(serving, "simulate", recording)
+    runs = H200.parent / "context_sweep"
+    old = resimulate(runs / "20261201-213142")
+    assert set(slots) == {2} and "directkv_stream_slots" not in old.columns
+    slots.clear()
+    new = resimulate(runs / "20261201-222311")
+    assert set(slots) == {8} and new.set_index("system").loc["directkv", "directkv_stream_slots"].tolist() == [8] * 3
+    assert main([str(runs / "20261201-213142"), "--resimulate"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| llama-3.1-8b") and "directkv" in ln]
+    assert len(rows) == 3 and all(ln.split("|")[6].strip() not in ("", "-") for ln in rows)

@@ -7,6 +7,7 @@ from directkv.engine.sim_executor import MemoryConfig, simulate
 from directkv.engine.state import ReqState
 from directkv.engine.systems import SYSTEMS, SystemPolicy
 from directkv.errors import ConfigError, KVCapacityError
+from directkv.kernels.traffic_model import stream_ring_bytes
 from directkv.memory import KVCacheManager
 from directkv.metrics import summarize
 from directkv.specs import get_hardware, get_model
@@ -100,12 +101,15 @@ def test_directkv_stream_moves_tiled_bytes_by_copy_engine_into_a_small_ring():
 def test_directkv_stream_reads_a_small_past_in_place():
     """A prompt chunk of a small past (<= 2 MiB of K) is read by the tiled kernel (SM rate, no ring): with
     1,024-token prompts and 2,048 tokens a step a split prompt's past is < 1,024 tokens (< 2 MiB of K per layer),
-    so only the decodes' ring (256 MiB) is held."""
+    so only the decodes' ring is held: 8 slots of each decode step's K and V (~8 MiB of K; slots are sized to the
+    read, as plan_stream sizes them)."""
     reqs = synthetic_workload(4, 1024, 8).requests
     tiled = simulate(reqs, SystemPolicy("directkv", "tiled"), LLAMA, CM, mem=MEM)
     stream = simulate(reqs, SystemPolicy("directkv", "stream"), LLAMA, CM, mem=MEM)
     assert stream.traffic.link_read_bytes == tiled.traffic.link_read_bytes
-    assert stream.gpu_mem_bytes - tiled.gpu_mem_bytes == 256 << 20
+    kvl = LLAMA.kv_bytes_per_token_per_layer()
+    ring = stream.gpu_mem_bytes - tiled.gpu_mem_bytes
+    assert stream_ring_bytes(8, 4 * 1024 * kvl) <= ring <= stream_ring_bytes(8, 4 * (1024 + 8) * kvl) < 256 << 20
 
 
 def test_stream_step_of_in_place_chunks_costs_what_tiled_does(monkeypatch):

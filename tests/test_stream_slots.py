@@ -1,5 +1,6 @@
-"""executor.directkv_stream_slots: validated at setup (CPU), carried to directkv's path, and on the GPU a stream
-decode ring of that many slots serves the toy requests and is recorded on the row."""
+"""executor.directkv_stream_slots: validated at setup and by the simulation (CPU), carried to directkv's path,
+simulated (the ring bounds what is copied during the dense work, and is held as staging memory) and recorded on
+simulated rows; on the GPU a stream decode ring of that many slots serves the toy requests and is recorded."""
 
 import pandas as pd
 import pytest
@@ -7,13 +8,17 @@ import torch
 from test_experiments import _compose
 from test_gpu_executor import SCHED, SPEC, _kv, _requests
 
+from directkv.costmodel import CostModel
 from directkv.engine.gpu.executor import run_gpu
-from directkv.engine.sim_executor import MemoryConfig
-from directkv.engine.systems import SystemPolicy
+from directkv.engine.sim_executor import MemoryConfig, simulate
+from directkv.engine.state import PrefillChunk, ReqState, Step
+from directkv.engine.systems import SystemPolicy, step_cost
 from directkv.errors import ConfigError
-from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS
+from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS, stream_ring_bytes
+from directkv.specs import get_hardware, get_model
 from experiments.common import setup
 from experiments.run import run_experiment
+from workloads.request import Request
 
 
 def test_setup_takes_the_slots_and_refuses_fewer_than_two():
@@ -65,12 +70,6 @@ def test_a_four_slot_ring_serves_and_is_recorded(monkeypatch):
 def test_the_simulation_prefetches_as_much_as_the_decode_ring_holds():
     # Llama-3.1-8B, two 16K decodes beside a 4,096-token prompt chunk of an 8K past: a layer's decode K/V is
     # 128 MiB, of which 2 slots (64 MiB) can be staged during the chunk's dense work and 8 (256 MiB) all
-    from directkv.costmodel import CostModel
-    from directkv.engine.state import PrefillChunk, ReqState, Step
-    from directkv.engine.systems import step_cost
-    from directkv.specs import get_hardware, get_model
-    from workloads.request import Request
-
     model, cm = get_model("llama-3.1-8b"), CostModel.for_hardware(get_hardware("h200-pcie5"))
     decodes = tuple(ReqState(Request(i, 16384, 8), prefilled=16384, generated=1) for i in range(2))
     chunk = PrefillChunk(ReqState(Request(2, 16384, 8), prefilled=8192), 4096, 8192)
@@ -92,3 +91,20 @@ def test_simulated_stream_rows_say_how_many_slots_and_hold_their_ring(tmp_path):
     assert pd.isna(eight.loc["hbm", "directkv_stream_slots"])
     grown = (eight.loc["directkv", "gpu_mem_gb"] - two.loc["directkv", "gpu_mem_gb"]) * 1e9
     assert grown == pytest.approx(6 * (32 << 20), rel=1e-6)
+
+
+def test_a_ring_is_sized_to_its_read_between_a_floor_and_its_cap():
+    mib = 1 << 20
+    assert stream_ring_bytes(8) == 256 * mib and stream_ring_bytes(2) == 64 * mib  # the caps
+    assert stream_ring_bytes(8, 0) == 0
+    assert stream_ring_bytes(8, 2 * mib) == 2 * 8 * 2 * mib  # a 1 MiB K read still gets 2 MiB slots
+    assert stream_ring_bytes(2, 2 * mib, floor=0) == 2 * 2 * mib  # a prefill ring has no floor
+    assert stream_ring_bytes(8, 20 * mib) == 2 * 8 * 10 * mib
+    assert stream_ring_bytes(8, 1 << 40) == 256 * mib
+
+
+def test_the_simulation_refuses_a_bad_slot_count():
+    mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
+    cm = CostModel.for_hardware(get_hardware("h200-pcie5"))
+    with pytest.raises(ConfigError, match=r"stream_slots must be an int >= 2 \(.*\); got 1"):
+        simulate(_requests(), SystemPolicy("directkv", "stream"), SPEC, cm, mem=mem, sched_cfg=SCHED, stream_slots=1)

@@ -22,7 +22,7 @@ from directkv.engine.systems import (
     step_cost,
 )
 from directkv.errors import KVCapacityError
-from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS
+from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS, check_stream_slots
 from directkv.memory import KVCacheManager
 from directkv.specs import ModelSpec
 from workloads.request import Request
@@ -74,6 +74,7 @@ def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm
     pipelining: directkv's two-part steps as the measured executor would run them (systems.pipelined_step_cost).
     on_step: called with every step and its simulated cost. stream_slots: directkv stream's decode ring slots."""
     pipelining.check_system(policy)
+    check_stream_slots(stream_slots)
     sched_cfg = sched_cfg or SchedulerConfig()
     hbm_kv, host_kv = kv_budgets(policy, model, mem, sched_cfg)
     kv = KVCacheManager(model, page_size=mem.page_size, hbm_budget_bytes=hbm_kv, host_budget_bytes=host_kv,

@@ -6,8 +6,9 @@ the same policies for real.
 
 * ``hbm``      SGLang-like: all KV in HBM, attention from HBM.
 * ``directkv`` KV in pinned host memory, attention kernels read it zero-copy (variant naive | tiled | fused),
-  or (variant stream, beyond the paper) through <= 64 MiB HBM rings filled by the copy engine, whose
-  first chunks of a layer are copied during the dense work before it.
+  or (variant stream, beyond the paper) through small HBM rings filled by the copy engine (the decodes'
+  8 x 32 MiB at most by default, a prompt chunk's 64 MiB), whose first chunks of a layer are copied during the
+  dense work before it.
 * ``swap``     Pie-like: KV in host memory; each layer's KV is copied by the copy engine into an HBM staging
                buffer (double-buffered) while the previous layer computes.
 * ``cpu_attn`` Neo-like: decode attention runs on the CPU over host KV, overlapped with the GPU's linear
@@ -27,9 +28,9 @@ from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import (
     SERVING_STREAM_SLOTS,
-    STREAM_RING_BYTES,
     STREAM_SLOTS,
     stream_reads_in_place,
+    stream_ring_bytes,
 )
 from directkv.specs import ModelSpec
 
@@ -83,6 +84,11 @@ class SystemPolicy:
     @property
     def label(self) -> str:
         return f"{self.name}-{self.variant}" if self.variant else self.name
+
+
+def stream_row_columns(policy: SystemPolicy, stream_slots: int) -> dict:
+    """The column a result row of directkv `stream` carries, measured or simulated: its decode ring's slots."""
+    return {"directkv_stream_slots": stream_slots} if policy.name == "directkv" and policy.variant == "stream" else {}
 
 
 @dataclass(frozen=True)
@@ -139,10 +145,12 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
                 layer_t = t_lin + part(False, "stream", "ce") + part(True, "tiled", "sm")
             # the rings' first chunks (decodes', first prompt chunk's if streamed) are copied during the dense work
             first = step.prefills[0].past_len * kvl if step.prefills and not small[0] else 0
-            rings = [sum(step.decode_kv_lens) * kvl, first]
-            sizes = [stream_slots * STREAM_RING_BYTES // STREAM_SLOTS, STREAM_RING_BYTES]  # decode ring, prefill ring
-            layer_t -= min(t_lin, cm.copy_time(sum(min(r, n) for r, n in zip(rings, sizes, strict=True)), "h2d"))
-            staging = sum(n for r, n in zip(rings, sizes, strict=True) if r > 0)  # the rings are kept for the step
+            # (credited against the dense work only: the measured mixed steps also overlap them with the chunk's
+            # attention, which is why more decode ring slots measured faster than simulated; seventeenth session)
+            reads = [sum(step.decode_kv_lens) * kvl, first]
+            sizes = [stream_ring_bytes(stream_slots, reads[0]), stream_ring_bytes(STREAM_SLOTS, first, floor=0)]
+            layer_t -= min(t_lin, cm.copy_time(sum(map(min, reads, sizes)), "h2d"))
+            staging = sum(sizes)  # the decode ring and the prefill ring, kept for the step
     elif name in ("swap", "flexgen"):
         ratio = policy.kv_bytes_per_token(model) / model.kv_bytes_per_token()  # < 1 for FlexGen's 4-bit KV
         stored, new_stored = int(past * ratio), int(new_kv * ratio)

@@ -30,14 +30,24 @@ from directkv.kernels.traffic import TIERS, Traffic
 STREAM_RING_BYTES = 64 << 20
 STREAM_SLOTS = 2  # ring slots: one is filled by the copy engine while the kernel reads the other
 STREAM_CHUNK_BYTES = STREAM_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (V the same): 16 MiB
-# Serving's decode ring (executor.directkv_stream_slots) holds more slots of that size, 256 MiB in all: in a step
+# Serving's decode ring (executor.directkv_stream_slots) holds more slots of that size, up to 256 MiB: in a step
 # mixing decodes with a prompt chunk the copy engine then stages the next layer's decode K/V during the chunk's
-# dense work, as swap stages whole layers. H200, 2026-12-01, Llama-3.1-8B batch 4 at 16K: 2 slots 1.13x swap's
-# TPOT, 4 slots 0.99x, 8 slots 0.97x (results/h200/README.md, seventeenth session).
+# attention and dense work, as swap stages whole layers. H200, 2026-12-01, Llama-3.1-8B batch 4 at 16K: 2 slots
+# 1.13x swap's TPOT, 4 slots 0.99x, 8 slots 0.97x (results/h200/README.md, seventeenth session).
 SERVING_STREAM_SLOTS = 8
 # A min_chunks cut stops at ring slots this small (each chunk costs launches; decode's equal chunks may come out
 # smaller, prefill's do not); serving also reads a prompt chunk's past this small in place (stream_reads_in_place).
 STREAM_MIN_CHUNK_BYTES = 2 << 20
+
+
+def stream_ring_bytes(slots: int, read_bytes: int | None = None, *, floor: int = STREAM_MIN_CHUNK_BYTES) -> int:
+    """HBM a stream ring of `slots` slots holds, K and V: with `read_bytes` (a layer's K and V read through it)
+    each slot holds min(STREAM_CHUNK_BYTES, max(the read's K, floor)) of K and as much of V, as plan_stream sizes
+    a decode ring (a prefill ring's floor is 0), before a ring's growth by a quarter; 0 for no read. Without
+    `read_bytes`: the most it may hold, plan_stream's cap."""
+    if read_bytes is None:
+        return 2 * slots * STREAM_CHUNK_BYTES
+    return 2 * slots * min(STREAM_CHUNK_BYTES, max(read_bytes // 2, floor)) if read_bytes > 0 else 0
 
 
 def check_stream_slots(slots, name: str = "stream_slots") -> int:

@@ -51,7 +51,7 @@ def _caption(rows: pd.DataFrame, keys: Sequence[str]) -> str:
 MODE_ORDER = {"measured": 0, "simulated": 1, "projected": 2}
 
 
-# Measured-executor options that change a system's numbers: when one figure holds rows with several values
+# Executor options that change a system's numbers (most only measured; the slots and pipelining simulated too): when one figure holds rows with several values
 # of one (graphs on and off, say), they become separate series instead of being averaged into one line. Each
 # maps a value to its label (values not listed show as they are) or is a format for the value. The
 # pipelining columns are those systems.Pipelining.as_dict writes.

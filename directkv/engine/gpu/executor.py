@@ -22,6 +22,7 @@ from directkv.engine.systems import (
     NO_PIPELINING,
     Pipelining,
     SystemPolicy,
+    stream_row_columns,
 )
 from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS, check_stream_slots
 from directkv.memory import HostArena, KVCacheManager
@@ -152,8 +153,7 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
         extra["cpu_attn_kernel"] = cpu_attn_kernel
     extra |= pipelining.row_columns(policy, measured=True)
     extra["prefill_new_pass"] = prefill_new_pass
-    if policy.name == "directkv" and policy.variant == "stream":
-        extra["directkv_stream_slots"] = stream_slots
+    extra |= stream_row_columns(policy, stream_slots)
     stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads, cpu_attn_kernel=cpu_attn_kernel,
                          pipelining=pipelining, prefill_new_pass=prefill_new_pass, stream_slots=stream_slots)
     # warm-up outside the measurement: kernel builds and first launches, library handles

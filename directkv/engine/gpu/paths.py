@@ -6,7 +6,8 @@ so the same code runs in the CPU tests at toy sizes.
 
 * ``ZeroCopyPath`` — directkv (KV in pinned host pages, read in place by the kernels) and hbm (pages in HBM).
   directkv's variant ``stream`` is the exception beyond the paper: its kernels' copy engine stages the
-  pages through rings of <= 64 MiB on a side stream (decode and prefill ``stream`` variants). The decodes'
+  pages through small rings on a side stream (decode and prefill ``stream`` variants; the decodes' ring of
+  8 x 32 MiB at most by default, executor.directkv_stream_slots, a prompt chunk's of 64 MiB). The decodes'
   copies of all the step's layers are queued at its start (prefetch_stream): each is issued as soon as the
   kernel that last reads its ring slot is, so the next layers' chunks are copied during the dense work before
   their attention, as swap's copies overlap compute, but into the small ring instead of a whole layer's
@@ -42,10 +43,9 @@ from directkv.kernels.paged import PagedKV
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import (
     SERVING_STREAM_SLOTS,
-    STREAM_RING_BYTES,
-    STREAM_SLOTS,
     check_stream_slots,
     stream_reads_in_place,
+    stream_ring_bytes,
 )
 from directkv.memory import KVCacheManager
 
@@ -64,7 +64,8 @@ class ZeroCopyPath:
         which fills every SM and leaves none to the other half's dense layers). stream_slots: slots of the stream
         variant's decode ring, 16 MiB of K and of V each: how many chunks the copy engine may run ahead of the
         kernels (and so of the host, which queues a slot's next copy after its reader); executor.directkv_stream_slots.
-        The default, 8, lets the copy engine stage the next layer's decode K/V during a prompt chunk's dense work:
+        The default, 8, lets the copy engine stage the next layer's decode K/V during a prompt chunk's attention
+        and dense work:
         with 2, Llama 16K steps of 2 decodes + a 2,046-token chunk took 1.10-1.36x swap's time (H200, 2026-12-01)."""
         check_stream_slots(stream_slots)
         self.kv, self.tier, self.variant, self.side_ctas = kv, tier, variant, side_ctas
@@ -104,7 +105,7 @@ class ZeroCopyPath:
             self.decode_plan = plan_stream(
                 self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens), reuse=self._kept["decode"],
                 host_table=(p.decode_table_cpu, p.decode_lens_cpu), num_slots=self.stream_slots,
-                ring_bytes=self.stream_slots * STREAM_RING_BYTES // STREAM_SLOTS)
+                ring_bytes=stream_ring_bytes(self.stream_slots))
             self._kept["decode"] = self.decode_plan
         # A chunk of a small past is read in place by the tiled kernel instead (decided before any planning;
         # stream_reads_in_place): the passes and merge around its ring cost more than the read (H200, 2026-12-01:
