@@ -144,15 +144,15 @@ def _decodes(n: int, context: int) -> tuple:
 
 @pytest.mark.parametrize("context", [256, 1024, 2048, 32768])
 @pytest.mark.parametrize("chunk", [False, True])
-def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(context, chunk):
-    """stream's per-layer time is the dense work plus its attention at the copy engine's rate, less the copy of
-    the decodes' and the first prompt chunk's first ring-full of K/V (at most 64 MiB each), which runs during
-    the dense work before it. A prompt chunk of a past of <= 2 MiB of K (here 256 and 1024 tokens) is read
-    in place at the SM rate and has no ring; 2,048 tokens (4 MiB of K) are streamed."""
+def test_directkv_stream_hides_what_its_rings_hold_behind_the_math(context, chunk):
+    """stream's per-layer time is the dense work, its attention's math, and what is left of its link time at the
+    copy engine's rate once the rings (the decodes' 8 slots, the first prompt chunk's 2) were filled during the
+    dense work and the math. A prompt chunk of a past of <= 2 MiB of K (here 256 and 1024 tokens) is read in
+    place at the SM rate and has no ring; 2,048 tokens (4 MiB of K) are streamed."""
     from directkv.engine import step_traffic as st
     from directkv.engine.state import PrefillChunk, Step
     from directkv.engine.systems import step_cost
-    from directkv.kernels.traffic_model import STREAM_RING_BYTES, stream_reads_in_place
+    from directkv.kernels.traffic_model import stream_reads_in_place
     from workloads.request import Request
 
     policy = SystemPolicy("directkv", "stream")
@@ -161,19 +161,22 @@ def test_directkv_stream_hides_its_first_ring_chunks_behind_the_dense_work(conte
     t_lin = CM.dense_time(st.linear_layer_traffic(LLAMA, step.num_tokens))
     kvl = LLAMA.kv_bytes_per_token_per_layer()
     in_place = chunk and stream_reads_in_place(context, 16, 16 * kvl // 2)  # MemoryConfig's 16-token pages
-    t_attn = CM.time(st.attention_traffic(step, LLAMA, "stream", policy), link="ce")
-    if in_place:
-        t_attn = (CM.time(st.attention_traffic(Step(step.decodes, ()), LLAMA, "stream", policy), link="ce")
-                  + CM.time(st.attention_traffic(Step((), prompt), LLAMA, "tiled", policy), link="sm"))
-    t_head = CM.time(st.lm_head_traffic(LLAMA, step.num_logits), flops_kind="matmul")
+    streamed = Step(step.decodes, () if in_place else prompt)
+    terms = CM.terms(st.attention_traffic(streamed, LLAMA, "stream", policy), link="ce")
+    link = terms.pop("link_read")
     past = sum(step.decode_kv_lens) * kvl
-    assert (past < STREAM_RING_BYTES) == (context < 32768)  # cases under the ring and one over it
-    assert in_place == (chunk and context <= 1024)
     chunk_past = context * kvl if chunk and not in_place else 0
-    copy = CM.copy_time(min(past, STREAM_RING_BYTES) + min(chunk_past, STREAM_RING_BYTES), "h2d")
-    hidden = min(t_lin, copy)
-    assert (hidden == copy < t_lin) == (context == 256)  # only the shortest copies end before the dense work
-    want = LLAMA.num_layers * (t_lin + t_attn - hidden) + t_head
+    rings = stream_ring_bytes(8, past), stream_ring_bytes(2, chunk_past, floor=0)
+    assert (past <= rings[0]) == (context < 32768)  # cases under the decode ring and one over it
+    assert in_place == (chunk and context <= 1024)
+    copy = CM.copy_time(min(past, rings[0]) + min(chunk_past, rings[1]), "h2d")
+    ahead = min(t_lin + max(terms.values()), copy)
+    assert (ahead == copy) == (context == 256)  # only the shortest copies end within the dense work and the math
+    t_attn = max(terms.values()) + max(0.0, link - ahead) + CM.hw.launch_us * 1e-6
+    if in_place:
+        t_attn += CM.time(st.attention_traffic(Step((), prompt), LLAMA, "tiled", policy), link="sm")
+    t_head = CM.time(st.lm_head_traffic(LLAMA, step.num_logits), flops_kind="matmul")
+    want = LLAMA.num_layers * (t_lin + t_attn) + t_head
     assert step_cost(policy, step, LLAMA, CM).time_s == pytest.approx(want, rel=1e-9)
 
 

@@ -86,6 +86,35 @@ class SystemPolicy:
         return f"{self.name}-{self.variant}" if self.variant else self.name
 
 
+def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPolicy, t_lin: float,
+                          page_size: int, stream_slots: int) -> tuple[float, int]:
+    """(seconds of one layer's attention, HBM its rings hold) for directkv `stream`: the copy engine moves the
+    tiled kernel's bytes into rings of bounded size. While the GPU works without them (the `t_lin` seconds of
+    dense work before the attention, then the attention's own math) it can copy at most what the rings hold
+    ahead of their readers (the decodes' ring, the first prompt chunk's); the rest of the link time comes after
+    the math. So a larger decode ring helps a step whose prompt chunk's attention is long (measured on the H200:
+    steps of 2 decodes + a 2,046-token chunk at 16K took 1.24x swap's time with 2 slots, 0.98x with 8;
+    seventeenth session). A prompt chunk of a small past is read in place by the tiled kernel at the SM rate, as
+    the executor does (stream_reads_in_place)."""
+    kvl = model.kv_bytes_per_token_per_layer()
+    small = [stream_reads_in_place(c.past_len, page_size, page_size * kvl // 2) for c in step.prefills]
+    first = step.prefills[0].past_len * kvl if step.prefills and not small[0] else 0
+    reads = [sum(step.decode_kv_lens) * kvl, first]
+    sizes = [stream_ring_bytes(stream_slots, reads[0]), stream_ring_bytes(STREAM_SLOTS, first, floor=0)]
+    streamed = Step(step.decodes, tuple(c for c, s in zip(step.prefills, small, strict=True) if not s))
+    in_place = Step((), tuple(c for c, s in zip(step.prefills, small, strict=True) if s))
+    t = 0.0  # a part with no kernel to run is charged no launch
+    if streamed.decodes or streamed.prefills:
+        terms = cm.terms(st.attention_traffic(streamed, model, "stream", policy), link="ce")
+        link = terms.pop("link_read")
+        math_t = max(terms.values())  # the attention's math, HBM traffic and write-back
+        ahead = min(t_lin + math_t, cm.copy_time(sum(map(min, reads, sizes)), "h2d"))
+        t += math_t + max(0.0, link - ahead) + cm.hw.launch_us * 1e-6
+    if in_place.prefills:
+        t += cm.time(st.attention_traffic(in_place, model, "tiled", policy), link="sm")
+    return t, sum(sizes)
+
+
 def stream_row_columns(policy: SystemPolicy, stream_slots: int) -> dict:
     """The column a result row of directkv `stream` carries, measured or simulated: its decode ring's slots."""
     return {"directkv_stream_slots": stream_slots} if policy.name == "directkv" and policy.variant == "stream" else {}
@@ -105,7 +134,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
     `pipelining` enabled, directkv's steps that the measured executor cuts run as two parts
     (pipelined_step_cost). page_size: tokens per KV page (directkv stream's in-place rule counts pages).
     stream_slots: directkv stream's decode ring slots (executor.directkv_stream_slots), which bound how much of a
-    layer's decode K/V is copied during the dense work before its attention."""
+    layer's decode K/V is copied while the GPU does other work (stream_attention_time)."""
     if pipelining is not None and policy.name == "directkv":
         cut = pipelining.cut(policy, step, model.kv_bytes_per_token_per_layer())
         if cut is not None:
@@ -126,31 +155,12 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
         layer_t, layer_traffic, staging = t_lin + cm.time(attn), lin + attn, 0
     elif name == "directkv":
         attn = st.attention_traffic(step, model, policy.variant, policy)
-        stream = policy.variant == "stream"  # the copy engine moves the bytes, into a ring of bounded size
-        layer_t = t_lin + cm.time(attn, link="ce" if stream else "sm")
         layer_traffic, staging = lin + attn, 0
-        if stream:
-            # a prompt chunk of a small past is read in place by the tiled kernel, as the
-            # executor does (stream_reads_in_place): its bytes cross at the SM rate
-            k_page = page_size * kvl // 2
-            small = [stream_reads_in_place(c.past_len, page_size, k_page) for c in step.prefills]
-            if any(small):
-                def part(keep: bool, variant: str, link: str) -> float:  # the decodes go with the streamed chunks
-                    chunks = tuple(c for c, s in zip(step.prefills, small, strict=True) if s is keep)
-                    decodes = () if keep else step.decodes
-                    if not (chunks or decodes):
-                        return 0.0  # no kernel runs: no launch to charge
-                    return cm.time(st.attention_traffic(Step(decodes, chunks), model, variant, policy), link=link)
-
-                layer_t = t_lin + part(False, "stream", "ce") + part(True, "tiled", "sm")
-            # the rings' first chunks (decodes', first prompt chunk's if streamed) are copied during the dense work
-            first = step.prefills[0].past_len * kvl if step.prefills and not small[0] else 0
-            # (credited against the dense work only: the measured mixed steps also overlap them with the chunk's
-            # attention, which is why more decode ring slots measured faster than simulated; seventeenth session)
-            reads = [sum(step.decode_kv_lens) * kvl, first]
-            sizes = [stream_ring_bytes(stream_slots, reads[0]), stream_ring_bytes(STREAM_SLOTS, first, floor=0)]
-            layer_t -= min(t_lin, cm.copy_time(sum(map(min, reads, sizes)), "h2d"))
-            staging = sum(sizes)  # the decode ring and the prefill ring, kept for the step
+        if policy.variant != "stream":
+            layer_t = t_lin + cm.time(attn, link="sm")
+        else:
+            attn_t, staging = stream_attention_time(step, model, cm, policy, t_lin, page_size, stream_slots)
+            layer_t = t_lin + attn_t
     elif name in ("swap", "flexgen"):
         ratio = policy.kv_bytes_per_token(model) / model.kv_bytes_per_token()  # < 1 for FlexGen's 4-bit KV
         stored, new_stored = int(past * ratio), int(new_kv * ratio)
