@@ -144,14 +144,16 @@ def _decodes(n: int, context: int) -> tuple:
 
 @pytest.mark.parametrize("context", [256, 1024, 2048, 32768])
 @pytest.mark.parametrize("chunk", [False, True])
-def test_directkv_stream_hides_what_its_rings_hold_behind_the_math(context, chunk):
-    """stream's per-layer time is the dense work, its attention's math, and what is left of its link time at the
-    copy engine's rate once the rings (the decodes' 8 slots, the first prompt chunk's 2) were filled during the
-    dense work and the math. A prompt chunk of a past of <= 2 MiB of K (here 256 and 1024 tokens) is read in
-    place at the SM rate and has no ring; 2,048 tokens (4 MiB of K) are streamed."""
+def test_directkv_stream_layer_is_bounded_by_its_link_and_its_work(context, chunk):
+    """stream's per-layer time is the dense work plus stream_attention_time: never below the link time of its
+    streamed bytes nor below the dense work + the kernels' math; a short read is copied entirely while the GPU
+    does the dense work, so its link costs nothing; more decode ring slots never make a step slower. A prompt
+    chunk of a past of <= 2 MiB of K (here 256 and 1024 tokens) is read in place at the SM rate and has no ring,
+    its time added to the streamed decodes'; 2,048 tokens (4 MiB of K) are streamed."""
     from directkv.engine import step_traffic as st
     from directkv.engine.state import PrefillChunk, Step
-    from directkv.engine.systems import step_cost
+    from directkv.engine.systems import step_cost, stream_attention_time
+    from directkv.kernels.traffic import Traffic
     from directkv.kernels.traffic_model import stream_reads_in_place
     from workloads.request import Request
 
@@ -161,22 +163,29 @@ def test_directkv_stream_hides_what_its_rings_hold_behind_the_math(context, chun
     t_lin = CM.dense_time(st.linear_layer_traffic(LLAMA, step.num_tokens))
     kvl = LLAMA.kv_bytes_per_token_per_layer()
     in_place = chunk and stream_reads_in_place(context, 16, 16 * kvl // 2)  # MemoryConfig's 16-token pages
-    streamed = Step(step.decodes, () if in_place else prompt)
-    terms = CM.terms(st.attention_traffic(streamed, LLAMA, "stream", policy), link="ce")
-    link = terms.pop("link_read")
-    past = sum(step.decode_kv_lens) * kvl
-    chunk_past = context * kvl if chunk and not in_place else 0
-    rings = stream_ring_bytes(8, past), stream_ring_bytes(2, chunk_past, floor=0)
-    assert (past <= rings[0]) == (context < 32768)  # cases under the decode ring and one over it
     assert in_place == (chunk and context <= 1024)
-    copy = CM.copy_time(min(past, rings[0]) + min(chunk_past, rings[1]), "h2d")
-    ahead = min(t_lin + max(terms.values()), copy)
-    assert (ahead == copy) == (context == 256)  # only the shortest copies end within the dense work and the math
-    t_attn = max(terms.values()) + max(0.0, link - ahead) + CM.hw.launch_us * 1e-6
+    launch = CM.hw.launch_us * 1e-6
+    t_attn, staging = stream_attention_time(step, LLAMA, CM, policy, t_lin, 16, 8)
+    streamed = Step(step.decodes, () if in_place else prompt)
     if in_place:
-        t_attn += CM.time(st.attention_traffic(Step((), prompt), LLAMA, "tiled", policy), link="sm")
+        t_tiled = CM.time(st.attention_traffic(Step((), prompt), LLAMA, "tiled", policy), link="sm")
+        assert t_attn == pytest.approx(stream_attention_time(streamed, LLAMA, CM, policy, t_lin, 16, 8)[0] + t_tiled)
+        t_attn -= t_tiled
+    traffic = st.attention_traffic(streamed, LLAMA, "stream", policy)
+    terms = CM.terms(traffic, link="ce")
+    store = CM.terms(Traffic(link_write_bytes=traffic.link_write_bytes), link="sm")["link_write"]
+    math_t = max(terms["compute"], terms["hbm"])
+    assert t_attn >= max(terms["link_read"] - t_lin, store + math_t) + launch - 1e-12
+    if context == 256 and not chunk:  # 4 x 257 tokens: 4 MiB, copied within the dense work
+        assert terms["link_read"] < t_lin and t_attn == pytest.approx(store + math_t + launch, rel=1e-9)
+    if context == 32768:  # 512 MiB of decode K/V, twice the ring: the link bounds the layer
+        assert t_attn == pytest.approx(terms["link_read"] - t_lin + launch, rel=1e-9)
+    times = [stream_attention_time(step, LLAMA, CM, policy, t_lin, 16, n)[0] for n in (2, 4, 8)]
+    assert times[0] >= times[1] >= times[2] == pytest.approx(t_attn + (t_tiled if in_place else 0.0))
+    assert staging == stream_ring_bytes(8, sum(step.decode_kv_lens) * kvl) + stream_ring_bytes(
+        2, 0 if in_place or not chunk else context * kvl, floor=0)
     t_head = CM.time(st.lm_head_traffic(LLAMA, step.num_logits), flops_kind="matmul")
-    want = LLAMA.num_layers * (t_lin + t_attn) + t_head
+    want = LLAMA.num_layers * (t_lin + times[2]) + t_head
     assert step_cost(policy, step, LLAMA, CM).time_s == pytest.approx(want, rel=1e-9)
 
 

@@ -83,6 +83,17 @@ def test_the_simulation_prefetches_as_much_as_the_decode_ring_holds():
     assert eight.staging_bytes - two.staging_bytes == 6 * (32 << 20)
 
 
+@pytest.mark.parametrize("chunk_len", [2048, 8192])
+def test_a_chunk_past_beyond_its_ring_is_read_while_its_math_runs(chunk_len):
+    # one prompt chunk over a 64K past (256 MiB of K/V per layer, four times its ring): the copy engine streams
+    # the rest of it while the chunk's attention computes, as swap's copies overlap compute, so neither is
+    # charged the link after the math
+    model, cm = get_model("llama-3.1-8b"), CostModel.for_hardware(get_hardware("h200-pcie5"))
+    step = Step((), (PrefillChunk(ReqState(Request(0, 65536 + chunk_len, 8), prefilled=65536), chunk_len, 65536),))
+    stream, swap = (step_cost(SystemPolicy(*p), step, model, cm) for p in (("directkv", "stream"), ("swap",)))
+    assert stream.time_s < 1.05 * swap.time_s
+
+
 def test_simulated_stream_rows_say_how_many_slots_and_hold_their_ring(tmp_path):
     def row(slots: int):
         cfg = _compose(["+exp=context_sweep", f"run_id=s{slots}", "progress=false", "render=false", "device=cpu",

@@ -7,8 +7,8 @@ the same policies for real.
 * ``hbm``      SGLang-like: all KV in HBM, attention from HBM.
 * ``directkv`` KV in pinned host memory, attention kernels read it zero-copy (variant naive | tiled | fused),
   or (variant stream, beyond the paper) through small HBM rings filled by the copy engine (the decodes'
-  8 x 32 MiB at most by default, a prompt chunk's 64 MiB), whose first chunks of a layer are copied during the
-  dense work before it.
+  8 x 32 MiB at most by default, a prompt chunk's 64 MiB), filled ahead of their readers while the GPU does
+  the dense work and other attention math (stream_attention_time).
 * ``swap``     Pie-like: KV in host memory; each layer's KV is copied by the copy engine into an HBM staging
                buffer (double-buffered) while the previous layer computes.
 * ``cpu_attn`` Neo-like: decode attention runs on the CPU over host KV, overlapped with the GPU's linear
@@ -88,28 +88,42 @@ class SystemPolicy:
 
 def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPolicy, t_lin: float,
                           page_size: int, stream_slots: int) -> tuple[float, int]:
-    """(seconds of one layer's attention, HBM its rings hold) for directkv `stream`: the copy engine moves the
-    tiled kernel's bytes into rings of bounded size. While the GPU works without them (the `t_lin` seconds of
-    dense work before the attention, then the attention's own math) it can copy at most what the rings hold
-    ahead of their readers (the decodes' ring, the first prompt chunk's); the rest of the link time comes after
-    the math. So a larger decode ring helps a step whose prompt chunk's attention is long (measured on the H200:
-    steps of 2 decodes + a 2,046-token chunk at 16K took 1.24x swap's time with 2 slots, 0.98x with 8;
-    seventeenth session). A prompt chunk of a small past is read in place by the tiled kernel at the SM rate, as
-    the executor does (stream_reads_in_place)."""
+    """(seconds of one layer's attention, HBM its rings hold) for directkv `stream`, as the executor runs a layer:
+    dense work (`t_lin`), the new K/V stored to host by SM writes, the decodes' kernel, then the prompt chunks'.
+    The copy engine moves the tiled kernel's bytes into rings of bounded size, ahead of their readers by at most
+    what a ring holds: the first prompt chunk's ring fills during the dense work and the store (its slots are
+    busy during its own attention), the decodes' ring during those and the attention's math (the next layer's
+    decode copies are queued at the step's start). A chunk's past beyond its ring is read while its math runs;
+    the decodes' beyond theirs stalls their kernel; and no layer beats its link time. So a larger decode ring
+    helps a step whose prompt chunk's attention is long (measured on the H200: steps of 2 decodes + a
+    2,046-token chunk at 16K took 1.24x swap's time with 2 slots, 0.98x with 8; seventeenth session). A prompt
+    chunk of a small past is read in place by the tiled kernel at the SM rate (stream_reads_in_place)."""
     kvl = model.kv_bytes_per_token_per_layer()
     small = [stream_reads_in_place(c.past_len, page_size, page_size * kvl // 2) for c in step.prefills]
     first = step.prefills[0].past_len * kvl if step.prefills and not small[0] else 0
     reads = [sum(step.decode_kv_lens) * kvl, first]
     sizes = [stream_ring_bytes(stream_slots, reads[0]), stream_ring_bytes(STREAM_SLOTS, first, floor=0)]
-    streamed = Step(step.decodes, tuple(c for c, s in zip(step.prefills, small, strict=True) if not s))
+    chunks = tuple(c for c, s in zip(step.prefills, small, strict=True) if not s)
     in_place = Step((), tuple(c for c, s in zip(step.prefills, small, strict=True) if s))
     t = 0.0  # a part with no kernel to run is charged no launch
-    if streamed.decodes or streamed.prefills:
-        terms = cm.terms(st.attention_traffic(streamed, model, "stream", policy), link="ce")
+    if step.decodes or chunks:
+        traffic = st.attention_traffic(Step(step.decodes, chunks), model, "stream", policy)
+        terms = cm.terms(traffic, link="ce")
         link = terms.pop("link_read")
-        math_t = max(terms.values())  # the attention's math, HBM traffic and write-back
-        ahead = min(t_lin + math_t, cm.copy_time(sum(map(min, reads, sizes)), "h2d"))
-        t += math_t + max(0.0, link - ahead) + cm.hw.launch_us * 1e-6
+        link_chunks = cm.terms(st.attention_traffic(Step((), chunks), model, "stream", policy), link="ce")[
+            "link_read"] if chunks else 0.0
+        terms.pop("link_write")  # the store is SM writes through the view, before the kernels
+        store = cm.terms(Traffic(link_write_bytes=traffic.link_write_bytes), link="sm")["link_write"]
+        math_t = max(terms.values())  # the kernels' math and HBM traffic
+
+        def copied(nbytes: int) -> float:  # the copy engine's time for nbytes, launch not counted
+            return cm.terms(Traffic(link_read_bytes=nbytes), link="ce")["link_read"]
+
+        ahead_chunk = min(t_lin + store, copied(min(reads[1], sizes[1])))
+        ahead_decodes = min(t_lin + store + math_t - ahead_chunk, copied(min(reads[0], sizes[0])))
+        left_chunks = max(0.0, link_chunks - ahead_chunk)
+        left_decodes = max(0.0, link - link_chunks - ahead_decodes)
+        t += max(store + left_decodes + max(math_t, left_chunks), link - t_lin) + cm.hw.launch_us * 1e-6
     if in_place.prefills:
         t += cm.time(st.attention_traffic(in_place, model, "tiled", policy), link="sm")
     return t, sum(sizes)
