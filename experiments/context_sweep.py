@@ -28,5 +28,6 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
         wl = synthetic_workload(batch, ctx, out, seed=int(cfg.seed))
         row = base_row(cfg, s, system=pol.name, variant=pol.variant) | {
             "context_len": float(ctx), "output_len": out, "batch_size": batch, "rate": float("inf")}
-        for r in serve_point(pol, s, wl.requests, row, whole_batch=True):
+        steps = writer.run_dir / "steps" / f"{pol.label}-context{ctx}.parquet"  # measured runs' step times
+        for r in serve_point(pol, s, wl.requests, row, whole_batch=True, steps_to=steps):
             writer.add(r)

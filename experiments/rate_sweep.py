@@ -51,5 +51,6 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
         wl = with_arrivals(workloads[d], rate, float(cfg.burstiness), seed=int(cfg.seed))
         save_schedule(wl, writer.run_dir / "schedules" / f"{d}-rate{rate:g}.parquet")  # replayable on a GPU
         row = base_row(cfg, s, system=pol.name, variant=pol.variant) | {"dataset": d, "rate": rate}
-        for r in serve_point(pol, s, wl.requests, row, whole_batch=False, warmup=w):
+        steps = writer.run_dir / "steps" / f"{pol.label}-{d}-rate{rate:g}.parquet"  # measured runs' step times
+        for r in serve_point(pol, s, wl.requests, row, whole_batch=False, warmup=w, steps_to=steps):
             writer.add(r)

@@ -6,6 +6,8 @@ On a GPU a point is served for real (mode=measured) and also simulated with the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from directkv.engine.loop import ServeResult
 from directkv.engine.sim_executor import kv_budgets, simulate
 from directkv.engine.systems import SystemPolicy, stream_row_columns
@@ -48,7 +50,8 @@ def _fill(row: dict, res: ServeResult, s: Setup, extra: dict) -> dict:
     } | extra
 
 
-def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, measure: bool, warmup: int) -> dict:
+def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, measure: bool, warmup: int,
+         steps_to: Path | None) -> dict:
     row = row | ({"mode": "measured"} if measure else {})
     try:
         if measure:
@@ -57,7 +60,7 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
             res, extra = run_gpu(requests, policy, s.model, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
                                  cuda_graphs=s.cuda_graphs, cpu_attn_kernel=s.cpu_attn_kernel,
                                  pipelining=s.pipelining, prefill_new_pass=s.prefill_new_pass,
-                                 stream_slots=s.stream_slots)
+                                 stream_slots=s.stream_slots, steps_path=steps_to)
             return _fill(row, res, s, extra)
         res = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
                        pipelining=s.pipelining, stream_slots=s.stream_slots)
@@ -77,11 +80,12 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
 
 
 def serve_point(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, whole_batch: bool,
-                warmup: int = 0) -> list[dict]:
-    """Rows of one point: simulated, plus measured on a GPU; OOM and failures become status rows."""
+                warmup: int = 0, steps_to: Path | None = None) -> list[dict]:
+    """Rows of one point: simulated, plus measured on a GPU; OOM and failures become status rows. steps_to: where
+    the measured run writes its per-step times (parquet), if anywhere."""
     row = dict(row, num_requests=len(requests) - warmup, warmup_requests=warmup)
     why = batch_fits(policy, s, requests) if whole_batch else ""
     modes = [True, False] if s.device == "cuda" else [False]
     if why:
         return [row | {"status": "oom", "error": why} | ({"mode": "measured"} if m else {}) for m in modes]
-    return [_one(policy, s, requests, row, measure=m, warmup=warmup) for m in modes]
+    return [_one(policy, s, requests, row, measure=m, warmup=warmup, steps_to=steps_to) for m in modes]

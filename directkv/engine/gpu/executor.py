@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
+import pandas as pd
 import torch
 
 from directkv.engine.gpu.gc_guard import GcGuard
@@ -96,8 +98,9 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
             sched_cfg: SchedulerConfig, device: str = "cuda", warmup: int = 0, seed: int = 0,
             cuda_graphs: bool = False, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
             pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel",
-            stream_slots: int = SERVING_STREAM_SLOTS) -> tuple[ServeResult, dict]:
+            stream_slots: int = SERVING_STREAM_SLOTS, steps_path: Path | None = None) -> tuple[ServeResult, dict]:
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
+    steps_path: where to write the run's per-step times (write_step_series), if anywhere.
 
     cpu_attn_kernel: cpu_attn only: "flash" (torch's CPU flash kernel per run of pages of each decode) or
     "native" (one OpenMP call per layer for all decodes; directkv.kernels.cpu_decode_attention).
@@ -163,9 +166,12 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
         torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev) if cuda else 0
     stepper.step_times.clear()  # the warm-up's steps are not the run's
+    stepper.step_shapes.clear()
     with GcGuard() as collections, NvmlSampler() if cuda else _Null() as sampler:
         res = serve(requests, stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg, warmup=warmup)
     extra |= step_time_columns(stepper.step_times, device=cuda) | collections.columns()
+    if steps_path is not None:
+        write_step_series(steps_path, stepper.step_shapes, stepper.step_times)
     if cuda:
         res.gpu_mem_bytes = torch.cuda.max_memory_reserved(dev)
         extra |= {"gpu_peak_allocated_gb": torch.cuda.max_memory_allocated(dev) / 1e9,
@@ -182,6 +188,17 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     elif arena is not None:
         res.host_pinned_bytes = arena.nbytes
     return res, extra
+
+
+def write_step_series(path: Path, shapes: list[tuple[int, int]], times: list[tuple[float, float, float]]) -> None:
+    """One row per step of a measured run, in order, at `path` (parquet): its decodes and prompt tokens, device
+    ms, host ms to queue it and to plan it. A row's means say how slow a run was; the series says when: two runs
+    of one system in one call differed by 20-30% (H200, 2026-12-01), every step slower in the slow one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame({"step": range(len(times)), "decodes": [d for d, _ in shapes],
+                  "prompt_tokens": [p for _, p in shapes], "device_ms": [1e3 * t[0] for t in times],
+                  "host_queue_ms": [1e3 * t[1] for t in times], "host_plan_ms": [1e3 * t[2] for t in times],
+                  }).to_parquet(path, index=False)
 
 
 def step_time_columns(times: list[tuple[float, float, float]], *, device: bool = True) -> dict:
