@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 from directkv.errors import check
 from directkv.results import ResultsWriter
 from experiments.common import as_int, base_row, check_context, int_list, policies, progress, setup
-from experiments.serving import serve_point
+from experiments.serving import serve_point, steps_file
 from workloads import synthetic_workload
 
 
@@ -28,6 +28,6 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
         wl = synthetic_workload(batch, ctx, out, seed=int(cfg.seed))
         row = base_row(cfg, s, system=pol.name, variant=pol.variant) | {
             "context_len": float(ctx), "output_len": out, "batch_size": batch, "rate": float("inf")}
-        steps = writer.run_dir / "steps" / f"{pol.label}-context{ctx}.parquet"  # measured runs' step times
-        for r in serve_point(pol, s, wl.requests, row, whole_batch=True, steps_to=steps):
+        steps = steps_file(writer.run_dir, pol, f"context{ctx}")
+        for r in serve_point(pol, s, wl.requests, row, whole_batch=True, steps_path=steps):
             writer.add(r)

@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 from directkv.errors import check
 from directkv.results import ResultsWriter
 from experiments.common import as_int, base_row, check_rate, policies, progress, setup
-from experiments.serving import serve_point
+from experiments.serving import serve_point, steps_file
 from workloads import build_workload, save_schedule, with_arrivals
 
 DATASETS = ("sharegpt", "alpaca")
@@ -51,6 +51,6 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
         wl = with_arrivals(workloads[d], rate, float(cfg.burstiness), seed=int(cfg.seed))
         save_schedule(wl, writer.run_dir / "schedules" / f"{d}-rate{rate:g}.parquet")  # replayable on a GPU
         row = base_row(cfg, s, system=pol.name, variant=pol.variant) | {"dataset": d, "rate": rate}
-        steps = writer.run_dir / "steps" / f"{pol.label}-{d}-rate{rate:g}.parquet"  # measured runs' step times
-        for r in serve_point(pol, s, wl.requests, row, whole_batch=False, warmup=w, steps_to=steps):
+        steps = steps_file(writer.run_dir, pol, f"{d}-rate{rate:g}")
+        for r in serve_point(pol, s, wl.requests, row, whole_batch=False, warmup=w, steps_path=steps):
             writer.add(r)

@@ -51,16 +51,18 @@ def _fill(row: dict, res: ServeResult, s: Setup, extra: dict) -> dict:
 
 
 def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, measure: bool, warmup: int,
-         steps_to: Path | None) -> dict:
+         steps_path: Path | None) -> dict:
     row = row | ({"mode": "measured"} if measure else {})
     try:
         if measure:
             from directkv.engine.gpu.executor import run_gpu
 
+            if steps_path is not None:
+                steps_path.unlink(missing_ok=True)  # an earlier, cut attempt's series is not this run's
             res, extra = run_gpu(requests, policy, s.model, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
                                  cuda_graphs=s.cuda_graphs, cpu_attn_kernel=s.cpu_attn_kernel,
                                  pipelining=s.pipelining, prefill_new_pass=s.prefill_new_pass,
-                                 stream_slots=s.stream_slots, steps_path=steps_to)
+                                 stream_slots=s.stream_slots, steps_path=steps_path)
             return _fill(row, res, s, extra)
         res = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
                        pipelining=s.pipelining, stream_slots=s.stream_slots)
@@ -79,13 +81,19 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
         return row | {"status": "oom" if oom else "error", "error": f"{type(e).__name__}: {e}"[:500]}
 
 
+def steps_file(run_dir: Path, policy: SystemPolicy, point: str) -> Path:
+    """Where a measured run of `policy` at `point` (e.g. "sharegpt-rate10", "context16384") writes its step series:
+    one file per system and point in the run (a run serves one directkv variant; a system is listed once)."""
+    return run_dir / "steps" / f"{policy.label}-{point}.parquet"
+
+
 def serve_point(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, whole_batch: bool,
-                warmup: int = 0, steps_to: Path | None = None) -> list[dict]:
-    """Rows of one point: simulated, plus measured on a GPU; OOM and failures become status rows. steps_to: where
-    the measured run writes its per-step times (parquet), if anywhere."""
+                warmup: int = 0, steps_path: Path | None = None) -> list[dict]:
+    """Rows of one point: simulated, plus measured on a GPU; OOM and failures become status rows. steps_path: where
+    the measured run writes its per-step times (parquet; steps_file), if anywhere."""
     row = dict(row, num_requests=len(requests) - warmup, warmup_requests=warmup)
     why = batch_fits(policy, s, requests) if whole_batch else ""
     modes = [True, False] if s.device == "cuda" else [False]
     if why:
         return [row | {"status": "oom", "error": why} | ({"mode": "measured"} if m else {}) for m in modes]
-    return [_one(policy, s, requests, row, measure=m, warmup=warmup, steps_to=steps_to) for m in modes]
+    return [_one(policy, s, requests, row, measure=m, warmup=warmup, steps_path=steps_path) for m in modes]

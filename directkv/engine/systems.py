@@ -105,26 +105,31 @@ def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: S
     sizes = [stream_ring_bytes(stream_slots, reads[0]), stream_ring_bytes(STREAM_SLOTS, first, floor=0)]
     chunks = tuple(c for c, s in zip(step.prefills, small, strict=True) if not s)
     in_place = Step((), tuple(c for c, s in zip(step.prefills, small, strict=True) if s))
-    t = 0.0  # a part with no kernel to run is charged no launch
+    t = 0.0  # a part with no kernel to run is charged nothing
     if step.decodes or chunks:
         traffic = st.attention_traffic(Step(step.decodes, chunks), model, "stream", policy)
         terms = cm.terms(traffic, link="ce")
         link = terms.pop("link_read")
+        terms.pop("link_write")  # the store of their new K/V: SM writes through the view, before the kernels
+        store = cm.terms(Traffic(link_write_bytes=traffic.link_write_bytes), link="sm")["link_write"]
         link_chunks = cm.terms(st.attention_traffic(Step((), chunks), model, "stream", policy), link="ce")[
             "link_read"] if chunks else 0.0
-        terms.pop("link_write")  # the store is SM writes through the view, before the kernels
-        store = cm.terms(Traffic(link_write_bytes=traffic.link_write_bytes), link="sm")["link_write"]
         math_t = max(terms.values())  # the kernels' math and HBM traffic
 
         def copied(nbytes: int) -> float:  # the copy engine's time for nbytes, launch not counted
             return cm.terms(Traffic(link_read_bytes=nbytes), link="ce")["link_read"]
 
         ahead_chunk = min(t_lin + store, copied(min(reads[1], sizes[1])))
-        ahead_decodes = min(t_lin + store + math_t - ahead_chunk, copied(min(reads[0], sizes[0])))
         left_chunks = max(0.0, link_chunks - ahead_chunk)
-        left_decodes = max(0.0, link - link_chunks - ahead_decodes)
-        t += max(store + left_decodes + max(math_t, left_chunks), link - t_lin) + cm.hw.launch_us * 1e-6
+        # the copy engine is free for the decodes' ring when it is not filling the chunk's: during the dense work
+        # and the store, and during the chunks' math once their remaining past is copied
+        free = t_lin + store - ahead_chunk + max(0.0, math_t - left_chunks)
+        left_decodes = max(0.0, link - link_chunks - min(free, copied(min(reads[0], sizes[0]))))
+        kernels = bool(step.decodes) + len(chunks)
+        t = max(store + left_decodes + max(math_t, left_chunks), link - t_lin) + kernels * cm.hw.launch_us * 1e-6
     if in_place.prefills:
+        # timed as directkv tiled times it, its store inside the roofline (so a step of in-place chunks costs
+        # what tiled's does), though the executor stores before the kernel as for the streamed part
         t += cm.time(st.attention_traffic(in_place, model, "tiled", policy), link="sm")
     return t, sum(sizes)
 

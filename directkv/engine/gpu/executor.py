@@ -100,7 +100,8 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
             pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel",
             stream_slots: int = SERVING_STREAM_SLOTS, steps_path: Path | None = None) -> tuple[ServeResult, dict]:
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
-    steps_path: where to write the run's per-step times (write_step_series), if anywhere.
+    steps_path: where to write the run's per-step times (write_step_series), if anywhere; a write that fails
+    leaves the run's row, with steps_file_error saying why.
 
     cpu_attn_kernel: cpu_attn only: "flash" (torch's CPU flash kernel per run of pages of each decode) or
     "native" (one OpenMP call per layer for all decodes; directkv.kernels.cpu_decode_attention).
@@ -171,7 +172,10 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
         res = serve(requests, stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg, warmup=warmup)
     extra |= step_time_columns(stepper.step_times, device=cuda) | collections.columns()
     if steps_path is not None:
-        write_step_series(steps_path, stepper.step_shapes, stepper.step_times)
+        try:
+            write_step_series(steps_path, stepper.step_shapes, stepper.step_times)
+        except OSError as e:  # the measurement stands without its series
+            extra["steps_file_error"] = f"{type(e).__name__}: {e}"[:300]
     if cuda:
         res.gpu_mem_bytes = torch.cuda.max_memory_reserved(dev)
         extra |= {"gpu_peak_allocated_gb": torch.cuda.max_memory_allocated(dev) / 1e9,
@@ -190,15 +194,21 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     return res, extra
 
 
-def write_step_series(path: Path, shapes: list[tuple[int, int]], times: list[tuple[float, float, float]]) -> None:
-    """One row per step of a measured run, in order, at `path` (parquet): its decodes and prompt tokens, device
-    ms, host ms to queue it and to plan it. A row's means say how slow a run was; the series says when: two runs
-    of one system in one call differed by 20-30% (H200, 2026-12-01), every step slower in the slow one."""
+def write_step_series(path: Path, shapes: list[tuple[int, int, float]],
+                      times: list[tuple[float, float, float]]) -> None:
+    """One row per step of a measured run, in order, at `path` (parquet): its start in seconds from the first
+    step's, its decodes and prompt tokens, device ms, host ms to queue it and to plan it (the row's
+    step_ms_mean, host_queue_ms_mean, host_prep_ms_mean are their means). A row's means say how slow a run was;
+    the series says when: two runs of one system in one call differed by 20-30% (H200, 2026-12-01), every step
+    slower in the slow one. Written whole or not at all (a run cut by a timeout leaves no half file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame({"step": range(len(times)), "decodes": [d for d, _ in shapes],
-                  "prompt_tokens": [p for _, p in shapes], "device_ms": [1e3 * t[0] for t in times],
-                  "host_queue_ms": [1e3 * t[1] for t in times], "host_plan_ms": [1e3 * t[2] for t in times],
-                  }).to_parquet(path, index=False)
+    first = shapes[0][2] if shapes else 0.0
+    tmp = path.with_suffix(".tmp")
+    pd.DataFrame({"step": range(len(times)), "start_s": [s[2] - first for s in shapes],
+                  "decodes": [s[0] for s in shapes], "prompt_tokens": [s[1] for s in shapes],
+                  "device_ms": [1e3 * t[0] for t in times], "host_queue_ms": [1e3 * t[1] for t in times],
+                  "host_prep_ms": [1e3 * t[2] for t in times]}).to_parquet(tmp, index=False)
+    os.replace(tmp, path)
 
 
 def step_time_columns(times: list[tuple[float, float, float]], *, device: bool = True) -> dict:

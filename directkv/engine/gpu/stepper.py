@@ -75,7 +75,8 @@ class GPUStepper:
         # (device s, host s to queue it, host s of its plan: plan_step and the path's begin, which issues the
         # step's first copies) of every step run
         self.step_times: list[tuple[float, float, float]] = []
-        self.step_shapes: list[tuple[int, int]] = []  # (decodes, prompt tokens) of each step in step_times
+        # (decodes, prompt tokens, host clock at its start) of each step in step_times
+        self.step_shapes: list[tuple[int, int, float]] = []
 
     def _tokens(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat input ids and the rows whose logits are needed (decodes + prompt-finishing chunks)."""
@@ -129,7 +130,7 @@ class GPUStepper:
         for r, t in zip(owners, nxt, strict=True):
             self.outputs.setdefault(r, []).append(t)
         self.step_times.append((seconds, host_s, prep_s))
-        self.step_shapes.append((len(step.decodes), sum(c.chunk_len for c in step.prefills)))
+        self.step_shapes.append((len(step.decodes), sum(c.chunk_len for c in step.prefills), t0))
         after = self.path.traffic
         delta = type(after)(**{k: getattr(after, k) - getattr(before, k) for k in after.as_dict()})
         return StepCost(seconds, delta, self.path.staging_bytes)
