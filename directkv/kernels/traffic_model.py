@@ -57,6 +57,7 @@ def check_stream_slots(slots, name: str = "stream_slots") -> int:
           f"{name} must be an int >= 2 (the copy engine fills one slot while a kernel reads another); got {slots!r}")
     return slots
 
+
 def stream_reads_in_place(past_len: int, page_size: int, k_page_bytes: int) -> bool:
     """Whether directkv `stream` serving reads a prompt chunk's past in place with the tiled kernel instead of
     through a prefill ring: when its host pages hold at most STREAM_MIN_CHUNK_BYTES of K (1,024 Llama-3.1-8B

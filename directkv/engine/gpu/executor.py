@@ -166,8 +166,7 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev) if cuda else 0
-    stepper.step_times.clear()  # the warm-up's steps are not the run's
-    stepper.step_shapes.clear()
+    stepper.forget_steps()  # the warm-up's steps are not the run's
     with GcGuard() as collections, NvmlSampler() if cuda else _Null() as sampler:
         res = serve(requests, stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg, warmup=warmup)
     extra |= step_time_columns(stepper.step_times, device=cuda) | collections.columns()

@@ -78,6 +78,11 @@ class GPUStepper:
         # (decodes, prompt tokens, host clock at its start) of each step in step_times
         self.step_shapes: list[tuple[int, int, float]] = []
 
+    def forget_steps(self) -> None:
+        """Drop the steps recorded so far (step_times and step_shapes together): a warm-up's are not the run's."""
+        self.step_times.clear()
+        self.step_shapes.clear()
+
     def _tokens(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat input ids and the rows whose logits are needed (decodes + prompt-finishing chunks)."""
         ids = [self.last_token[s.req_id] for s in step.decodes]

@@ -19,7 +19,12 @@ import torch
 
 from directkv.errors import check
 from directkv.kernels.paged import PagedKV
-from directkv.kernels.traffic_model import STREAM_RING_BYTES
+from directkv.kernels.traffic_model import (
+    STREAM_CHUNK_BYTES,
+    STREAM_MIN_CHUNK_BYTES,
+    STREAM_RING_BYTES,
+    STREAM_SLOTS,
+)
 
 
 @dataclass
@@ -153,8 +158,9 @@ def host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
     return HostPages(table, tokens, host, pages, index)
 
 
-def plan_stream(kv: PagedKV, *, chunk_bytes: int = 16 << 20, num_slots: int = 2, min_chunks: int = 1,
-                min_chunk_bytes: int = 2 << 20, ring_bytes: int = STREAM_RING_BYTES, reuse: StreamPlan | None = None,
+def plan_stream(kv: PagedKV, *, chunk_bytes: int = STREAM_CHUNK_BYTES, num_slots: int = STREAM_SLOTS,
+                min_chunks: int = 1, min_chunk_bytes: int = STREAM_MIN_CHUNK_BYTES, ring_bytes: int = STREAM_RING_BYTES,
+                reuse: StreamPlan | None = None,
                 host_table: tuple[torch.Tensor, torch.Tensor] | None = None) -> StreamPlan:
     """Plan the stream variant for `kv` (reads its block table once); the HBM ring is
     2 * num_slots * chunk_bytes (K and V), at most ring_bytes (64 MiB by default), and a new ring holds no more
