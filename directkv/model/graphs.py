@@ -30,29 +30,6 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 Capture = Callable[[Callable[[], Any], Any], tuple[Callable[[], None], Any]]
 
 
-# device index -> the one side stream every capture's warm-up runs on
-_WARMUP_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def cuda_capture(fn: Callable[[], Any], pool: Any) -> tuple[Callable[[], None], Any]:
-    """Capture fn into a CUDA graph in `pool` after one warm-up call on a side stream (library handles and
-    workspaces are made outside the capture, as torch requires). All warm-ups share one side stream per
-    device: torch keeps a cuBLAS workspace per (handle, stream), so a new stream per capture (576 of them for
-    Llama's 9 sizes x 32 layers x 2) would leave one workspace per capture behind."""
-    index = torch.cuda.current_device()
-    if index not in _WARMUP_STREAMS:
-        _WARMUP_STREAMS[index] = torch.cuda.Stream()
-    side = _WARMUP_STREAMS[index]
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        outputs = fn()
-    return graph.replay, outputs
-
-
 def eager_capture(fn: Callable[[], Any], pool: Any) -> tuple[Callable[[], None], Any]:
     """Stand-in for cuda_capture on the CPU (tests): replay re-runs fn and copies into the first outputs, so
     the static-buffer plumbing behaves as with a graph."""

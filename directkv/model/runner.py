@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from directkv.errors import ConfigError, check
-from directkv.model.graphs import BUCKETS, Capture, GraphSet, bucket_for, capture_set, cuda_capture
+from directkv.kernels.cuda.capture import cuda_capture
+from directkv.model.graphs import BUCKETS, Capture, GraphSet, bucket_for, capture_set
 from directkv.model.layers import RopeCache, layer_norm, mlp, rms_norm, rope
 from directkv.model.weights import LayerWeights, Weights, check_weights
 from directkv.specs.models import ModelSpec

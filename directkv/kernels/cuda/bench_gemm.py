@@ -6,7 +6,9 @@ Rows (one per size x method), all `mode="measured"`, C = A B with square fp16 op
   stream (+ ':' options) : B in the same pinned memory, moved by the copy engine panel by panel into an HBM
                     ring and multiplied by cuBLAS (beyond the paper); stream:k cuts B into row panels (each
                     one contiguous copy, C accumulated in fp16), stream:panels reads B from a copy stored in
-                    column-panel order (each panel one contiguous copy);
+                    column-panel order (each panel one contiguous copy); a ':graph' row replays the same
+                    call captured once into a CUDA graph (gemm_graph.capture_gemm, captured at its first call,
+                    outside the timing);
   cublas_hbm        : torch.matmul with B in HBM (the compute anchor);
   cublas_zero_copy  : torch.matmul reading B through the zero-copy view.
 L2 is flushed before every timed call.
@@ -24,11 +26,13 @@ import torch
 
 from directkv.kernels.cuda.bench_prefill import get_ceilings, report, run_point, timed
 from directkv.kernels.cuda.gemm_case_study import gemm, host_panels
+from directkv.kernels.cuda.gemm_graph import GemmGraph, capture_gemm
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 
 # name -> extra keyword arguments of gemm (variant is the part before ':'); "_b": "hbm" runs the kernel with
 # B in HBM: its on-chip time with no link in the way; "_b": "panels" gives it the same pinned B stored in
-# column panels (host_panels, made once before timing); "_panels": N cuts B into N panels (panel = size / N).
+# column panels (host_panels, made once before timing); "_panels": N cuts B into N panels (panel = size / N);
+# "_graph": the call is captured into a CUDA graph at its first (checked) call and replayed after that.
 KERNELS = {
     "naive": {},
     "tiled": {},
@@ -52,9 +56,17 @@ KERNELS = {
     "stream:panels32": {"_b": "panels", "_panels": 32},
     "stream:k16": {"split": "k", "_panels": 16},
     "stream:k32": {"split": "k", "_panels": 32},
+    # the same calls replayed from a CUDA graph: per-panel host work (a copy, two events, a cuBLAS call from
+    # Python) gone, so narrow panels cost only their GPU time
+    "stream:graph": {"_graph": True},
+    "stream:k:graph": {"split": "k", "_graph": True},
+    "stream:panels:graph": {"_b": "panels", "_graph": True},
+    "stream:panels16:graph": {"_b": "panels", "_panels": 16, "_graph": True},
+    "stream:panels32:graph": {"_b": "panels", "_panels": 32, "_graph": True},
 }
 ANCHORS = ("cublas_hbm", "cublas_zero_copy")
 SLOW = ("naive", "cublas_zero_copy")  # B re-read across the link per row tile: fewer repeats
+REL_ERR_MAX = 5e-3  # fp16 C against cuBLAS's fp16 C: row panels, which round C once per panel, measured 5.6e-4
 # Closed-form link bytes are what the SMs request; for raster, L2 decides what crosses the link (ncu tells)
 SM_REQUESTS_ONLY = ("raster",)
 
@@ -115,7 +127,16 @@ def _size_rows(m: int, n: int, k: int, base: dict, kernels, anchors, warmup: int
         b = {"hbm": b_hbm, "host": b_view}[home] if home != "panels" else b_panels[panels[name]]
         if kwargs.pop("_panels", None) is not None and home != "panels":  # HostPanels carry their own cut
             kwargs["panel"] = panels[name]
-        return lambda: gemm(a, b, out=out, **kwargs)
+        if not kwargs.pop("_graph", False):
+            return lambda: gemm(a, b, out=out, **kwargs)
+        graph: list[GemmGraph] = []  # captured by the first call, inside run_point: a failure is the row's error
+
+        def replay():
+            if not graph:
+                graph.append(capture_gemm(a, b, out=out, **kwargs))
+            return graph[0]()
+
+        return replay
 
     methods = {name: (kernel(name), None) for name in kernels}
     anchor_fns = {"cublas_hbm": (lambda: a @ b_hbm, 0), "cublas_zero_copy": (lambda: a @ b_view, None)}
@@ -124,19 +145,25 @@ def _size_rows(m: int, n: int, k: int, base: dict, kernels, anchors, warmup: int
     for name, (fn, link_bytes) in methods.items():
         row = dict(base, variant=name, link_read_bytes=link_bytes)
         slow = name.split(":")[0] in SLOW
-        rows.append(run_point(row, partial(_measure, fn, row, reference, warmup=1 if slow else warmup,
+        rows.append(run_point(row, partial(_measure, fn, row, reference, out, warmup=1 if slow else warmup,
                                            repeats=3 if slow else repeats)))
     return rows
 
 
-def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, warmup: int, repeats: int) -> None:
-    """One checked call (rel_err against cuBLAS in HBM; a kernel's closed-form link bytes), then timing."""
+def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, out: torch.Tensor, *, warmup: int,
+             repeats: int) -> None:
+    """One checked call (rel_err against cuBLAS in HBM; a kernel's closed-form link bytes), then timing. `out`,
+    which every kernel row writes, is poisoned first, so a call that leaves it unwritten (a graph that replays
+    nothing) shows NaN instead of the previous row's product."""
+    out.fill_(float("nan"))
     result = fn()
     if isinstance(result, tuple):  # a kernel: (c, Traffic)
         if row["variant"].split(":")[0] not in SM_REQUESTS_ONLY:
             row["link_read_bytes"] = result[1].link_read_bytes
         result = result[0]
     row["rel_err"] = float((result.double() - reference).norm() / reference.norm())
+    if not row["rel_err"] <= REL_ERR_MAX:  # NaN fails too
+        raise ValueError(f"rel. error {row['rel_err']:.3g} against cuBLAS in HBM exceeds {REL_ERR_MAX}: wrong product")
     row.update(timed(fn, warmup=warmup, repeats=repeats))
 
 

@@ -1,0 +1,104 @@
+"""capture_gemm: GEMM calls captured into a CUDA graph, replayed against a float64 product on the GPU.
+
+Each replay must write all of `out` (poisoned with NaN before it) and must read the current contents of a and
+B (rewritten in place between replays), for the stream forms (column panels, row panels, B stored in panels,
+SM copies) and for two kernels. The GPU tests skip without CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from directkv.errors import ConfigError
+from directkv.kernels.cuda.gemm_case_study import HostPanels, host_panels
+from directkv.kernels.cuda.gemm_graph import capture_gemm
+from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+CASES = {  # id -> (gemm options, where B is)
+    "stream-n": ({"variant": "stream", "panel": 96}, "zero_copy"),
+    "stream-k": ({"variant": "stream", "split": "k", "panel": 96}, "zero_copy"),
+    "stream-panels": ({"variant": "stream"}, "panels"),
+    "stream-sm": ({"variant": "stream", "copy": "sm", "panel": 96}, "zero_copy"),
+    "stream-2ce": ({"variant": "stream", "copy_streams": 2, "panel": 96}, "zero_copy"),
+    "tiled": ({"variant": "tiled"}, "zero_copy"),
+    "naive": ({"variant": "naive"}, "zero_copy"),
+}
+
+
+def place_b(values: torch.Tensor, kind: str) -> torch.Tensor | HostPanels:
+    if kind == "panels":
+        return host_panels(values, panel_cols=128)
+    pinned = pinned_empty(tuple(values.shape), torch.float16)
+    pinned.copy_(values)
+    return device_view(pinned)
+
+
+def rewrite_b(b: torch.Tensor | HostPanels, values: torch.Tensor) -> None:
+    """New contents at the same addresses the graph was captured with."""
+    if isinstance(b, HostPanels):
+        b.data.copy_(host_panels(values, panel_cols=b.panel_cols).data)
+    else:
+        b.copy_(values)
+
+
+def replay_and_check(graph, a: torch.Tensor, b_values: torch.Tensor) -> None:
+    graph.out.fill_(math.nan)
+    c, _ = graph()
+    torch.cuda.synchronize()
+    assert c.data_ptr() == graph.out.data_ptr()
+    assert not c.isnan().any(), "unwritten or NaN output elements after a replay"
+    ref = a.double() @ b_values.double()
+    assert float((c.double() - ref).norm() / ref.norm()) < 5e-3
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("shape", [(1000, 777, 1111), (333, 1000, 517)], ids=lambda s: "x".join(map(str, s)))
+def test_replays_write_out_and_read_current_inputs(case, shape):
+    options, kind = CASES[case]
+    m, n, k = shape
+    a = torch.randn(m, k, device="cuda").half()
+    b_values = torch.randn(k, n, device="cuda").half()
+    b = place_b(b_values, kind)
+    graph = capture_gemm(a, b, **options)
+    assert graph.out.shape == (m, n) and graph.out.dtype == torch.float16
+    replay_and_check(graph, a, b_values)
+    a.copy_(torch.randn(m, k, device="cuda").half())  # same addresses, new values
+    b_values = torch.randn(k, n, device="cuda").half()
+    rewrite_b(b, b_values)
+    torch.cuda.synchronize()  # rewrite_b of HostPanels is a host-side copy
+    replay_and_check(graph, a, b_values)
+    replay_and_check(graph, a, b_values)  # back to back: the second replay's copies reuse the first one's ring
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_capture_writes_into_a_given_fp32_out():
+    a = torch.randn(300, 520, device="cuda").half()
+    b_values = torch.randn(520, 640, device="cuda").half()
+    out = torch.full((300, 640), math.nan, dtype=torch.float32, device="cuda")
+    graph = capture_gemm(a, place_b(b_values, "zero_copy"), out=out, variant="stream", panel=128)
+    assert graph.out is out
+    replay_and_check(graph, a, b_values)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_bad_options_fail_before_capture_with_gemms_message():
+    a = torch.randn(64, 64, device="cuda").half()
+    b = place_b(torch.randn(64, 64, device="cuda").half(), "zero_copy")
+    with pytest.raises(ConfigError, match="gemm variant 'bogus'"):
+        capture_gemm(a, b, variant="bogus")
+    # the stream still captures after a failed call: no capture was left open
+    replay_and_check(capture_gemm(a, b, variant="stream"), a, b)
+
+
+def test_refuses_a_cpu_tensor_with_one_line():
+    with pytest.raises(ConfigError, match="capture_gemm needs a CUDA tensor a; got cpu"):
+        capture_gemm(torch.zeros(4, 4, dtype=torch.float16), torch.zeros(4, 4, dtype=torch.float16), variant="stream")
