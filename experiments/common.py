@@ -41,6 +41,7 @@ class Setup:
     pipelining: Pipelining = NO_PIPELINING  # directkv: steps as two parts, one part's attention on a side stream (simulated too)
     prefill_new_pass: str = "kernel"  # measured serving: a prompt chunk's new tokens by the tiled kernel or by flash
     stream_slots: int = SERVING_STREAM_SLOTS  # directkv stream, measured and simulated: its decode ring's slots (32 MiB each)
+    warmup_pass: bool = True  # measured serving: the first point of a process served once, unmeasured, before its measurement
 
 
 def resolve_device(requested: str) -> str:
@@ -86,12 +87,14 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     if new_pass not in NEW_PASSES:
         raise unknown_name("executor.prefill_new_pass", new_pass, NEW_PASSES)
     slots = check_stream_slots(executor.get("directkv_stream_slots", SERVING_STREAM_SLOTS), "executor.directkv_stream_slots")
+    warm = executor.get("warmup_pass", True)
+    check(isinstance(warm, bool), f"executor.warmup_pass must be true or false; got {warm!r}")
     pipelining = Pipelining.from_config(executor)
     pipelining.check_system(SystemPolicy("directkv", directkv_variant(cfg)))
     # graphs are a property of the measured executor (the simulation has no kernel launches); directkv's
     # pipelining is simulated too (systems.pipelined_step_cost)
     return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda",
-                 cpu_kernel, pipelining, new_pass, slots)
+                 cpu_kernel, pipelining, new_pass, slots, warm)
 
 
 def policies(cfg: DictConfig) -> list[SystemPolicy]:

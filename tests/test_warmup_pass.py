@@ -1,0 +1,94 @@
+"""executor.warmup_pass: before the first measured point of a process, that point's requests are served once,
+unmeasured, by its system; later points are not; a failing pass does not stop the point; measured rows say
+whether the process was warm (process_warm); the simulation never serves anything."""
+
+import dataclasses
+
+import pytest
+from test_experiments import _compose
+from test_gpu_executor import SCHED, _requests
+
+import directkv.engine.gpu.executor as executor
+import experiments.serving as serving
+from directkv.engine.gpu.executor import run_gpu
+from directkv.engine.sim_executor import MemoryConfig
+from directkv.engine.systems import SystemPolicy
+from directkv.errors import ConfigError
+from experiments.common import setup
+from experiments.serving import serve_point
+
+MEM = MemoryConfig(hbm_budget_bytes=2e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """A fresh process (nothing served yet) whose run_gpu runs on the CPU and logs (system, steps_path, n)."""
+    log = []
+
+    def on_cpu(requests, policy, *args, **kwargs):
+        log.append((policy.name, kwargs.get("steps_path"), len(requests)))
+        return run_gpu(requests, policy, *args, **(kwargs | {"device": "cpu", "cuda_graphs": False}))
+
+    monkeypatch.setattr(executor, "run_gpu", on_cpu)
+    monkeypatch.setattr(serving, "_process", {"served": False})
+    return log
+
+
+def measuring(*overrides):
+    s = setup(_compose(["+exp=context_sweep", "run_id=t", "device=cpu", "model=tiny", *overrides]))
+    return dataclasses.replace(s, device="cuda", mem=MEM, sched=SCHED)
+
+
+def measured_row(rows):
+    (row,) = [r for r in rows if r.get("mode") == "measured"]
+    return row
+
+
+def test_the_first_point_is_served_once_unmeasured_before_it_is_measured(calls, tmp_path, capsys):
+    s, requests = measuring(), _requests()
+    first = serve_point(SystemPolicy("swap"), s, requests, {}, whole_batch=False, steps_path=tmp_path / "a.parquet")
+    second = serve_point(SystemPolicy("hbm"), s, requests, {}, whole_batch=False, steps_path=tmp_path / "b.parquet")
+    # the pass: the first point's system and requests, no step series; then each point measured once
+    assert calls == [("swap", None, 5), ("swap", tmp_path / "a.parquet", 5), ("hbm", tmp_path / "b.parquet", 5)]
+    assert measured_row(first)["process_warm"] and measured_row(second)["process_warm"]
+    assert measured_row(first)["status"] == "ok" and measured_row(first)["completed"] == 5
+    assert "warm-up pass: swap, 5 requests" in capsys.readouterr().out
+
+
+def test_without_the_pass_the_first_row_says_the_process_was_cold(calls):
+    s = measuring("executor.warmup_pass=false")
+    assert not s.warmup_pass
+    first = serve_point(SystemPolicy("swap"), s, _requests(), {}, whole_batch=False)
+    second = serve_point(SystemPolicy("hbm"), s, _requests(), {}, whole_batch=False)
+    assert [c[0] for c in calls] == ["swap", "hbm"]
+    assert not measured_row(first)["process_warm"] and measured_row(second)["process_warm"]
+
+
+def test_a_failing_pass_is_reported_and_the_point_measured_cold(calls, monkeypatch, capsys, tmp_path):
+    def failing(*args, **kwargs):
+        raise RuntimeError("warm-up cut")
+
+    real = serving._serve_gpu
+    monkeypatch.setattr(serving, "_serve_gpu", lambda p, s, r, w, path: (failing if path is None else real)(p, s, r, w, path))
+    row = measured_row(serve_point(SystemPolicy("swap"), measuring(), _requests(), {}, whole_batch=False,
+                                   steps_path=tmp_path / "a.parquet"))
+    assert row["status"] == "ok" and not row["process_warm"]
+    assert "warm-up pass with swap failed (RuntimeError: warm-up cut); measuring cold" in capsys.readouterr().out
+
+
+def test_a_point_that_cannot_fit_gets_no_pass(calls):
+    s = dataclasses.replace(measuring(), mem=dataclasses.replace(MEM, host_budget_bytes=1e3))
+    rows = serve_point(SystemPolicy("swap"), s, _requests(), {}, whole_batch=True)
+    assert calls == [] and {r["status"] for r in rows} == {"oom"}
+
+
+def test_the_simulation_serves_nothing(calls):
+    s = setup(_compose(["+exp=context_sweep", "run_id=t", "device=cpu", "model=tiny"]))
+    rows = serve_point(SystemPolicy("swap"), dataclasses.replace(s, mem=MEM, sched=SCHED), _requests(), {},
+                       whole_batch=False)
+    assert calls == [] and [r.get("mode") for r in rows] == [None] and "process_warm" not in rows[0]
+
+
+def test_warmup_pass_must_be_a_bool():
+    with pytest.raises(ConfigError, match="executor.warmup_pass must be true or false; got 'maybe'"):
+        setup(_compose(["+exp=context_sweep", "run_id=t", "device=cpu", "model=tiny", "executor.warmup_pass=maybe"]))
