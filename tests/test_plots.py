@@ -547,3 +547,30 @@ def test_repeated_runs_at_one_point_are_averaged_and_each_shown():
     assert list(line.get_ydata()) == [pytest.approx(46.85), 62.6]
     assert sorted(runs.get_ydata()) == [40.3, 53.4] and runs.get_linestyle() == "None" and runs.get_label().startswith("_")  # not in the legend
     plt.close(fig)
+
+
+def test_gemm_draws_the_fastest_stream_option_per_size_and_the_target() -> None:
+    """A GPU run's ~25 variants per size: the figure keeps the paper's, plain stream, the anchors and one bar
+    for the fastest stream option of each size (named under the size), and marks each size's target."""
+    from plots.figures.gemm_case_study import FASTEST, TARGET_LABEL, fig2_5_gemm, figure_rows
+
+    extra = {4096: {"stream": 0.85, "stream:k": 0.71, "stream:panels16:graph": 0.67, "raster": 21.0},
+             10240: {"stream": 5.5, "stream:k": 4.4, "stream:panels16:graph": 4.1, "stream:sm132": 7.0}}
+    rows = gemm_rows(with_l2=False) + [
+        row("gemm_case_study", system="", m=n, n=n, k=n, variant=v, time_ms=t, mode="measured")
+        for n, times in extra.items() for v, t in times.items()]
+    for r in rows:
+        r["target_ms"] = 0.70 if r["m"] == 4096 else 4.35
+    df = pd.DataFrame(rows)
+    drawn = figure_rows(df)
+    assert set(drawn["variant"]) == {"naive", "tiled", "pipelined", "stream", "cublas_hbm", "cublas_zero_copy", FASTEST}
+    best = drawn[drawn["variant"] == FASTEST].set_index("m")
+    assert best.loc[4096, "option"] == "panels16:graph" and best.loc[10240, "time_ms"] == 4.1
+    fig = fig2_5_gemm(df, {"gpu": "NVIDIA H200"})
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        "4096×4096×4096\nfastest stream option:\npanels16:graph", "10240×10240×10240\nfastest stream option:\npanels16:graph"]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert TARGET_LABEL in legend and "streamed, fastest option" in legend and "raster" not in " ".join(legend)
+    # 7 bars per size, each with a target mark
+    assert len([p for p in ax.patches if p.get_height() > 0]) == 14
