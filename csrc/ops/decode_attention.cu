@@ -184,7 +184,11 @@ void issue_runs(const uintptr_t* dst_bases, const uintptr_t* src_bases, size_t b
   if (dsts.empty()) return;
 #if CUDART_VERSION >= 13000
   static std::atomic<bool> batch_ok{true};  // atomic: safe should a binding ever release the GIL
-  if (batch_ok && dsts.size() > 1) {
+  // Under stream capture (a CUDA graph of a stream call) the plain copies become graph nodes; a refused batch
+  // there would invalidate the capture and switch the batch off for every later eager call of the process.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(s, &capturing), "decode_attention: cudaStreamIsCapturing");
+  if (batch_ok && dsts.size() > 1 && capturing == cudaStreamCaptureStatusNone) {
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // the pinned pages may be written by earlier work
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;

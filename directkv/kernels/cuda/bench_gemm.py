@@ -7,8 +7,8 @@ Rows (one per size x method), all `mode="measured"`, C = A B with square fp16 op
                     ring and multiplied by cuBLAS (beyond the paper); stream:k cuts B into row panels (each
                     one contiguous copy, C accumulated in fp16), stream:panels reads B from a copy stored in
                     column-panel order (each panel one contiguous copy); a ':graph' row replays the same
-                    call captured once into a CUDA graph (gemm_graph.capture_gemm, captured at its first call,
-                    outside the timing);
+                    call captured once into a CUDA graph (capture.replayed, as gemm_graph.capture_gemm captures
+                    it, at the row's first call, outside the timing);
   cublas_hbm        : torch.matmul with B in HBM (the compute anchor);
   cublas_zero_copy  : torch.matmul reading B through the zero-copy view.
 L2 is flushed before every timed call.
@@ -25,8 +25,8 @@ from functools import partial
 import torch
 
 from directkv.kernels.cuda.bench_prefill import get_ceilings, report, run_point, timed
+from directkv.kernels.cuda.capture import replayed
 from directkv.kernels.cuda.gemm_case_study import gemm, host_panels
-from directkv.kernels.cuda.gemm_graph import GemmGraph, capture_gemm
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 
 # name -> extra keyword arguments of gemm (variant is the part before ':'); "_b": "hbm" runs the kernel with
@@ -127,16 +127,10 @@ def _size_rows(m: int, n: int, k: int, base: dict, kernels, anchors, warmup: int
         b = {"hbm": b_hbm, "host": b_view}[home] if home != "panels" else b_panels[panels[name]]
         if kwargs.pop("_panels", None) is not None and home != "panels":  # HostPanels carry their own cut
             kwargs["panel"] = panels[name]
-        if not kwargs.pop("_graph", False):
-            return lambda: gemm(a, b, out=out, **kwargs)
-        graph: list[GemmGraph] = []  # captured by the first call, inside run_point: a failure is the row's error
-
-        def replay():
-            if not graph:
-                graph.append(capture_gemm(a, b, out=out, **kwargs))
-            return graph[0]()
-
-        return replay
+        graph = kwargs.pop("_graph", False)
+        call = lambda: gemm(a, b, out=out, **kwargs)  # noqa: E731
+        # a graph is captured by the row's first, checked call, inside run_point: a failure is the row's error
+        return replayed(call, lambda: out.fill_(float("nan"))) if graph else call
 
     methods = {name: (kernel(name), None) for name in kernels}
     anchor_fns = {"cublas_hbm": (lambda: a @ b_hbm, 0), "cublas_zero_copy": (lambda: a @ b_view, None)}

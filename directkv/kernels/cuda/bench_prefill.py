@@ -25,6 +25,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from directkv.kernels.cuda.capture import replayed
 from directkv.kernels.cuda.prefill_attention import prefill_attention
 from directkv.kernels.cuda.prefill_stream import plan_prefill_stream
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
@@ -46,7 +47,12 @@ KERNELS = {
     "stream:8chunks": {"min_chunks": 8},  # smaller chunks: less idle before the first and after the last
     "stream:16chunks": {"min_chunks": 16},  # 2 MiB chunks at 16K past, STREAM_MIN_CHUNK_BYTES
     "stream:tiled": {"pass_kernel": "tiled"},  # the ring's passes run our tiled kernel instead of flash
+    # the same planned calls replayed from a CUDA graph (capture.replayed; captured at the row's first call):
+    # no host gap between the timing's start and the first copy, nor between the passes
+    "stream:graph": {"_graph": True},
+    "stream:4chunks:graph": {"min_chunks": 4, "_graph": True},
 }
+REL_ERR_MAX = 1e-2  # bf16 against SDPA in HBM; every kernel row measured <= 0.004 on the H200
 
 
 # ---- helpers shared with bench_gemm ----
@@ -180,13 +186,13 @@ def bench_prefill(
         v_new = torch.randn(q_len, num_kv_heads, head_dim, device="cuda").to(dtype)
         methods = _methods(q, k_new, v_new, (kv, kv_hbm), torch.cat([k_past, k_new]), torch.cat([v_past, v_new]),
                            kernels, anchors)
-        reference = methods.pop("_reference")
+        reference, out = methods.pop("_reference"), methods.pop("_out")
         for name, (fn, link_bytes, kv_bytes, *extra) in methods.items():
             row = dict(base, **(extra[0] if extra else {}), variant=name, kv_bytes=kv_bytes, link_read_bytes=link_bytes,
                        floor_ms=kv_bytes / (ceilings["ce_h2d_gbps"] * 1e9) * 1e3 if "ce_h2d_gbps" in ceilings else None)
             slow = name in ("sdpa_zero_copy", "naive")
             rows.append(run_point(row, partial(_measure, fn, row, reference, warmup=1 if slow else warmup,
-                                               repeats=3 if slow else repeats)))
+                                               repeats=3 if slow else repeats, out=out if name in kernels else None)))
         _add_targets(rows, q_len)
         del methods
     return rows
@@ -194,7 +200,7 @@ def bench_prefill(
 
 def _methods(q, k_new, v_new, caches: tuple[PagedKV, PagedKV], k_all, v_all, kernels, anchors) -> dict:
     """name -> (call, link bytes or None, host K/V bytes[, extra row fields]) for one q_len, plus "_reference"
-    (SDPA in HBM).
+    (SDPA in HBM) and "_out" (the kernels' output buffer).
 
     caches: the paged cache in host pages and its copy in HBM pages; k_all, v_all `[past_len + q_len,
     num_kv_heads, head_dim]` in HBM; the anchors' pinned copy is made here.
@@ -228,7 +234,9 @@ def _methods(q, k_new, v_new, caches: tuple[PagedKV, PagedKV], k_all, v_all, ker
             kwargs["stream_plan"] = plan_prefill_stream(cache, chunk_bytes=kwargs.pop("chunk_bytes", None),
                                                         min_chunks=kwargs.pop("min_chunks", 1))
             extra["plan_ms"] = (time.perf_counter() - t0) * 1e3
-        return (lambda: prefill_attention(q, k_new, v_new, cache, out=out, **kwargs)), extra
+        graph = kwargs.pop("_graph", False)
+        call = lambda: prefill_attention(q, k_new, v_new, cache, out=out, **kwargs)  # noqa: E731
+        return (replayed(call, lambda: out.fill_(float("nan"))) if graph else call), extra
 
     methods = {}
     for name in kernels:
@@ -241,12 +249,18 @@ def _methods(q, k_new, v_new, caches: tuple[PagedKV, PagedKV], k_all, v_all, ker
     }
     methods.update({a: anchor_fns[a] for a in anchors})
     methods["_reference"] = _sdpa(qh, *hbm_kv)[0].transpose(0, 1).double()
+    methods["_out"] = out  # the kernel rows' shared output, poisoned before each checked call
     return methods
 
 
-def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, warmup: int, repeats: int) -> None:
+def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, warmup: int, repeats: int,
+             out: torch.Tensor | None = None) -> None:
     """One checked call (rel_err against the HBM SDPA output; a kernel's closed-form link bytes, writes only where
-    it has some), then timing. bench_proj measures the same way."""
+    it has some), then timing; a rel_err above REL_ERR_MAX (or NaN) makes the row an error. `out`, the buffer the
+    kernel rows share, is poisoned first, so a call that leaves it unwritten fails instead of passing on the
+    previous row's output. bench_proj measures the same way."""
+    if out is not None:
+        out.fill_(float("nan"))
     result = fn()
     if isinstance(result, tuple):  # a kernel: (out, Traffic)
         row["link_read_bytes"] = result[1].link_read_bytes
@@ -256,6 +270,8 @@ def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, wa
     else:
         result = result[0].transpose(0, 1)
     row["rel_err"] = float((result.double() - reference).norm() / reference.norm())
+    if not row["rel_err"] <= REL_ERR_MAX:  # NaN fails too
+        raise ValueError(f"rel. error {row['rel_err']:.3g} against SDPA in HBM exceeds {REL_ERR_MAX}: wrong output")
     row.update(timed(fn, warmup=warmup, repeats=repeats))
 
 

@@ -1,6 +1,7 @@
 """Capture a callable into a CUDA graph the way torch requires: one warm-up call on a side stream first, so
 library handles and workspaces (cuBLAS's) are made outside the capture. Used by the runner's dense layer
-graphs (model/graphs.py) and by the stream GEMM's graph (gemm_graph.py)."""
+graphs (model/graphs.py), the stream GEMM's graph (gemm_graph.py) and the benchmarks' `:graph` rows
+(replayed)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,20 @@ def cuda_capture(fn: Callable[[], Any], pool: Any) -> tuple[Callable[[], None], 
     with torch.cuda.graph(graph, pool=pool):
         outputs = fn()
     return graph.replay, outputs
+
+
+def replayed(fn: Callable[[], Any], poison: Callable[[], None]) -> Callable[[], Any]:
+    """fn as a benchmark row replaying a CUDA graph: the first call captures fn (cuda_capture, a private pool),
+    poisons the outputs, since the capture's eager warm-up call wrote them, and replays; later calls replay.
+    Each returns the capture's outputs, refreshed in place. A capture that fails raises from the first call,
+    where the benchmark's run_point records it as the row's error."""
+    graph: list[tuple[Callable[[], None], Any]] = []
+
+    def call() -> Any:
+        if not graph:
+            graph.append(cuda_capture(fn, None))
+            poison()
+        graph[0][0]()
+        return graph[0][1]
+
+    return call
