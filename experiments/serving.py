@@ -67,8 +67,10 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
             if steps_path is not None:
                 steps_path.unlink(missing_ok=True)  # an earlier, cut attempt's series is not this run's
             warm = _process["served"]
-            _process["served"] = True  # a point that fails midway has still run the process's first steps
             res, extra = _serve_gpu(policy, s, requests, warmup, steps_path)
+            # warm only once a serving has finished: a point that failed (before its first step, or midway) may
+            # have warmed nothing, so the next point gets its pass (and says process_warm truthfully)
+            _process["served"] = True
             return _fill(row, res, s, extra | {"process_warm": warm})
         res = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
                        pipelining=s.pipelining, stream_slots=s.stream_slots)
@@ -97,8 +99,8 @@ def _serve_gpu(policy: SystemPolicy, s: Setup, requests: list[Request], warmup: 
 
 def warm_process(policy: SystemPolicy, s: Setup, requests: list[Request], *, warmup: int) -> bool:
     """The warm-up pass (executor.warmup_pass): serve `requests` once with `policy` on the GPU, unmeasured, if this
-    process has served nothing yet. Returns whether it ran. A failing pass is reported on one line and the point
-    is measured anyway (its row's process_warm says false)."""
+    process has finished no serving yet. Returns whether it ran. A failing pass is reported on one line and the
+    point is measured anyway (its row's process_warm says false); the next point tries a pass again."""
     if _process["served"]:
         return False
     t0 = time.perf_counter()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from directkv.errors import ConfigError
-from directkv.kernels.cuda.gemm_case_study import HostPanels, host_panels
+from directkv.kernels.cuda.gemm_case_study import HostPanels, gemm, host_panels
 from directkv.kernels.cuda.gemm_graph import capture_gemm
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 
@@ -74,7 +74,34 @@ def test_replays_write_out_and_read_current_inputs(case, shape):
     rewrite_b(b, b_values)
     torch.cuda.synchronize()  # rewrite_b of HostPanels is a host-side copy
     replay_and_check(graph, a, b_values)
-    replay_and_check(graph, a, b_values)  # back to back: the second replay's copies reuse the first one's ring
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("case", ["stream-n", "stream-k", "stream-sm"])
+def test_back_to_back_replays_follow_inputs_written_in_stream_order(case):
+    """Two replays with no host sync between them, A and B rewritten on the stream in between and the first
+    product copied aside on the stream: the second replay's copies into the ring must come after the rewrite
+    and after the first replay's products are done with the ring."""
+    options, _ = CASES[case]
+    m, n, k = 2000, 1000, 1536
+    a1, a2 = torch.randn(m, k, device="cuda").half(), torch.randn(m, k, device="cuda").half()
+    b1, b2 = torch.randn(k, n, device="cuda").half(), torch.randn(k, n, device="cuda").half()
+    a = a1.clone()
+    b = place_b(b1, "zero_copy")  # a zero-copy view: b.copy_ below runs on the current stream
+    graph = capture_gemm(a, b, **options)
+    first = torch.full_like(graph.out, math.nan)
+    graph()
+    first.copy_(graph.out)
+    a.copy_(a2)
+    b.copy_(b2)
+    graph.out.fill_(math.nan)
+    graph()
+    torch.cuda.synchronize()
+    for got, (x, y) in ((first, (a1, b1)), (graph.out, (a2, b2))):
+        ref = x.double() @ y.double()
+        assert not got.isnan().any(), "unwritten or NaN output elements"
+        assert float((got.double() - ref).norm() / ref.norm()) < 5e-3
 
 
 @pytest.mark.gpu
@@ -90,12 +117,39 @@ def test_capture_writes_into_a_given_fp32_out():
 
 @pytest.mark.gpu
 @needs_cuda
+def test_a_failure_inside_the_capture_leaves_the_stream_usable(monkeypatch):
+    """The warm-up call succeeds and the captured one raises: the error reaches the caller (a benchmark row's
+    error), and captures and eager calls after it work."""
+    import directkv.kernels.cuda.gemm_graph as gemm_graph
+
+    a = torch.randn(64, 64, device="cuda").half()
+    b = place_b(torch.randn(64, 64, device="cuda").half(), "zero_copy")
+    calls = []
+
+    def second_call_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("failed during capture")
+        return gemm(*args, **kwargs)
+
+    monkeypatch.setattr(gemm_graph, "gemm", second_call_fails)
+    with pytest.raises(RuntimeError, match="failed during capture"):
+        capture_gemm(a, b, variant="stream")
+    monkeypatch.undo()
+    replay_and_check(capture_gemm(a, b, variant="stream"), a, b)
+    c, _ = gemm(a, b, variant="stream")
+    torch.cuda.synchronize()
+    assert not c.isnan().any()
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_bad_options_fail_before_capture_with_gemms_message():
     a = torch.randn(64, 64, device="cuda").half()
     b = place_b(torch.randn(64, 64, device="cuda").half(), "zero_copy")
     with pytest.raises(ConfigError, match="gemm variant 'bogus'"):
         capture_gemm(a, b, variant="bogus")
-    # the stream still captures after a failed call: no capture was left open
+    # the warm-up call raised, before any capture began; a capture after it works
     replay_and_check(capture_gemm(a, b, variant="stream"), a, b)
 
 

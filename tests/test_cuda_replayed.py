@@ -78,3 +78,24 @@ def test_gemm_first_call_returns_the_replays_product():
         ref = a.double() @ b.double()
         assert not c.isnan().any() and float((c.double() - ref).norm() / ref.norm()) < 5e-3
         b.copy_(torch.randn(517, 1000, device="cuda").half())
+
+
+def test_a_graph_row_whose_replay_writes_nothing_fails_its_check(monkeypatch):
+    """The benchmark's check is the replay's: a capture whose eager warm-up writes the right product but whose
+    replay writes nothing leaves the poisoned output, and the row fails (CPU stand-in for the graph)."""
+    import directkv.kernels.cuda.capture as capture
+    from directkv.kernels.cuda import bench_gemm
+    from directkv.kernels.traffic import Traffic
+
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    out = torch.empty(8, 8)
+
+    def product():
+        torch.matmul(a, b, out=out)
+        return out, Traffic()
+
+    monkeypatch.setattr(capture, "cuda_capture", lambda fn, pool: (lambda: None, fn()))  # a replay that does nothing
+    row = {"variant": "stream:graph"}
+    with pytest.raises(ValueError, match=r"rel\. error nan against cuBLAS in HBM exceeds 0\.005: wrong product"):
+        bench_gemm._measure(capture.replayed(product, lambda: out.fill_(math.nan)), row, (a @ b).double(), out,
+                            warmup=0, repeats=1)

@@ -572,5 +572,9 @@ def test_gemm_draws_the_fastest_stream_option_per_size_and_the_target() -> None:
         "4096×4096×4096\nfastest stream option:\npanels16:graph", "10240×10240×10240\nfastest stream option:\npanels16:graph"]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert TARGET_LABEL in legend and "streamed, fastest option" in legend and "raster" not in " ".join(legend)
-    # 7 bars per size, each with a target mark
+    # 7 bars per size, each with a dashed mark at its size's target
     assert len([p for p in ax.patches if p.get_height() > 0]) == 14
+    from matplotlib.collections import LineCollection
+
+    marks = [seg for c in ax.collections if isinstance(c, LineCollection) for seg in c.get_segments()]
+    assert len(marks) == 14 and sorted({round(float(seg[0][1]), 2) for seg in marks}) == [0.70, 4.35]

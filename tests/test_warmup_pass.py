@@ -92,3 +92,24 @@ def test_the_simulation_serves_nothing(calls):
 def test_warmup_pass_must_be_a_bool():
     with pytest.raises(ConfigError, match="executor.warmup_pass must be true or false; got 'maybe'"):
         setup(_compose(["+exp=context_sweep", "run_id=t", "device=cpu", "model=tiny", "executor.warmup_pass=maybe"]))
+
+
+def test_a_point_that_fails_leaves_the_process_cold_for_the_next(calls, monkeypatch, tmp_path):
+    """A measured point that raises (an OOM while pinning, say) may have served nothing: the next point gets the
+    pass, and the pass is retried after a pass that failed."""
+    real = serving._serve_gpu
+    failing = {"hbm"}
+
+    def serve(p, s, r, w, path):
+        if p.name in failing:
+            raise RuntimeError("CUDA out of memory")
+        return real(p, s, r, w, path)
+
+    monkeypatch.setattr(serving, "_serve_gpu", serve)
+    s = measuring()
+    bad = serve_point(SystemPolicy("hbm"), s, _requests(), {}, whole_batch=False, steps_path=tmp_path / "a.parquet")
+    assert measured_row(bad)["status"] == "error" and not serving._process["served"]
+    good = serve_point(SystemPolicy("swap"), s, _requests(), {}, whole_batch=False, steps_path=tmp_path / "b.parquet")
+    # hbm's pass and its point failed (no run_gpu call); swap got its own pass, then its measurement
+    assert calls == [("swap", None, 5), ("swap", tmp_path / "b.parquet", 5)]
+    assert measured_row(good)["process_warm"] and serving._process["served"]

@@ -61,7 +61,9 @@ def _size_and_option(rows: pd.DataFrame) -> pd.Series:
     label = _size(rows)
     if "option" not in rows.columns:
         return label
-    option = rows["option"].where(rows["variant"] == FASTEST).groupby(label).transform("first")
+    # per size and, where they vary, hardware and model: label_groups adds those to the group label after this
+    keys = [label] + [rows[c].astype(str) for c in ("hardware", "model") if c in rows.columns]
+    option = rows["option"].where(rows["variant"] == FASTEST).groupby(keys).transform("first")
     return label + option.map(lambda o: f"\nfastest stream option:\n{o}" if isinstance(o, str) else "")
 
 
@@ -95,7 +97,7 @@ def fig2_5_gemm(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
     if has_l2:
         l2_ax = axes[0, 1]
         draw_grouped_bars(
-            l2_ax, rows, "group", groups, variants, "l2_hit_pct", bar_style, fmt=lambda v: f"{v:.0f}%"
+            l2_ax, rows, "group", groups, variants, "l2_hit_pct", _style, fmt=lambda v: f"{v:.0f}%"
         )
         l2_ax.set_title("(b) L2 hit rate")
         l2_ax.set_ylabel("L2 hit rate (%)")

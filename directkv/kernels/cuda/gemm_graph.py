@@ -9,7 +9,7 @@ results/h200/README.md): 16 panels of B stored in panel order 0.670-0.672 ms at 
 10240^3, 0.96x and 0.93x the GEMM target (1.15x the link floor), where the same calls issued eagerly took
 0.675-0.810 and 4.16-4.22 ms. The graph holds its copy of the call's arguments: it reads
 `a` and B from the addresses it was captured with and writes `out`; rewriting their contents between replays is
-seen by the next replay (tests/test_cuda_gemm.py), reallocating them is not.
+seen by the next replay (tests/test_cuda_gemm_graph.py), reallocating them is not.
 """
 
 from __future__ import annotations
@@ -48,5 +48,6 @@ def capture_gemm(a: torch.Tensor, b: torch.Tensor | HostPanels, *, out: torch.Te
         out = torch.empty(a.shape[0], b.shape[1], dtype=torch.float16, device=a.device)
     with torch.cuda.device(a.device):
         replay, (c, traffic) = cuda_capture(lambda: gemm(a, b, out=out, **options), None)
-    check(c.data_ptr() == out.data_ptr(), "capture_gemm: gemm wrote somewhere other than out")
+    check(c.data_ptr() == out.data_ptr(), f"capture_gemm: gemm wrote its product at {c.data_ptr():#x}, not into out "
+          f"at {out.data_ptr():#x}")
     return GemmGraph(replay, out, traffic)
