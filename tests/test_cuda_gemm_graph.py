@@ -81,8 +81,9 @@ def test_replays_write_out_and_read_current_inputs(case, shape):
 @pytest.mark.parametrize("case", ["stream-n", "stream-k", "stream-sm"])
 def test_back_to_back_replays_follow_inputs_written_in_stream_order(case):
     """Two replays with no host sync between them, A and B rewritten on the stream in between and the first
-    product copied aside on the stream: the second replay's copies into the ring must come after the rewrite
-    and after the first replay's products are done with the ring."""
+    product copied aside on the stream. CUDA runs two graph launches on one stream in order; this checks that the
+    graph's copies read B where the stream left it (its copy nodes are ordered after the graph's start) and that
+    each replay writes all of C, not only what a single replay check sees."""
     options, _ = CASES[case]
     m, n, k = 2000, 1000, 1536
     a1, a2 = torch.randn(m, k, device="cuda").half(), torch.randn(m, k, device="cuda").half()
@@ -118,28 +119,31 @@ def test_capture_writes_into_a_given_fp32_out():
 @pytest.mark.gpu
 @needs_cuda
 def test_a_failure_inside_the_capture_leaves_the_stream_usable(monkeypatch):
-    """The warm-up call succeeds and the captured one raises: the error reaches the caller (a benchmark row's
-    error), and captures and eager calls after it work."""
-    import directkv.kernels.cuda.gemm_graph as gemm_graph
+    """The warm-up call succeeds and the captured one raises after its side stream has forked and copied a panel
+    (its second cuBLAS call): the caller sees that error, not the unjoined capture's, its current stream is
+    restored, and captures and eager calls after it work."""
+    a = torch.randn(256, 512, device="cuda").half()
+    b = place_b(torch.randn(512, 640, device="cuda").half(), "zero_copy")
+    panels = -(-640 // 128)
+    mm, calls = torch.mm, []
 
-    a = torch.randn(64, 64, device="cuda").half()
-    b = place_b(torch.randn(64, 64, device="cuda").half(), "zero_copy")
-    calls = []
-
-    def second_call_fails(*args, **kwargs):
+    def failing_mm(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("failed during capture")
-        return gemm(*args, **kwargs)
+        if len(calls) == panels + 2:  # the capture's second panel: the side stream is forked, not yet joined
+            raise torch.cuda.OutOfMemoryError("out of memory inside the capture")
+        return mm(*args, **kwargs)
 
-    monkeypatch.setattr(gemm_graph, "gemm", second_call_fails)
-    with pytest.raises(RuntimeError, match="failed during capture"):
-        capture_gemm(a, b, variant="stream")
+    before = torch.cuda.current_stream()
+    monkeypatch.setattr(torch, "mm", failing_mm)
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="out of memory inside the capture"):
+        capture_gemm(a, b, variant="stream", panel=128)
     monkeypatch.undo()
-    replay_and_check(capture_gemm(a, b, variant="stream"), a, b)
-    c, _ = gemm(a, b, variant="stream")
+    assert torch.cuda.current_stream() == before
+    replay_and_check(capture_gemm(a, b, variant="stream", panel=128), a, b)
+    c, _ = gemm(a, b, variant="stream", panel=128)
     torch.cuda.synchronize()
-    assert not c.isnan().any()
+    ref = a.double() @ b.double()
+    assert float((c.double() - ref).norm() / ref.norm()) < 5e-3
 
 
 @pytest.mark.gpu

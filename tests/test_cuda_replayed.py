@@ -42,7 +42,15 @@ def test_prefill_stream_replays_follow_new_queries(pass_kernel):
         torch.cuda.synchronize()
         assert result.data_ptr() == out.data_ptr()
         assert_matches(out, ref)
-        q.copy_(torch.randn_like(q))  # same address, new values: the next replay must see them
+        # same addresses, new values: the queries, and the past's pages in host memory (written through the
+        # zero-copy views on the stream, and in the CPU fixture the reference reads); the next replay's copy
+        # nodes must read the new pages
+        q.copy_(torch.randn_like(q))
+        for view, cpu in ((kv.host_k, kv_cpu.host_k), (kv.host_v, kv_cpu.host_v)):
+            new = torch.randn(cpu.shape, dtype=cpu.dtype)
+            cpu.copy_(new)
+            view.copy_(new.to(view.device))
+        torch.cuda.synchronize()
         out.fill_(math.nan)
     assert poisoned == [1]  # once, between the capture and the first replay
 

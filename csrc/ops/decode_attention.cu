@@ -186,9 +186,11 @@ void issue_runs(const uintptr_t* dst_bases, const uintptr_t* src_bases, size_t b
   static std::atomic<bool> batch_ok{true};  // atomic: safe should a binding ever release the GIL
   // Under stream capture (a CUDA graph of a stream call) the plain copies become graph nodes; a refused batch
   // there would invalidate the capture and switch the batch off for every later eager call of the process.
+  // The legacy default stream is refused by the batch API: plain copies there too, batching left on for the rest.
+  const bool legacy = s == nullptr || s == cudaStreamLegacy;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  check_cuda(cudaStreamIsCapturing(s, &capturing), "decode_attention: cudaStreamIsCapturing");
-  if (batch_ok && dsts.size() > 1 && capturing == cudaStreamCaptureStatusNone) {
+  if (!legacy) check_cuda(cudaStreamIsCapturing(s, &capturing), "decode_attention: cudaStreamIsCapturing");
+  if (batch_ok && dsts.size() > 1 && !legacy && capturing == cudaStreamCaptureStatusNone) {
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // the pinned pages may be written by earlier work
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;

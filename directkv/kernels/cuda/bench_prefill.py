@@ -53,7 +53,7 @@ KERNELS = {
     "stream:4chunks:graph": {"min_chunks": 4, "_graph": True},
     "stream:8chunks:graph": {"min_chunks": 8, "_graph": True},  # per-chunk launches cost no host time here
 }
-REL_ERR_MAX = 1e-2  # bf16 against SDPA in HBM; every kernel row measured <= 0.004 on the H200
+REL_ERR_MAX = 1e-2  # bf16 against SDPA in HBM; every kernel row measured <= 0.0041 on the H200
 
 
 # ---- helpers shared with bench_gemm ----
@@ -255,9 +255,9 @@ def _methods(q, k_new, v_new, caches: tuple[PagedKV, PagedKV], k_all, v_all, ker
 
 
 def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, warmup: int, repeats: int,
-             out: torch.Tensor | None = None) -> None:
+             out: torch.Tensor | None = None, max_rel_err: float = REL_ERR_MAX) -> None:
     """One checked call (rel_err against the HBM SDPA output; a kernel's closed-form link bytes, writes only where
-    it has some), then timing; a rel_err above REL_ERR_MAX (or NaN) makes the row an error. `out`, the buffer the
+    it has some), then timing; a rel_err above max_rel_err (or NaN) makes the row an error. `out`, the buffer the
     kernel rows share, is poisoned first, so a call that leaves it unwritten fails instead of passing on the
     previous row's output. bench_proj measures the same way."""
     if out is not None:
@@ -271,8 +271,8 @@ def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, wa
     else:
         result = result[0].transpose(0, 1)
     row["rel_err"] = float((result.double() - reference).norm() / reference.norm())
-    if not row["rel_err"] <= REL_ERR_MAX:  # NaN fails too
-        raise ValueError(f"rel. error {row['rel_err']:.3g} against SDPA in HBM exceeds {REL_ERR_MAX}: wrong output")
+    if not row["rel_err"] <= max_rel_err:  # NaN fails too
+        raise ValueError(f"rel. error {row['rel_err']:.3g} against SDPA in HBM exceeds {max_rel_err}: wrong output")
     row.update(timed(fn, warmup=warmup, repeats=repeats))
 
 

@@ -34,6 +34,10 @@ from directkv.kernels.cuda.bench_prefill import (
 from directkv.kernels.cuda.proj_attention import VARIANTS, proj_attention, project, rope_tables
 from directkv.kernels.cuda.zero_copy import pinned_empty
 
+# bf16 projections then attention, against cuBLAS + SDPA: 0.0028-0.0031 at Llama's shapes on the H200; small test
+# shapes (hidden 128) round more, and the GPU test accepts < 2e-2
+PROJ_REL_ERR_MAX = 2e-2
+
 
 def bench_proj(
     q_lens: Sequence[int] = (1, 512, 2048),
@@ -74,7 +78,8 @@ def bench_proj(
         for name, fn in methods.items():
             row = dict(base, variant=name, kv_bytes=kv_bytes, floor_ms=floor,
                        link_read_bytes=kv_bytes if name == "swap_sdpa" else 0 if name == "sdpa_hbm" else None)
-            rows.append(run_point(row, partial(_measure, fn, row, reference, warmup=warmup, repeats=repeats)))
+            rows.append(run_point(row, partial(_measure, fn, row, reference, warmup=warmup, repeats=repeats,
+                                               max_rel_err=PROJ_REL_ERR_MAX)))
             # both directions: the kernels' writes of the new K/V cross the same link
             t, moved = row.get("time_ms"), (row["link_read_bytes"] or 0) + (row.get("link_write_bytes") or 0)
             row["link_gbps"] = moved / (t * 1e-3) / 1e9 if t and moved else None

@@ -5,6 +5,7 @@ graphs (model/graphs.py), the stream GEMM's graph (gemm_graph.py) and the benchm
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -28,8 +29,20 @@ def cuda_capture(fn: Callable[[], Any], pool: Any) -> tuple[Callable[[], None], 
         fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    before = torch.cuda.current_stream()
+    capture = torch.cuda.graph(graph, pool=pool)
+    capture.__enter__()
+    try:
         outputs = fn()
+    except BaseException:
+        # fn failed inside the capture, maybe with a side stream forked and not joined back: ending such a
+        # capture raises an error of its own, which would hide fn's (an OOM would read as a capture error), and
+        # torch's exit would then skip restoring the caller's stream
+        with contextlib.suppress(Exception):
+            capture.__exit__(None, None, None)
+        torch.cuda.set_stream(before)
+        raise
+    capture.__exit__(None, None, None)
     return graph.replay, outputs
 
 

@@ -35,7 +35,8 @@ stream    : beyond the paper, no kernel of ours: the copy engine moves B a colum
             keeps the column cut with contiguous panels and no C accumulation. Measured on the H200
             (2026-11-29, two runs, 10240^3): split "k" 4.35 / 4.37 ms, HostPanels 4.25 / 4.26, against
             targets of 4.38 / 4.39 (1.15 x the link floor): both meet the GEMM target there; at 4096^3 both
-            stay 1.06-1.14x over it (2026-12-02, two runs: HostPanels met it at both sizes, 0.96-0.99x). Each
+            stayed 1.06-1.14x over it then (on 2026-12-02, two runs, HostPanels met it at both sizes, 0.96-0.99x,
+            and split "k" at 4096 came to 1.02x / 0.99x). Each
             panel costs ~30-40 us of host work (Python issues its copy, events and cuBLAS call);
             gemm_graph.capture_gemm captures a call once and replays it as one graph: 16 panels from a graph met
             the target at both sizes in both of those runs (0.93-0.96x), within 1.3% of each other.
