@@ -22,11 +22,11 @@ METRIC_KEYS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", 
                "duration_s")
 
 
-# Whether this process has served requests on the GPU yet (a warm-up pass or a measured point). The first
-# system measured in a fresh process ran its first ~6 s of ShareGPT steps 25-60% slower (prompt and decode steps
-# alike, the host's own per-step work too) than the same steps of a system measured after it, 8-30% on the whole
-# run; a system served first only to warm the process left the next two fast (H200, 2026-12-02,
-# results/h200/README.md, eighteenth session). The cause is not known; executor.warmup_pass pays it unmeasured.
+# Whether this process has finished a serving on the GPU yet (a warm-up pass or a measured point). The first
+# system measured in a fresh process ran its first ~6 s of ShareGPT steps slower than a system measured after
+# it (prompt steps +39-54%, the host's own per-step work too), 8-30% on the whole run; a system served first only
+# to warm the process left the next two fast (H200, 2026-12-02, results/h200/README.md, eighteenth session). The
+# cause is not known; executor.warmup_pass pays most of it unmeasured (with it: +14% / -2% in those 6 s).
 _process = {"served": False}
 
 
