@@ -82,6 +82,16 @@ class ResultsWriter:
         return any(r.get("status") in ("ok", "oom") and all(_same(r.get(k), v) for k, v in key.items())
                    for r in self.rows)
 
+    def forget(self, **key) -> int:
+        """Drop the rows with these column values (a point about to be served again: its failed attempt and the
+        simulated twin made beside it), rewrite the file, and return how many went."""
+        keep = [r for r in self.rows if not all(_same(r.get(k), v) for k, v in key.items())]
+        gone = len(self.rows) - len(keep)
+        if gone:
+            self.rows = keep
+            self._write()
+        return gone
+
     def add(self, row: dict) -> dict:
         missing = [k for k in REQUIRED if k not in row]
         if missing:
@@ -90,10 +100,13 @@ class ResultsWriter:
             raise ValueError(f"row mode {row['mode']!r} / status {row['status']!r}; valid: {MODES} / {STATUSES}")
         full = {k: float("nan") for k in STANDARD} | {"error": ""} | row
         self.rows.append(full)
+        self._write()
+        return full
+
+    def _write(self) -> None:
         tmp = self.path.with_suffix(".parquet.tmp")
         pd.DataFrame(self.rows).to_parquet(tmp, index=False)
         os.replace(tmp, self.path)
-        return full
 
     def finish(self, **extra) -> Path:
         modes = sorted({r["mode"] for r in self.rows})

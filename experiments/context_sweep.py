@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 from directkv.errors import check
 from directkv.results import ResultsWriter
 from experiments.common import as_int, base_row, check_context, int_list, policies, progress, setup
-from experiments.serving import serve_point, steps_file
+from experiments.serving import point_done, serve_point, steps_file
 from workloads import synthetic_workload
 
 
@@ -23,7 +23,7 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
     points = [(ctx, p) for ctx in contexts for p in pols]
     for ctx, pol in progress(cfg, points, "context_sweep"):
         key = dict(system=pol.name, variant=pol.variant, context_len=float(ctx))
-        if writer.done(**key):
+        if point_done(writer, s, **key):
             continue
         wl = synthetic_workload(batch, ctx, out, seed=int(cfg.seed))
         row = base_row(cfg, s, system=pol.name, variant=pol.variant) | {

@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 from directkv.errors import check
 from directkv.results import ResultsWriter
 from experiments.common import as_int, base_row, check_rate, policies, progress, setup
-from experiments.serving import serve_point, steps_file
+from experiments.serving import point_done, serve_point, steps_file
 from workloads import build_workload, save_schedule, with_arrivals
 
 DATASETS = ("sharegpt", "alpaca")
@@ -46,7 +46,7 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
                                     for d, w in workloads.items()}
     points = [(d, float(r), p) for d in cfg.datasets for r in cfg.rates for p in pols]
     for d, rate, pol in progress(cfg, points, "rate_sweep"):
-        if writer.done(system=pol.name, variant=pol.variant, dataset=d, rate=rate):
+        if point_done(writer, s, system=pol.name, variant=pol.variant, dataset=d, rate=rate):
             continue
         wl = with_arrivals(workloads[d], rate, float(cfg.burstiness), seed=int(cfg.seed))
         save_schedule(wl, writer.run_dir / "schedules" / f"{d}-rate{rate:g}.parquet")  # replayable on a GPU

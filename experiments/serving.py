@@ -13,6 +13,7 @@ from directkv.engine.loop import ServeResult
 from directkv.engine.sim_executor import kv_budgets, simulate
 from directkv.engine.systems import SystemPolicy, stream_row_columns
 from directkv.errors import ConfigError, KVCapacityError
+from directkv.results import ResultsWriter
 from experiments.common import Setup
 from workloads.request import Request
 
@@ -113,6 +114,16 @@ def warm_process(policy: SystemPolicy, s: Setup, requests: list[Request], *, war
     print(f"warm-up pass: {policy.label}, {len(requests)} requests, {time.perf_counter() - t0:.1f} s, unmeasured "
           f"(executor.warmup_pass)", flush=True)
     return True
+
+
+def point_done(writer: ResultsWriter, s: Setup, **key) -> bool:
+    """Whether a rerun into the same run directory skips this serving point: on a GPU when its measured row is
+    ok or oom (a simulated twin alone does not count: a measurement that failed is tried again), when simulating
+    when any row is. A point not done loses its earlier rows, so its next attempt does not sit beside them."""
+    if writer.done(**key, **({"mode": "measured"} if s.device == "cuda" else {})):
+        return True
+    writer.forget(**key)
+    return False
 
 
 def steps_file(run_dir: Path, policy: SystemPolicy, point: str) -> Path:

@@ -40,3 +40,12 @@ def test_rows_survive_each_add(tmp_path):
     w.add(ROW)
     assert len(pd.read_parquet(tmp_path / "results.parquet")) == 1  # on disk before finish()
     assert json.loads((tmp_path / "manifest.json").read_text())["finished_at"] is None
+
+
+def test_forget_drops_a_points_rows_and_rewrites_the_file(tmp_path):
+    w = ResultsWriter(tmp_path / "run", exp="x", config={})
+    w.add(ROW | {"context_len": 1024.0, "mode": "measured", "status": "error", "error": "cut"})
+    w.add(ROW | {"context_len": 1024.0})
+    w.add(ROW | {"context_len": 2048.0})
+    assert w.forget(system="hbm", context_len=1024.0) == 2 and w.forget(system="hbm", context_len=4096.0) == 0
+    assert list(pd.read_parquet(tmp_path / "run" / "results.parquet")["context_len"]) == [2048.0]

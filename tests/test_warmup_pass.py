@@ -113,3 +113,24 @@ def test_a_point_that_fails_leaves_the_process_cold_for_the_next(calls, monkeypa
     # hbm's pass and its point failed (no run_gpu call); swap got its own pass, then its measurement
     assert calls == [("swap", None, 5), ("swap", tmp_path / "b.parquet", 5)]
     assert measured_row(good)["process_warm"] and serving._process["served"]
+
+
+def test_a_rerun_serves_again_a_point_whose_measurement_failed(tmp_path):
+    """On a GPU a point is done when its measured row is ok or oom; its simulated twin alone does not count. A
+    point served again loses its earlier rows first. When simulating, any ok row makes it done."""
+    from directkv.results import ResultsWriter
+    from experiments.serving import point_done
+
+    row = dict(exp="rate_sweep", system="swap", variant="", model="tiny", hardware="h200-pcie5", dataset="sharegpt",
+               rate=10.0)
+    w = ResultsWriter(tmp_path / "run", exp="rate_sweep", config={})
+    w.add(row | {"mode": "measured", "status": "error", "error": "RuntimeError: cut"})
+    w.add(row | {"mode": "simulated", "status": "ok"})
+    w.add(row | {"rate": 5.0, "mode": "measured", "status": "oom", "error": "too big"})
+    gpu, cpu = measuring(), measuring()
+    cpu = dataclasses.replace(cpu, device="cpu")
+    key = dict(system="swap", variant="", dataset="sharegpt")
+    assert point_done(w, cpu, **key, rate=10.0)  # simulating: the ok simulated row is the point
+    assert point_done(w, gpu, **key, rate=5.0)  # an oom measurement is an answer
+    assert not point_done(w, gpu, **key, rate=10.0)  # a failed measurement is not
+    assert [(r["rate"], r["mode"]) for r in w.rows] == [(5.0, "measured")]  # its rows went
