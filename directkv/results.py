@@ -104,9 +104,7 @@ class ResultsWriter:
         return full
 
     def _write(self) -> None:
-        tmp = self.path.with_suffix(".parquet.tmp")
-        pd.DataFrame(self.rows).to_parquet(tmp, index=False)
-        os.replace(tmp, self.path)
+        write_parquet(pd.DataFrame(self.rows), self.path)
 
     def finish(self, **extra) -> Path:
         modes = sorted({r["mode"] for r in self.rows})
@@ -124,6 +122,14 @@ class ResultsWriter:
         tmp = self.run_dir / "manifest.json.tmp"
         tmp.write_text(json.dumps(self.manifest, indent=2, default=str))
         os.replace(tmp, self.run_dir / "manifest.json")
+
+
+def write_parquet(df: pd.DataFrame, path: Path) -> None:
+    """df at `path`, whole or not at all: written beside it, then moved over it (a run cut mid-write keeps the
+    previous file, never half a file)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
 
 
 def _same(a, b) -> bool:

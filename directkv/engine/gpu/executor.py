@@ -30,6 +30,7 @@ from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS, check_stream_sl
 from directkv.memory import HostArena, KVCacheManager
 from directkv.model.runner import ModelRunner
 from directkv.model.weights import init_weights
+from directkv.results import write_parquet
 from directkv.specs import ModelSpec
 from workloads.request import Request
 
@@ -202,12 +203,11 @@ def write_step_series(path: Path, shapes: list[tuple[int, int, float]],
     slower in the slow one. Written whole or not at all (a run cut by a timeout leaves no half file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     first = shapes[0][2] if shapes else 0.0
-    tmp = path.with_suffix(".tmp")
-    pd.DataFrame({"step": range(len(times)), "start_s": [s[2] - first for s in shapes],
-                  "decodes": [s[0] for s in shapes], "prompt_tokens": [s[1] for s in shapes],
-                  "device_ms": [1e3 * t[0] for t in times], "host_queue_ms": [1e3 * t[1] for t in times],
-                  "host_prep_ms": [1e3 * t[2] for t in times]}).to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    write_parquet(pd.DataFrame({"step": range(len(times)), "start_s": [s[2] - first for s in shapes],
+                                "decodes": [s[0] for s in shapes], "prompt_tokens": [s[1] for s in shapes],
+                                "device_ms": [1e3 * t[0] for t in times],
+                                "host_queue_ms": [1e3 * t[1] for t in times],
+                                "host_prep_ms": [1e3 * t[2] for t in times]}), path)
 
 
 def step_time_columns(times: list[tuple[float, float, float]], *, device: bool = True) -> dict:

@@ -3,9 +3,10 @@ collections that still run are counted and timed.
 
 A collection pauses the thread that queues the GPU's work; in host-bound steps (42-54% of a ShareGPT replay's
 steps on the H200) the device then waits. Systems run second in a process measured ~10% faster on the median
-(2026-12-01, thirteen pairs). One possible cause, not measured: the first run's collections still scanned the
-model build's objects, which a later run finds in the oldest generation. The freeze removes that difference, and
-the columns below say how long collections paused each run.
+(2026-12-01, thirteen pairs). The guess was that the first run's collections still scanned the model build's
+objects; the columns below then measured 1-4 ms of collection pauses per run, far too little, and the slow start
+was found elsewhere (experiments/serving.py, executor.warmup_pass). The freeze stays: it keeps those pauses
+small and alike for every run.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from functools import partial
 
 import torch
 
-from directkv.kernels.cuda.bench_prefill import get_ceilings, report, run_point, timed
+from directkv.kernels.cuda.bench_prefill import check_rel_err, get_ceilings, report, run_point, timed
 from directkv.kernels.cuda.capture import replayed
 from directkv.kernels.cuda.gemm_case_study import gemm, host_panels
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
@@ -155,9 +155,7 @@ def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, out: 
         if row["variant"].split(":")[0] not in SM_REQUESTS_ONLY:
             row["link_read_bytes"] = result[1].link_read_bytes
         result = result[0]
-    row["rel_err"] = float((result.double() - reference).norm() / reference.norm())
-    if not row["rel_err"] <= REL_ERR_MAX:  # NaN fails too
-        raise ValueError(f"rel. error {row['rel_err']:.3g} against cuBLAS in HBM exceeds {REL_ERR_MAX}: wrong product")
+    check_rel_err(row, result, reference, REL_ERR_MAX, "cuBLAS in HBM", "product")
     row.update(timed(fn, warmup=warmup, repeats=repeats))
 
 

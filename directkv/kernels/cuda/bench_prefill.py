@@ -87,6 +87,15 @@ def timed(fn: Callable[[], object], *, warmup: int, repeats: int) -> dict:
     return time_fn(fn, warmup=warmup, repeats=repeats, setup=flush_l2).as_dict()
 
 
+def check_rel_err(row: dict, result: torch.Tensor, reference: torch.Tensor, limit: float, anchor: str,
+                  what: str) -> None:
+    """row["rel_err"] of `result` against the float64 `reference`; above `limit`, or NaN (an output left
+    poisoned), a ValueError that run_point records as the row's error."""
+    row["rel_err"] = float((result.double() - reference).norm() / reference.norm())
+    if not row["rel_err"] <= limit:  # NaN fails too
+        raise ValueError(f"rel. error {row['rel_err']:.3g} against {anchor} exceeds {limit}: wrong {what}")
+
+
 def run_point(row: dict, measure: Callable[[], None]) -> dict:
     """Run measure() (which fills row) and set row["status"]: ok, oom or error (with the message)."""
     try:
@@ -270,9 +279,7 @@ def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, wa
         result = result[0]
     else:
         result = result[0].transpose(0, 1)
-    row["rel_err"] = float((result.double() - reference).norm() / reference.norm())
-    if not row["rel_err"] <= max_rel_err:  # NaN fails too
-        raise ValueError(f"rel. error {row['rel_err']:.3g} against SDPA in HBM exceeds {max_rel_err}: wrong output")
+    check_rel_err(row, result, reference, max_rel_err, "SDPA in HBM", "output")
     row.update(timed(fn, warmup=warmup, repeats=repeats))
 
 
