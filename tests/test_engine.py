@@ -129,7 +129,8 @@ def test_stream_step_of_in_place_chunks_costs_what_tiled_does(monkeypatch):
     assert stream.time_s == pytest.approx(tiled.time_s, rel=1e-12) and stream.staging_bytes == 0
     asked = []
     rule = systems.stream_reads_in_place
-    monkeypatch.setattr(systems, "stream_reads_in_place", lambda past, ps, page: asked.append(ps) or rule(past, ps, page))
+    monkeypatch.setattr(systems, "stream_reads_in_place",
+                        lambda past, new, ps, page: asked.append(ps) or rule(past, new, ps, page))
     simulate(synthetic_workload(2, 4096, 4).requests, SystemPolicy("directkv", "stream"), LLAMA, CM,
              mem=replace(MEM, page_size=32))
     assert asked and set(asked) == {32}
@@ -162,7 +163,7 @@ def test_directkv_stream_layer_is_bounded_by_its_link_and_its_work(context, chun
     step = Step(_decodes(4, context), prompt)
     t_lin = CM.dense_time(st.linear_layer_traffic(LLAMA, step.num_tokens))
     kvl = LLAMA.kv_bytes_per_token_per_layer()
-    in_place = chunk and stream_reads_in_place(context, 16, 16 * kvl // 2)  # MemoryConfig's 16-token pages
+    in_place = chunk and stream_reads_in_place(context, 256, 16, 16 * kvl // 2)  # MemoryConfig's 16-token pages
     assert in_place == (chunk and context <= 1024)
     launch = CM.hw.launch_us * 1e-6
     t_attn, staging = stream_attention_time(step, LLAMA, CM, policy, t_lin, 16, 8)
@@ -190,9 +191,10 @@ def test_directkv_stream_layer_is_bounded_by_its_link_and_its_work(context, chun
 
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "opt-13b", "opt-30b"])
 def test_stream_in_place_rule_is_the_plans(model):
-    """The executor and the simulation ask stream_reads_in_place which prompt chunks skip the ring: those whose
-    past pages hold at most STREAM_MIN_CHUNK_BYTES of K (1,024 Llama tokens), i.e. exactly those a ring of
-    such chunks would copy in one chunk (pages, not bytes, are rounded: checked around the edge)."""
+    """The executor and the simulation ask stream_reads_in_place which prompt chunks skip the ring: those of at
+    most STREAM_IN_PLACE_NEW_TOKENS new tokens, and those whose past pages hold at most STREAM_MIN_CHUNK_BYTES of
+    K (1,024 Llama tokens), i.e. exactly those a ring of such chunks would copy in one chunk (pages, not bytes,
+    are rounded: checked around the edge)."""
     from directkv.kernels.cuda.prefill_stream import plan_prefill_stream
     from directkv.kernels.paged import PagedKV
     from directkv.kernels.traffic_model import STREAM_MIN_CHUNK_BYTES, stream_reads_in_place
@@ -208,7 +210,35 @@ def test_stream_in_place_rule_is_the_plans(model):
         kv = PagedKV(pool, pool, pool[:0], pool[:0], torch.arange(max(pages, 1), dtype=torch.int32)[None],
                      torch.tensor([past], dtype=torch.int32))
         rings = sum(p.ring for p in plan_prefill_stream(kv, chunk_bytes=STREAM_MIN_CHUNK_BYTES, device="cpu").passes)
-        assert stream_reads_in_place(past, ps, page) == (rings <= 1), (model, past, rings)
+        assert stream_reads_in_place(past, 17, ps, page) == (rings <= 1), (model, past, rings)
+        # a chunk of a few new tokens (a prompt's tail) reads its past in place, however long
+        assert stream_reads_in_place(past, 16, ps, page) and stream_reads_in_place(past, 1, ps, page)
+
+
+@pytest.mark.parametrize("tail", [4, 16, 17])
+def test_stream_reads_a_prompt_tail_in_place_in_the_simulation(tail):
+    """A step of 3 decodes beside a prompt's last `tail` tokens over a 2,044-token past (4 MiB of K per layer, so
+    a ring's worth when the chunk is long): the simulation charges a tail of <= 16 tokens as the tiled kernel's
+    in-place read, with no chunk ring in its staging, and streams a 17-token one through a ring."""
+    from directkv.engine import step_traffic as st
+    from directkv.engine.state import PrefillChunk, Step
+    from directkv.engine.systems import stream_attention_time
+    from workloads.request import Request
+
+    policy = SystemPolicy("directkv", "stream")
+    past = 2044
+    step = Step(_decodes(3, 2048), (PrefillChunk(ReqState(Request(9, past + tail, 8), prefilled=past), tail, past),))
+    t_lin = CM.dense_time(st.linear_layer_traffic(LLAMA, step.num_tokens))
+    t_attn, staging = stream_attention_time(step, LLAMA, CM, policy, t_lin, 16, 8)
+    kvl = LLAMA.kv_bytes_per_token_per_layer()
+    decode_ring = stream_ring_bytes(8, sum(step.decode_kv_lens) * kvl)
+    if tail <= 16:
+        assert staging == decode_ring
+        t_decodes, _ = stream_attention_time(Step(step.decodes, ()), LLAMA, CM, policy, t_lin, 16, 8)
+        in_place = CM.time(st.attention_traffic(Step((), step.prefills), LLAMA, "tiled", policy), link="sm")
+        assert t_attn == pytest.approx(t_decodes + in_place, rel=1e-9)
+    else:
+        assert staging == decode_ring + stream_ring_bytes(2, past * kvl, floor=0) > decode_ring
 
 
 def test_pipelining_columns_follow_the_row():

@@ -377,8 +377,10 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, mon
     if chunk_bytes is not None:  # the serving path's plan_stream: paths imports it from stream_plan
         monkeypatch.setattr(paths, "plan_stream", partial(sp.plan_stream, chunk_bytes=chunk_bytes))
         monkeypatch.setattr(pre, "plan_prefill_stream", partial(pre.plan_prefill_stream, chunk_bytes=chunk_bytes))
-        # the in-place rule at the same chunk size: pasts of more than two toy pages are streamed
-        monkeypatch.setattr(paths, "stream_reads_in_place", lambda past, ps, page: -(-past // ps) <= chunk_bytes // page)
+        # the in-place rule at the same chunk size: pasts of more than two toy pages are streamed, whatever the
+        # chunk's new tokens (the toy prompts' tails are short)
+        monkeypatch.setattr(paths, "stream_reads_in_place",
+                            lambda past, new, ps, page: -(-past // ps) <= chunk_bytes // page)
     init, attend, prefetch, prefetch_chunk = (ZeroCopyPath.__init__, ZeroCopyPath.attend, dec.prefetch_stream,
                                               pre.prefetch_prefill_stream)
     issued, issued_chunk, errors, chunks = [], [], [], []  # chunks: (past_len, streamed) of each layer's

@@ -99,7 +99,7 @@ def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: S
     2,046-token chunk at 16K took 1.24x swap's time with 2 slots, 0.98x with 8; seventeenth session). A prompt
     chunk of a small past is read in place by the tiled kernel at the SM rate (stream_reads_in_place)."""
     kvl = model.kv_bytes_per_token_per_layer()
-    small = [stream_reads_in_place(c.past_len, page_size, page_size * kvl // 2) for c in step.prefills]
+    small = [stream_reads_in_place(c.past_len, c.chunk_len, page_size, page_size * kvl // 2) for c in step.prefills]
     first = step.prefills[0].past_len * kvl if step.prefills and not small[0] else 0
     reads = [sum(step.decode_kv_lens) * kvl, first]
     sizes = [stream_ring_bytes(stream_slots, reads[0]), stream_ring_bytes(STREAM_SLOTS, first, floor=0)]

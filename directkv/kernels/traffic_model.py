@@ -58,17 +58,25 @@ def check_stream_slots(slots, name: str = "stream_slots") -> int:
     return slots
 
 
-def stream_reads_in_place(past_len: int, page_size: int, k_page_bytes: int) -> bool:
+# A prompt chunk of at most this many new tokens is read in place whatever its past: like a decode it reads each
+# past byte once, at a cost that is its link time, while a ring adds passes, a merge and copies that queue behind the
+# decodes' (H200, 2026-12-02, Llama-3.1-8B batch 4 at 2K: a step of 3 decodes and a 4-token tail chunk over a 2,044-
+# token past, streamed, took 48.9 / 40.9 ms against swap's 24.9 / 22.8; at 1K, its past read in place, 22.9 / 15.0).
+STREAM_IN_PLACE_NEW_TOKENS = 16
+
+
+def stream_reads_in_place(past_len: int, new_len: int, page_size: int, k_page_bytes: int) -> bool:
     """Whether directkv `stream` serving reads a prompt chunk's past in place with the tiled kernel instead of
-    through a prefill ring: when its host pages hold at most STREAM_MIN_CHUNK_BYTES of K (1,024 Llama-3.1-8B
-    tokens). Below that the passes and merge around a ring cost more than the read (ShareGPT-like steps, H200,
-    2026-12-01: in place, pasts of a few hundred tokens, stream went 1.30x -> 1.18x swap). Above it the ring wins:
-    a step's first chunk is copied during the dense work before it (prefetched), while the tiled kernel reads
-    at the SM rate after it (Llama 4 x 16K, the same day: chunks read in place up to 8K of past took 4-13 ms
-    more per step than swap's, streamed ones 6-10 ms less). ShareGPT's prompts are at most 1,024 tokens
-    (conf/workload), so there every chunk is read in place under this rule and under the earlier one of 16 MiB.
-    The executor (ZeroCopyPath) and the simulation both ask this, so they stay in step."""
-    return -(-past_len // page_size) <= STREAM_MIN_CHUNK_BYTES // k_page_bytes
+    through a prefill ring: when the chunk has at most STREAM_IN_PLACE_NEW_TOKENS new tokens (a prompt's tail
+    left by the step's token budget), or when its host pages hold at most STREAM_MIN_CHUNK_BYTES of K (1,024
+    Llama-3.1-8B tokens). Below that the passes and merge around a ring cost more than the read (ShareGPT-like
+    steps, H200, 2026-12-01: in place, pasts of a few hundred tokens, stream went 1.30x -> 1.18x swap). Above it,
+    for a chunk of many tokens, the ring wins: a step's first chunk is copied during the dense work before it
+    (prefetched), while the tiled kernel reads at the SM rate after it (Llama 4 x 16K, the same day: chunks of
+    2K tokens read in place up to 8K of past took 4-13 ms more per step than swap's, streamed ones 6-10 ms less).
+    ShareGPT's prompts are at most 1,024 tokens (conf/workload), so there every chunk is read in place. The
+    executor (ZeroCopyPath) and the simulation both ask this, so they stay in step."""
+    return new_len <= STREAM_IN_PLACE_NEW_TOKENS or -(-past_len // page_size) <= STREAM_MIN_CHUNK_BYTES // k_page_bytes
 
 
 def floor_sum(n: int, m: int, a: int, b: int) -> int:

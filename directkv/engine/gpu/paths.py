@@ -107,13 +107,14 @@ class ZeroCopyPath:
                 host_table=(p.decode_table_cpu, p.decode_lens_cpu), num_slots=self.stream_slots,
                 ring_bytes=stream_ring_bytes(self.stream_slots))
             self._kept["decode"] = self.decode_plan
-        # A chunk of a small past is read in place by the tiled kernel instead (decided before any planning;
-        # stream_reads_in_place): the passes and merge around its ring cost more than the read (H200, 2026-12-01:
-        # ShareGPT-like steps of 35-43 decodes beside a few prompt chunks took 172-182 ms with every chunk
-        # streamed, against swap's 82-105).
+        # A chunk of a small past or of a few new tokens is read in place by the tiled kernel instead (decided
+        # before any planning; stream_reads_in_place): the passes and merge around its ring cost more than the
+        # read (H200, 2026-12-01: ShareGPT-like steps of 35-43 decodes beside a few prompt chunks took 172-182 ms
+        # with every chunk streamed, against swap's 82-105).
         page_bytes = math.prod(k0.shape[1:]) * k0.element_size()
-        self.chunk_streamed = [self.tier == "host" and not stream_reads_in_place(c.past_len, k0.shape[1], page_bytes)
-                               for c in p.chunks]
+        self.chunk_streamed = [
+            self.tier == "host" and not stream_reads_in_place(c.past_len, c.length, k0.shape[1], page_bytes)
+            for c in p.chunks]
         # planned from the host copies of the chunk tables: reading the device ones back cost a sync per chunk
         self.chunk_plans = [
             prefill_stream.plan_prefill_stream(
