@@ -422,6 +422,11 @@ def test_prefill_stream_options_checked_before_touching_cuda():
         prefill_attention(q, k_new, k_new, kv, variant="tiled", new_pass="sdpa")
     with pytest.raises(ConfigError, match=r"new_pass is an option of variant 'tiled'; got variant 'stream'"):
         prefill_attention(q, k_new, k_new, kv, variant="stream", new_pass="flash")
+    with pytest.raises(ConfigError, match=r"unknown prefill_attention merge 'sum'; valid: kernel, torch"):
+        prefill_attention(q, k_new, k_new, kv, variant="stream", merge="sum")
+    with pytest.raises(ConfigError, match=r"merge is an option of variant 'stream'; got variant 'tiled' with "
+                       r"merge='torch'"):
+        prefill_attention(q, k_new, k_new, kv, variant="tiled", merge="torch")
     with pytest.raises(ConfigError, match="CUDA tensor"):
         prefill_attention(q, k_new, k_new, kv, variant="stream", min_chunks=4)
 

@@ -41,7 +41,7 @@ from functools import cache
 import torch
 
 from directkv.errors import check, unknown_name
-from directkv.kernels.cuda import build
+from directkv.kernels.cuda import build, merge_strided
 from directkv.kernels.cuda.decode_attention import merge_passes
 from directkv.kernels.cuda.prefill_stream import (
     STREAM_SLOTS,
@@ -59,6 +59,7 @@ from directkv.kernels.traffic_model import prefill_traffic
 VARIANTS = ("naive", "tiled", "stream")
 PASS_KERNELS = ("flash", "tiled")  # stream: the kernel of its ring and new-token passes
 NEW_PASSES = ("kernel", "flash")  # tiled: the new tokens with the past in one kernel, or their own flash pass
+MERGES = ("kernel", "torch")  # stream: its passes merged by merge_strided (one launch) or by torch ops
 STATE_DTYPES = ("float32", "input")  # tiled: partial O between chunks in fp32, or normalised in q's dtype
 HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/directkv/dispatch.h)
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
@@ -237,6 +238,7 @@ def prefill_attention(
     stream_ring: PrefillRing | None = None,
     host_table: torch.Tensor | None = None,
     new_pass: str = "kernel",
+    merge: str = "kernel",
 ) -> tuple[torch.Tensor, Traffic]:
     """Attention of q_len new tokens over the past_len = kv.seq_lens[0] cached tokens and themselves.
 
@@ -280,6 +282,9 @@ def prefill_attention(
         with the tiled kernel, and merges the two by LSE. The tiled kernel is built to read a link-bound past
         once; over 2048 new tokens without a past it ran at ~100 TFLOPS on the H200 (serving profile,
         2026-12-01), where FlashAttention-2 runs at several times that. The closed-form Traffic is tiled's.
+    merge : stream only: how its passes' outputs are merged by LSE: "kernel" (default; merge_strided, one launch
+        reading each pass once where it lies; more than merge_strided.MAX_PARTS passes fall back to torch) or
+        "torch" (decode_attention.merge_passes: an fp32 read-modify-write of the output per pass).
 
     Returns
     -------
@@ -293,6 +298,10 @@ def prefill_attention(
         raise unknown_name("prefill_attention pass_kernel", pass_kernel, PASS_KERNELS)
     if new_pass not in NEW_PASSES:
         raise unknown_name("prefill_attention new_pass", new_pass, NEW_PASSES)
+    if merge not in MERGES:
+        raise unknown_name("prefill_attention merge", merge, MERGES)
+    check(variant == "stream" or merge == "kernel", f"merge is an option of variant 'stream'; got variant "
+          f"{variant!r} with merge={merge!r}")
     check(new_pass == "kernel" or variant == "tiled", f"new_pass is an option of variant 'tiled'; got variant "
           f"{variant!r} with new_pass={new_pass!r}")
     check(new_pass == "kernel" or _FLASH is not None,
@@ -333,7 +342,7 @@ def prefill_attention(
                     include_new=True, out=out, **launch)
     elif variant == "stream":
         _run_stream(q, k_new, v_new, kv, out, stream_plan, tiled_opts=tiled_opts, pass_kernel=pass_kernel,
-                    ring=stream_ring, **launch)
+                    merge=merge, ring=stream_ring, **launch)
     else:
         table = kv.block_table[0]
         if table.device != q.device or table.dtype != torch.int32:
@@ -363,7 +372,7 @@ def _flash_new_and_tiled_past(q, k_new, v_new, kv: PagedKV, pools, table, past_l
     plan = _plan(past_len, q, kv.num_kv_heads, **tiled_opts)
     _launch(q, k_new, v_new, pools, table, past_len, variant="tiled", plan=plan, include_new=False, out_f32=o,
             lse_out=lse, **launch)
-    merge_passes([(o_new, lse_new), (o, lse)], out)
+    _merge([(o_new, lse_new), (o, lse)], out, kv.num_kv_heads)
 
 
 def _plan(keys: int, q: torch.Tensor, num_kv_heads: int, *, kv_chunk, num_splits, double_buffer) -> TiledPlan:
@@ -404,9 +413,9 @@ def _launch(q, k_new, v_new, pools, table, past_len: int, *, variant: str, plan:
 
 
 def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, tiled_opts: dict, pass_kernel: str,
-                ring: PrefillRing | None = None, **launch) -> None:
+                merge: str = "kernel", ring: PrefillRing | None = None, **launch) -> None:
     """The new tokens' pass first (it needs no ring), then the ring passes (copy on the side stream, attend on
-    the current one) and the HBM-page pass; each gives O and its LSE, merged by merge_passes. No host sync per
+    the current one) and the HBM-page pass; each gives O and its LSE, merged by _merge. No host sync per
     chunk."""
     q_len, num_heads, _ = q.shape
     passes, tables, chunk_pages = plan.passes, plan.tables, plan.chunk_pages
@@ -463,11 +472,24 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
         else:
             tiled_pass((*rings, *rings), tables[c], ps.past_len, False)
         freed[slot].record(main)
-    # Every row sees at least its first new token in the new tokens' pass, so no row's LSEs are all -inf. The
-    # flash passes' permuted views only hold as [q_len, Hkv, G, D]: every pass is merged in that form.
-    hkv, g = kv.num_kv_heads, num_heads // kv.num_kv_heads
-    merge_passes([(o if o.dim() == 4 else o.unflatten(1, (hkv, g)), lse if lse.dim() == 3 else lse.unflatten(1, (hkv, g)))
-                  for o, lse in parts], out)
+    # Every row sees at least its first new token in the new tokens' pass, so no row's LSEs are all -inf.
+    _merge(parts, out, kv.num_kv_heads, merge)
+
+
+def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor, num_kv_heads: int,
+           merge: str = "kernel") -> None:
+    """out `[q_len, Hq, D]` = the passes (O `[q_len, Hq, D]` or `[q_len, Hkv, G, D]`, LSE without D) merged by LSE:
+    by merge_strided, one launch reading each pass once where it lies, or by the torch-op merge (an fp32
+    read-modify-write of the whole output per pass) when asked or for what the kernel does not take (an output
+    with gaps, more than MAX_PARTS passes). Both take the passes as [q_len, Hkv, G, D]: flash passes' permuted
+    views only hold in that form."""
+    hkv, g = num_kv_heads, out.shape[1] // num_kv_heads
+    parts = [(o if o.dim() == 4 else o.unflatten(1, (hkv, g)), lse if lse.dim() == 3 else lse.unflatten(1, (hkv, g)))
+             for o, lse in parts]
+    if merge == "kernel" and out.is_contiguous() and merge_strided.accepts(parts, out.view(*parts[0][0].shape)):
+        merge_strided.merge_strided(parts, out.view(*parts[0][0].shape))
+    else:
+        merge_passes(parts, out)
 
 
 # torch's FlashAttention-2 forward; returns the LSE beside O, which stream's merge needs (F.sdpa does not)
@@ -488,7 +510,7 @@ def _flash_past(q_fold, q_len: int, rings, start: int, n: int, scale: float) -> 
     k, v = (r.view(-1, hkv, d)[start : start + n].permute(1, 0, 2).unsqueeze(0) for r in rings)  # [1, Hkv, n, D]
     o, lse = _FLASH(q_fold, k, v, 0.0, False, False, scale=scale)[:2]
     g = rows // q_len
-    # [q_len, Hkv, G, D] and [q_len, Hkv, G] views, no copies: merge_passes reads them once
+    # [q_len, Hkv, G, D] and [q_len, Hkv, G] views, no copies: _merge reads them once
     o = o.view(hkv, q_len, g, d).permute(1, 0, 2, 3)
     lse = lse.reshape(hkv, -1)[:, :rows].view(hkv, q_len, g).permute(1, 0, 2)
     return o, lse.float()

@@ -1,0 +1,105 @@
+// Merge of attention passes that each live in their own tensor, in any layout: out[r] = sum_p softmax_p(lse_p[r]) *
+// o_p[r] over rows r = (a, b, c). The prefill stream variant's passes come out of torch's flash kernel as permuted
+// views ([Hkv, tokens * G, D] for a ring chunk, [Hq, tokens, D] for the new tokens) in the query dtype, or as fp32
+// from the tiled kernel; merging them with torch ops cost a stack, a softmax and an fp32 read-modify-write of the
+// whole output per pass. Here each pass's O is read once, where it lies, in one launch.
+#pragma once
+
+#include "directkv/common.cuh"
+
+namespace directkv {
+
+constexpr int kMergeMaxParts = 32;  // the prefill stream's passes: its new tokens', <= 16 ring chunks', HBM pages'
+
+struct MergePart {
+  const void* o;           // O of the pass, dtype `dtype`; element (a, b, c, d) at a*o_stride[0] + b*o_stride[1] + c*o_stride[2] + d
+  const float* lse;        // natural-log LSE, fp32; row (a, b, c) at a*lse_stride[0] + b*lse_stride[1] + c*lse_stride[2]
+  int64_t o_stride[3];     // elements; multiples of 4, like o's address (in elements): each thread reads 4 dims
+  int64_t lse_stride[3];   // elements
+  int dtype;               // kFloat16, kBFloat16 or kFloat32
+};
+
+struct MergeStridedParams {
+  MergePart parts[kMergeMaxParts];
+  void* out;        // [A, B, C, head_dim] contiguous, the output dtype
+  int64_t dims[3];  // A, B, C
+  int num_parts;    // 1 .. kMergeMaxParts
+  int head_dim;     // a multiple of 4
+};
+
+__device__ __forceinline__ void load4(const MergePart& part, int64_t off, float (&x)[4]) {
+  if (part.dtype == kFloat32) {
+    const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(part.o) + off);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+  } else if (part.dtype == kBFloat16) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(part.o) + off);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
+  } else {
+    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(part.o) + off);
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+    const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+    x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
+  }
+}
+
+// One thread per 4 dims of a row, rows in the output's order. As merge_stacked: a row whose passes all have -inf
+// LSEs gets zeros, a pass of weight 0 is not read (its O may be unwritten), a NaN LSE makes the row NaN.
+template <typename T>
+__global__ void merge_strided_kernel(const MergeStridedParams p) {
+  const int vecs = p.head_dim / 4;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t rows = p.dims[0] * p.dims[1] * p.dims[2];
+  if (i >= rows * vecs) return;
+  const int64_t row = i / vecs;
+  const int v = static_cast<int>(i % vecs);
+  const int64_t c = row % p.dims[2], b = (row / p.dims[2]) % p.dims[1], a = row / (p.dims[2] * p.dims[1]);
+  auto lse_at = [&](const MergePart& part) {
+    return part.lse[a * part.lse_stride[0] + b * part.lse_stride[1] + c * part.lse_stride[2]];
+  };
+  float m = -INFINITY;
+  for (int k = 0; k < p.num_parts; ++k) {
+    const float l = lse_at(p.parts[k]);
+    m = isnan(l) ? l : fmaxf(m, l);  // fmaxf drops a NaN: keep it, so a broken pass shows in the output
+    if (isnan(m)) break;
+  }
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  if (m != -INFINITY) {
+    float sum = 0.f;
+    for (int k = 0; k < p.num_parts; ++k) {
+      const MergePart& part = p.parts[k];
+      const float l = lse_at(part);
+      if (l == -INFINITY) continue;
+      const float w = __expf(l - m);
+      sum += w;
+      float x[4];
+      load4(part, a * part.o_stride[0] + b * part.o_stride[1] + c * part.o_stride[2] + v * 4, x);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[j] += w * x[j];
+    }
+    const float inv = 1.f / sum;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[j] *= inv;
+  }
+  T* dst = static_cast<T*>(p.out) + row * p.head_dim + v * 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) dst[j] = from_float(acc[j], T());
+}
+
+// Launch with the output dtype `dtype` (fp16 0, bf16 1, fp32 2) on `stream`; at least one row.
+inline void launch_merge_strided(const MergeStridedParams& p, int dtype, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const int64_t threads = p.dims[0] * p.dims[1] * p.dims[2] * (p.head_dim / 4);
+  const dim3 grid(static_cast<unsigned>((threads + kThreads - 1) / kThreads));
+  switch (dtype) {
+    case kFloat16: merge_strided_kernel<__half><<<grid, kThreads, 0, stream>>>(p); break;
+    case kBFloat16: merge_strided_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p); break;
+    case kFloat32: merge_strided_kernel<float><<<grid, kThreads, 0, stream>>>(p); break;
+    default: throw std::runtime_error("merge_strided: dtype code " + std::to_string(dtype) +
+                                      " is not fp16 (0), bf16 (1) or fp32 (2)");
+  }
+  check_cuda(cudaGetLastError(), "merge_strided: kernel launch");
+}
+
+}  // namespace directkv

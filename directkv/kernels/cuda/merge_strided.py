@@ -1,0 +1,69 @@
+"""Merge of attention passes in any layout, one CUDA launch (csrc/include/directkv/merge_strided.cuh).
+
+The prefill `stream` variant attends in passes (the new tokens', one per ring chunk, the HBM pages') whose O come
+out of torch's flash kernel as permuted views in the query dtype, or in fp32 from the tiled kernel. merge_strided
+reads each pass's O once where it lies and writes the merged rows; decode_attention.merge_passes, the torch-op
+merge it replaces there, costs an fp32 read-modify-write of the whole output per pass (H200, 2026-12-02: at 16K
+past and 2,048 new tokens 8 ring chunks were slower than 4, by about what that merge costs per pass).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+
+from directkv.errors import ConfigError
+from directkv.kernels.cuda import build
+
+DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+MAX_PARTS = 32  # kMergeMaxParts
+
+
+@cache
+def _module():
+    return build.load("merge_strided")  # once: load() takes a lock on every call
+
+
+def _fits(o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> bool:
+    """One part's O `[A, B, C, D]` and LSE `[A, B, C]` as the kernel reads them: O of a float dtype with a unit
+    last stride, its other strides multiples of 4 and its start on a 4-element boundary; LSE fp32; both on out's
+    device."""
+    return (o.dim() == 4 and o.shape == out.shape and lse.shape == out.shape[:-1] and o.dtype in DTYPE_CODES
+            and lse.dtype == torch.float32 and o.stride(-1) == 1 and all(s % 4 == 0 for s in o.stride()[:3])
+            and o.data_ptr() % (4 * o.element_size()) == 0 and o.device == lse.device == out.device)
+
+
+def accepts(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor) -> bool:
+    """Whether merge_strided takes these passes and output (see merge_strided); callers with another merge
+    for the rest ask first."""
+    return (1 <= len(parts) <= MAX_PARTS and out.dim() == 4 and out.is_cuda and out.is_contiguous()
+            and out.dtype in DTYPE_CODES and out.shape[-1] % 4 == 0 and all(_fits(o, lse, out) for o, lse in parts))
+
+
+def merge_strided(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor) -> torch.Tensor:
+    """out = sum over passes p of softmax_p(lse_p) * o_p, queued on the current stream; returns out.
+
+    parts : 1 to MAX_PARTS pairs (O `[A, B, C, D]`, LSE `[A, B, C]`), any strides (O's last one 1, the others
+        multiples of 4 elements, its start 4-element aligned), O fp16 / bf16 / fp32 (passes may differ), LSE fp32
+        natural-log; -inf where a pass saw no key of a row (that pass's O is then not read; a row no pass saw
+        gets zeros).
+    out : `[A, B, C, D]` contiguous CUDA, fp16 / bf16 / fp32, D a multiple of 4.
+    """
+    # checked in one expression, the message built only on failure: this runs once per layer in serving
+    if not accepts(parts, out):
+        raise ConfigError(
+            f"merge_strided wants 1 to {MAX_PARTS} passes (O [A, B, C, D] fp16 / bf16 / fp32 with a unit last "
+            f"stride, other strides multiples of 4, start on a 4-element boundary; LSE [A, B, C] fp32) on out's "
+            f"device, and out [A, B, C, D] contiguous CUDA with D a multiple of 4; got out {tuple(out.shape)} {out.dtype} {out.device} "
+            f"contiguous={out.is_contiguous()} and {len(parts)} passes: "
+            + "; ".join(f"O {tuple(o.shape)} {o.dtype} strides {o.stride()} at {o.data_ptr()}, LSE "
+                        f"{tuple(lse.shape)} {lse.dtype}" for o, lse in parts[:4])
+            + ("; ..." if len(parts) > 4 else ""))
+    a, b, c, d = out.shape
+    _module().run(
+        [o.data_ptr() for o, _ in parts], [lse.data_ptr() for _, lse in parts],
+        [s for o, _ in parts for s in o.stride()[:3]], [s for _, lse in parts for s in lse.stride()],
+        [DTYPE_CODES[o.dtype] for o, _ in parts], out.data_ptr(), a, b, c, d, DTYPE_CODES[out.dtype],
+        torch.cuda.current_stream(out.device).cuda_stream)
+    return out

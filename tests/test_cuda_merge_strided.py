@@ -1,0 +1,142 @@
+"""merge_strided (one CUDA launch merging attention passes of any layout by their LSE) against a float64 softmax,
+and the prefill stream variant's use of it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from directkv.errors import ConfigError
+from directkv.kernels.cuda import merge_strided as ms
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+# a part's O as a permutation of a buffer laid out in this order of (A, B, C, D): as the prefill stream's passes
+LAYOUTS = {"abcd": (0, 1, 2, 3), "bacd": (1, 0, 2, 3), "bcad": (1, 2, 0, 3), "cabd": (2, 0, 1, 3)}
+
+
+def _strided(shape: tuple[int, ...], order: tuple[int, ...], dtype, gen) -> torch.Tensor:
+    """A random `shape` tensor stored in dimension order `order` (a permuted view of a contiguous buffer)."""
+    buf = torch.randn([shape[i] for i in order], device="cuda", generator=gen).to(dtype)
+    return buf.permute(*[order.index(i) for i in range(len(shape))])
+
+
+def _reference(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """float64: weights softmax over passes, 0 for a pass of -inf LSE (its O not read) and for a row no pass saw."""
+    lse = torch.stack([lse.double() for _, lse in parts])
+    w = torch.softmax(lse, dim=0).nan_to_num(0.0)[..., None]
+    o = torch.stack([o.double() for o, _ in parts])
+    return (torch.where(w > 0, o, 0.0) * w).sum(0)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dims,head_dim,num_parts", [((3, 2, 4), 64, 1), ((33, 8, 4), 128, 5), ((7, 1, 1), 4, 17),
+                                                     ((5, 4, 1), 128, 32)])
+def test_merge_strided_matches_a_float64_softmax_over_the_passes(out_dtype, dims, head_dim, num_parts):
+    """Passes in four layouts and three dtypes, mixed in one merge; LSEs scaled so the weights differ by orders of
+    magnitude and permuted too; some (pass, row) pairs have -inf LSE with NaN O (never read) and one row has -inf
+    in every pass (zeros). out is the front of a poisoned buffer: the row after it must stay NaN."""
+    gen = torch.Generator(device="cuda").manual_seed(num_parts * 100 + head_dim)
+    shape = (*dims, head_dim)
+    parts = []
+    for p in range(num_parts):
+        order = list(LAYOUTS.values())[p % len(LAYOUTS)]
+        o = _strided(shape, order, (torch.bfloat16, torch.float32, torch.float16)[p % 3], gen)
+        lse = 4 * _strided(dims, tuple(i for i in order if i < 3), torch.float32, gen)
+        parts.append((o, lse))
+    unseen = torch.rand(num_parts, *dims, device="cuda", generator=gen) < 0.3
+    unseen[0] &= ~unseen.all(0)  # keep some rows seen by some pass ...
+    unseen[:, -1, -1, -1] = True  # ... and one row seen by none
+    for (o, lse), u in zip(parts, unseen, strict=True):
+        lse[u] = -math.inf
+        o[u] = math.nan
+    buf = torch.full((dims[0] + 1, *shape[1:]), math.nan, dtype=out_dtype, device="cuda")
+    out = buf[: dims[0]]
+    assert ms.accepts(parts, out)
+    assert ms.merge_strided(parts, out).data_ptr() == out.data_ptr()
+    want = _reference(parts)
+    assert torch.isnan(buf[dims[0]:]).all()  # nothing past out is written
+    assert torch.equal(out[-1, -1, -1].float(), torch.zeros(head_dim, device="cuda"))
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.double(), want.to(out_dtype).double(), atol=TOL[out_dtype], rtol=TOL[out_dtype])
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_merge_strided_lets_a_nan_lse_show_in_its_row():
+    """A NaN LSE (a broken pass) makes its row NaN, first pass or not; the other rows merge as usual."""
+    o = [torch.randn(4, 2, 1, 8, device="cuda") for _ in range(3)]
+    lse = [torch.randn(4, 2, 1, device="cuda") for _ in range(3)]
+    lse[0][0, 0, 0] = math.nan
+    lse[2][1, 1, 0] = math.nan
+    out = torch.empty(4, 2, 1, 8, device="cuda")
+    ms.merge_strided(list(zip(o, lse, strict=True)), out)
+    assert out[0, 0].isnan().all() and out[1, 1].isnan().all()
+    rest = torch.ones(4, 2, dtype=torch.bool)
+    rest[0, 0] = rest[1, 1] = False
+    want = _reference(list(zip(o, lse, strict=True)))
+    torch.testing.assert_close(out[rest].double(), want[rest], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_merge_strided_refuses_what_it_cannot_read():
+    """Each refusal is a ConfigError naming the shapes, dtypes and strides it got, and accepts() says no first:
+    too many passes, an fp16 LSE, an O starting off a 4-element boundary, strides not multiples of 4, a shape
+    unlike out's, an out with gaps."""
+    out = torch.empty(3, 2, 4, 8, device="cuda")
+    o, lse = torch.randn(3, 2, 4, 8, device="cuda"), torch.randn(3, 2, 4, device="cuda")
+    odd = torch.randn(3 * 2 * 4 * 8 + 1, device="cuda")[1:].view(3, 2, 4, 8)
+    narrow = torch.randn(3, 2, 4, 10, device="cuda")[..., :8]  # strides (80, 40, 10, 1)
+    bad = {"too many passes": ([(o, lse)] * (ms.MAX_PARTS + 1), out),
+           "an fp16 LSE": ([(o, lse.half())], out),
+           "a misaligned O": ([(odd, lse)], out),
+           "strides not multiples of 4": ([(narrow, lse)], out),
+           "another shape": ([(o[:2], lse[:2])], out),
+           "an out with gaps": ([(o, lse)], torch.empty(3, 2, 4, 16, device="cuda")[..., :8])}
+    for why, (parts, target) in bad.items():
+        assert not ms.accepts(parts, target), why
+        with pytest.raises(ConfigError, match="merge_strided wants") as info:
+            ms.merge_strided(parts, target)
+        assert str(tuple(target.shape)) in str(info.value), why
+    ms.merge_strided([(o, lse)], out)  # and the same parts, well formed, merge
+    torch.testing.assert_close(out, o)
+
+
+def test_merge_strided_refuses_cpu_tensors_with_what_it_got():
+    """No GPU needed: CPU tensors are refused before any build, the message naming out's device and shape."""
+    out = torch.empty(2, 1, 1, 4)
+    assert not ms.accepts([(out, torch.zeros(2, 1, 1))], out)
+    with pytest.raises(ConfigError, match=r"got out \(2, 1, 1, 4\) torch.float32 cpu"):
+        ms.merge_strided([(out, torch.zeros(2, 1, 1))], out)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("chunk_pages,merge,merged_by", [(16, "kernel", "merge_strided"), (1, "kernel", "merge_passes"),
+                                                         (16, "torch", "merge_passes")])
+def test_prefill_stream_merges_its_passes_in_one_launch(monkeypatch, chunk_pages, merge, merged_by):
+    """The prefill stream variant merges its passes with merge_strided, and with the torch-op merge when they are
+    more than the kernel takes (one-page chunks of a 1,000-token past: 63 ring passes) or when asked to
+    (merge="torch"); each against float64."""
+    import directkv.kernels.cuda.prefill_attention as pa
+    from tests.test_cuda_prefill import BF16, assert_matches, dense_reference, make_inputs, page_bytes_of
+
+    used = []
+    for name in ("merge_strided", "merge_passes"):
+        fn = getattr(pa.merge_strided, name) if name == "merge_strided" else pa.merge_passes
+        wrapped = (lambda f, n: lambda *a, **k: used.append(n) or f(*a, **k))(fn, name)
+        if name == "merge_strided":
+            monkeypatch.setattr(pa.merge_strided, name, wrapped)
+        else:
+            monkeypatch.setattr(pa, name, wrapped)
+    q, k_new, v_new, kv_cpu, kv = make_inputs((65, 1000, 8, 2, 128, BF16, 16), hbm_fraction=0.25)
+    out = torch.full_like(q, math.nan)
+    pa.prefill_attention(q, k_new, v_new, kv, variant="stream", out=out, chunk_bytes=chunk_pages * page_bytes_of(kv_cpu),
+                         merge=merge)
+    assert used == [merged_by]
+    assert_matches(out, dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(q.shape[-1])))
