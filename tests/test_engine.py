@@ -191,10 +191,10 @@ def test_directkv_stream_layer_is_bounded_by_its_link_and_its_work(context, chun
 
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "opt-13b", "opt-30b"])
 def test_stream_in_place_rule_is_the_plans(model):
-    """The executor and the simulation ask stream_reads_in_place which prompt chunks skip the ring: those of at
-    most STREAM_IN_PLACE_NEW_TOKENS new tokens, and those whose past pages hold at most STREAM_MIN_CHUNK_BYTES of
-    K (1,024 Llama tokens), i.e. exactly those a ring of such chunks would copy in one chunk (pages, not bytes,
-    are rounded: checked around the edge)."""
+    """The executor and the simulation ask stream_reads_in_place which prompt chunks skip the ring: those whose
+    past pages hold at most STREAM_MIN_CHUNK_BYTES of K (1,024 Llama tokens), i.e. exactly those a ring of such
+    chunks would copy in one chunk (pages, not bytes, are rounded: checked around the edge), and for a prompt's
+    tail of <= STREAM_TAIL_NEW_TOKENS tokens twice that."""
     from directkv.kernels.cuda.prefill_stream import plan_prefill_stream
     from directkv.kernels.paged import PagedKV
     from directkv.kernels.traffic_model import STREAM_MIN_CHUNK_BYTES, stream_reads_in_place
@@ -204,6 +204,9 @@ def test_stream_in_place_rule_is_the_plans(model):
     page = ps * spec.num_kv_heads * spec.head_dim * 2  # bytes of K per page, bf16
     edge = STREAM_MIN_CHUNK_BYTES // page * ps  # the most tokens read in place
     assert model != "llama-3.1-8b" or edge == 1024
+    # Llama-3.1-8B tails: a 2,048-token past in place (4 MiB of K), a 2,049-token one streamed
+    assert model != "llama-3.1-8b" or (stream_reads_in_place(2048, 4, ps, page)
+                                       and not stream_reads_in_place(2049, 4, ps, page))
     pool = torch.empty(shape, dtype=torch.bfloat16, device="meta")
     for past in (0, 1, edge - ps, edge - 1, edge, edge + 1, edge + 6, edge + ps, 3 * edge):
         pages = -(-past // ps)
@@ -211,28 +214,30 @@ def test_stream_in_place_rule_is_the_plans(model):
                      torch.tensor([past], dtype=torch.int32))
         rings = sum(p.ring for p in plan_prefill_stream(kv, chunk_bytes=STREAM_MIN_CHUNK_BYTES, device="cpu").passes)
         assert stream_reads_in_place(past, 17, ps, page) == (rings <= 1), (model, past, rings)
-        # a chunk of a few new tokens (a prompt's tail) reads its past in place, however long
-        assert stream_reads_in_place(past, 16, ps, page) and stream_reads_in_place(past, 1, ps, page)
+        # a chunk of a few new tokens (a prompt's tail) reads twice that past in place (pages rounded down)
+        for tail in (1, 16):
+            for p in (past, past + edge):
+                assert stream_reads_in_place(p, tail, ps, page) == (-(-p // ps) <= 2 * STREAM_MIN_CHUNK_BYTES // page)
 
 
+@pytest.mark.parametrize("past", [2044, 4094])
 @pytest.mark.parametrize("tail", [4, 16, 17])
-def test_stream_reads_a_prompt_tail_in_place_in_the_simulation(tail):
-    """A step of 3 decodes beside a prompt's last `tail` tokens over a 2,044-token past (4 MiB of K per layer, so
-    a ring's worth when the chunk is long): the simulation charges a tail of <= 16 tokens as the tiled kernel's
-    in-place read, with no chunk ring in its staging, and streams a 17-token one through a ring."""
+def test_stream_reads_a_prompt_tail_in_place_in_the_simulation(tail, past):
+    """A step of 3 decodes beside a prompt's last `tail` tokens over a past of 2,044 tokens (4 MiB of K per layer)
+    or 4,094 (8 MiB): the simulation charges a tail of <= 16 tokens over the 2,044 as the tiled kernel's in-place
+    read, with no chunk ring in its staging, and streams the rest through a ring."""
     from directkv.engine import step_traffic as st
     from directkv.engine.state import PrefillChunk, Step
     from directkv.engine.systems import stream_attention_time
     from workloads.request import Request
 
     policy = SystemPolicy("directkv", "stream")
-    past = 2044
     step = Step(_decodes(3, 2048), (PrefillChunk(ReqState(Request(9, past + tail, 8), prefilled=past), tail, past),))
     t_lin = CM.dense_time(st.linear_layer_traffic(LLAMA, step.num_tokens))
     t_attn, staging = stream_attention_time(step, LLAMA, CM, policy, t_lin, 16, 8)
     kvl = LLAMA.kv_bytes_per_token_per_layer()
     decode_ring = stream_ring_bytes(8, sum(step.decode_kv_lens) * kvl)
-    if tail <= 16:
+    if tail <= 16 and past == 2044:
         assert staging == decode_ring
         t_decodes, _ = stream_attention_time(Step(step.decodes, ()), LLAMA, CM, policy, t_lin, 16, 8)
         in_place = CM.time(st.attention_traffic(Step((), step.prefills), LLAMA, "tiled", policy), link="sm")

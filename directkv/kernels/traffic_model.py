@@ -58,25 +58,31 @@ def check_stream_slots(slots, name: str = "stream_slots") -> int:
     return slots
 
 
-# A prompt chunk of at most this many new tokens is read in place whatever its past: like a decode it reads each
-# past byte once, at a cost that is its link time, while a ring adds passes, a merge and copies that queue behind the
-# decodes' (H200, 2026-12-02, Llama-3.1-8B batch 4 at 2K: a step of 3 decodes and a 4-token tail chunk over a 2,044-
-# token past, streamed, took 48.9 / 40.9 ms against swap's 24.9 / 22.8; at 1K, its past read in place, 22.9 / 15.0).
-STREAM_IN_PLACE_NEW_TOKENS = 16
+# A prompt's tail (a chunk of at most STREAM_TAIL_NEW_TOKENS new tokens, left by a step's token budget) is read in
+# place up to twice the past of other chunks, STREAM_TAIL_IN_PLACE_BYTES of K: like a decode it reads each past byte
+# once, and at 4 MiB (K and V: ~0.16 ms per Llama layer at the SM rate) that costs less than a ring's passes, merge and
+# copies queued behind the decodes'. H200, 2026-12-02, Llama-3.1-8B batch 4: at 2K a step of 3 decodes and a 4-token
+# tail over a 2,044-token past (4 MiB of K) took 25.4-26.1 ms streamed against 21.6-22.6 in place (swap: 21.6-26.1,
+# same calls); at 4K a step of a 2-token tail over 4,094 tokens (8 MiB) beside a 2,045-token chunk took 8-12 ms more
+# than swap's in place, 0-5 ms more streamed (the ring's copy hides behind that chunk's work); OPT-13B 3 x 16K, a
+# 3-token tail over 16,381 tokens beside an 8,188-token chunk: in place 1,107-1,113 ms against swap's 713-717.
+STREAM_TAIL_NEW_TOKENS = 16
+STREAM_TAIL_IN_PLACE_BYTES = 2 * STREAM_MIN_CHUNK_BYTES
 
 
 def stream_reads_in_place(past_len: int, new_len: int, page_size: int, k_page_bytes: int) -> bool:
     """Whether directkv `stream` serving reads a prompt chunk's past in place with the tiled kernel instead of
-    through a prefill ring: when the chunk has at most STREAM_IN_PLACE_NEW_TOKENS new tokens (a prompt's tail
-    left by the step's token budget), or when its host pages hold at most STREAM_MIN_CHUNK_BYTES of K (1,024
-    Llama-3.1-8B tokens). Below that the passes and merge around a ring cost more than the read (ShareGPT-like
-    steps, H200, 2026-12-01: in place, pasts of a few hundred tokens, stream went 1.30x -> 1.18x swap). Above it,
-    for a chunk of many tokens, the ring wins: a step's first chunk is copied during the dense work before it
-    (prefetched), while the tiled kernel reads at the SM rate after it (Llama 4 x 16K, the same day: chunks of
-    2K tokens read in place up to 8K of past took 4-13 ms more per step than swap's, streamed ones 6-10 ms less).
-    ShareGPT's prompts are at most 1,024 tokens (conf/workload), so there every chunk is read in place. The
-    executor (ZeroCopyPath) and the simulation both ask this, so they stay in step."""
-    return new_len <= STREAM_IN_PLACE_NEW_TOKENS or -(-past_len // page_size) <= STREAM_MIN_CHUNK_BYTES // k_page_bytes
+    through a prefill ring: when its host pages hold at most STREAM_MIN_CHUNK_BYTES of K (1,024 Llama-3.1-8B
+    tokens), or STREAM_TAIL_IN_PLACE_BYTES (2,048) for a chunk of at most STREAM_TAIL_NEW_TOKENS new tokens (a
+    prompt's tail). Below that the passes and merge around a ring cost more than the read (ShareGPT-like steps,
+    H200, 2026-12-01: in place, pasts of a few hundred tokens, stream went 1.30x -> 1.18x swap). Above it the ring
+    wins: a step's first chunk is copied during the dense work before it (prefetched), while the tiled kernel
+    reads at the SM rate after it (Llama 4 x 16K, the same day: chunks of 2K tokens read in place up to 8K of past
+    took 4-13 ms more per step than swap's, streamed ones 6-10 ms less). ShareGPT's prompts are at most 1,024
+    tokens (conf/workload), so there every chunk is read in place. The executor (ZeroCopyPath) and the
+    simulation both ask this, so they stay in step."""
+    limit = STREAM_TAIL_IN_PLACE_BYTES if new_len <= STREAM_TAIL_NEW_TOKENS else STREAM_MIN_CHUNK_BYTES
+    return -(-past_len // page_size) <= limit // k_page_bytes
 
 
 def floor_sum(n: int, m: int, a: int, b: int) -> int:
