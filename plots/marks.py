@@ -265,6 +265,7 @@ def draw_grouped_bars(
     logy: bool = False,
     fmt: Callable[[float], str] | None = None,
     floor: str | None = None,
+    floor_color: str = "black",
 ) -> bool:
     """Bars of `value` per variant within each group; failed bars become an "OOM"/"ERR" note.
 
@@ -275,7 +276,7 @@ def draw_grouped_bars(
     groups, variants : x order of the groups and bar order within a group.
     style : variant -> bar kwargs (label, color, hatch ...).
     fmt : value -> text written above each bar, or None for no labels.
-    floor : column drawn as a short black dashed mark across each bar (e.g. the link floor).
+    floor : column drawn as a short dashed mark across each bar (e.g. the link floor), in `floor_color`.
 
     Returns
     -------
@@ -310,7 +311,7 @@ def draw_grouped_bars(
                     )
                 fv = floors.get((g, variant), np.nan)
                 if np.isfinite(fv) and fv > 0:
-                    ax.hlines(fv, xv - width / 2, xv + width / 2, colors="black", linestyles="--", lw=1.2)
+                    ax.hlines(fv, xv - width / 2, xv + width / 2, colors=floor_color, linestyles="--", lw=1.2)
                     heights.append(fv)
                     drew_floor = True
             elif (g, variant) in failed.index:

@@ -552,7 +552,8 @@ def test_repeated_runs_at_one_point_are_averaged_and_each_shown():
 def test_gemm_draws_the_fastest_stream_option_per_size_and_the_target() -> None:
     """A GPU run's ~25 variants per size: the figure keeps the paper's, plain stream, the anchors and one bar
     for the fastest stream option of each size (named under the size), and marks each size's target."""
-    from plots.figures.gemm_case_study import FASTEST, TARGET_LABEL, fig2_5_gemm, figure_rows
+    from plots.figures.common import FASTEST
+    from plots.figures.gemm_case_study import TARGET_LABEL, fig2_5_gemm, figure_rows
 
     extra = {4096: {"stream": 0.85, "stream:k": 0.71, "stream:panels16:graph": 0.67, "raster": 21.0},
              10240: {"stream": 5.5, "stream:k": 4.4, "stream:panels16:graph": 4.1, "stream:sm132": 7.0}}
@@ -569,7 +570,7 @@ def test_gemm_draws_the_fastest_stream_option_per_size_and_the_target() -> None:
     fig = fig2_5_gemm(df, {"gpu": "NVIDIA H200"})
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == [
-        "4096×4096×4096\nfastest stream option:\npanels16:graph", "10240×10240×10240\nfastest stream option:\npanels16:graph"]
+        "4096×4096×4096\nfastest stream:\npanels16:graph", "10240×10240×10240\nfastest stream:\npanels16:graph"]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert TARGET_LABEL in legend and "streamed, fastest option" in legend and "raster" not in " ".join(legend)
     # 7 bars per size, each with a dashed mark at its size's target

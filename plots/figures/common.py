@@ -112,6 +112,39 @@ def system_series(rows: pd.DataFrame) -> list[Series]:
     return out
 
 
+FASTEST = "stream:fastest"  # the bar standing for the fastest "stream:<option>" row of a point
+
+
+def with_fastest_option(df: pd.DataFrame, shown: Sequence[str], keys: Sequence[str]) -> pd.DataFrame:
+    """The rows of the `shown` variants, plus per point (the `keys` present: sizes or contexts, mode, hardware ...)
+    the fastest ok "stream:<option>" row as variant FASTEST, its option kept in "option". A GPU run measures ~20
+    options per point (chunk cuts, graphs, merges); drawn side by side they do not read. Others are left out."""
+    drawn = df[df["variant"].isin(shown)]
+    options = df[df["variant"].astype(str).str.startswith("stream:") & (df["status"] == "ok") & df["time_ms"].notna()]
+    if options.empty:
+        return drawn
+    keys = [c for c in keys if c in options.columns]
+    best = options.loc[options.groupby(keys, dropna=False)["time_ms"].idxmin()].copy()
+    best["option"] = best["variant"].str.partition(":")[2]
+    best["variant"] = FASTEST
+    return pd.concat([drawn, best], ignore_index=True)
+
+
+def fastest_option_label(rows: pd.DataFrame, label: pd.Series) -> pd.Series:
+    """Each row's group `label`, plus the fastest stream option of its group where there is one."""
+    if "option" not in rows.columns:
+        return label
+    option = rows["option"].where(rows["variant"] == FASTEST).groupby(label).transform("first")
+    return label + option.map(lambda o: f"\nfastest stream:\n{o}" if isinstance(o, str) else "")
+
+
+def fastest_style(variant: str) -> dict[str, Any]:
+    """bar_style, and the FASTEST bar's own colour and label."""
+    if variant == FASTEST:
+        return bar_style("stream") | {"label": "streamed, fastest option", "color": "#882255"}
+    return bar_style(variant)
+
+
 def bar_style(variant: str) -> dict[str, Any]:
     """Bar kwargs of a kernel variant; library/baseline anchors are hatched."""
     style: dict[str, Any] = {"label": variant_label(variant), "color": variant_colour(variant)}

@@ -16,25 +16,18 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from plots.figures.common import bar_style, finish
+from plots.figures.common import fastest_option_label, fastest_style, finish, with_fastest_option
 from plots.load import require_columns
 from plots.marks import draw_grouped_bars, label_groups, new_figure, outside_legend
 from plots.style import variant_rank
 
 COLUMNS = ("m", "n", "k", "variant", "time_ms")
 SHOWN = ("naive", "tiled", "pipelined", "stream", "cublas_hbm", "cublas_zero_copy")  # drawn as they are
-FASTEST = "stream:fastest"  # the bar standing for the fastest "stream:<option>" row of a size
 TARGET_LABEL = "target: 1.15 × max(B bytes / H2D, cuBLAS in HBM)"
 
 
 def _ms(v: float) -> str:
     return f"{v:.0f} ms" if v >= 100 else f"{v:.1f} ms" if v >= 1 else f"{v:.2f} ms"
-
-
-def _style(variant: str) -> dict[str, Any]:
-    if variant == FASTEST:
-        return bar_style("stream") | {"label": "streamed, fastest option", "color": "#882255"}
-    return bar_style(variant)
 
 
 def _size(rows: pd.DataFrame) -> pd.Series:
@@ -45,26 +38,7 @@ def _size(rows: pd.DataFrame) -> pd.Series:
 def figure_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The rows drawn: those of SHOWN, plus per (m, n, k, mode) the fastest ok "stream:<option>" row as variant
     FASTEST, its option kept in "option". Other variants are left out."""
-    shown = df[df["variant"].isin(SHOWN)]
-    options = df[df["variant"].astype(str).str.startswith("stream:") & (df["status"] == "ok") & df["time_ms"].notna()]
-    if options.empty:
-        return shown
-    keys = [c for c in ("m", "n", "k", "mode", "hardware", "model") if c in options.columns]
-    best = options.loc[options.groupby(keys, dropna=False)["time_ms"].idxmin()].copy()
-    best["option"] = best["variant"].str.partition(":")[2]
-    best["variant"] = FASTEST
-    return pd.concat([shown, best], ignore_index=True)
-
-
-def _size_and_option(rows: pd.DataFrame) -> pd.Series:
-    """Size label, plus the fastest stream option of that size where there is one."""
-    label = _size(rows)
-    if "option" not in rows.columns:
-        return label
-    # per size and, where they vary, hardware and model: label_groups adds those to the group label after this
-    keys = [label] + [rows[c].astype(str) for c in ("hardware", "model") if c in rows.columns]
-    option = rows["option"].where(rows["variant"] == FASTEST).groupby(keys).transform("first")
-    return label + option.map(lambda o: f"\nfastest stream option:\n{o}" if isinstance(o, str) else "")
+    return with_fastest_option(df, SHOWN, ("m", "n", "k", "mode", "hardware", "model"))
 
 
 def fig2_5_gemm(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
@@ -79,7 +53,9 @@ def fig2_5_gemm(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
     manifest : run manifest (gpu name for the title).
     """
     require_columns(df, COLUMNS, "gemm_case_study")
-    rows, groups = label_groups(figure_rows(df), ["m", "n", "k"], _size_and_option, ["hardware", "model"])
+    rows, _ = label_groups(figure_rows(df), ["m", "n", "k"], _size, ["hardware", "model"])
+    rows["group"] = fastest_option_label(rows, rows["group"])
+    groups = list(dict.fromkeys(rows["group"]))
     variants = sorted(rows["variant"].unique(), key=lambda v: (variant_rank(v), v))
     has_l2 = (
         "l2_hit_pct" in rows.columns and np.isfinite(pd.to_numeric(rows["l2_hit_pct"], errors="coerce")).any()
@@ -89,7 +65,7 @@ def fig2_5_gemm(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
     fig, axes = new_figure(1, 2 if has_l2 else 1, panel_w, 3.8, legend_w=4.4)
     time_ax = axes[0, 0]
     has_target = "target_ms" in rows.columns and np.isfinite(pd.to_numeric(rows["target_ms"], errors="coerce")).any()
-    marked = draw_grouped_bars(time_ax, rows, "group", groups, variants, "time_ms", _style, logy=True, fmt=_ms,
+    marked = draw_grouped_bars(time_ax, rows, "group", groups, variants, "time_ms", fastest_style, logy=True, fmt=_ms,
                                floor="target_ms" if has_target else None)
     time_ax.set_title("(a) GEMM time")
     time_ax.set_ylabel("Time (ms, log scale)")
@@ -97,7 +73,7 @@ def fig2_5_gemm(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
     if has_l2:
         l2_ax = axes[0, 1]
         draw_grouped_bars(
-            l2_ax, rows, "group", groups, variants, "l2_hit_pct", _style, fmt=lambda v: f"{v:.0f}%"
+            l2_ax, rows, "group", groups, variants, "l2_hit_pct", fastest_style, fmt=lambda v: f"{v:.0f}%"
         )
         l2_ax.set_title("(b) L2 hit rate")
         l2_ax.set_ylabel("L2 hit rate (%)")
