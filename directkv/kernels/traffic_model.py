@@ -61,11 +61,13 @@ def check_stream_slots(slots, name: str = "stream_slots") -> int:
 # A prompt's tail (a chunk of at most STREAM_TAIL_NEW_TOKENS new tokens, left by a step's token budget) is read in
 # place up to twice the past of other chunks, STREAM_TAIL_IN_PLACE_BYTES of K: like a decode it reads each past byte
 # once, and at 4 MiB (K and V: ~0.16 ms per Llama layer at the SM rate) that costs less than a ring's passes, merge and
-# copies queued behind the decodes'. H200, 2026-12-02, Llama-3.1-8B batch 4: at 2K a step of 3 decodes and a 4-token
-# tail over a 2,044-token past (4 MiB of K) took 25.4-26.1 ms streamed against 21.6-22.6 in place (swap: 21.6-26.1,
-# same calls); at 4K a step of a 2-token tail over 4,094 tokens (8 MiB) beside a 2,045-token chunk took 8-12 ms more
-# than swap's in place, 0-5 ms more streamed (the ring's copy hides behind that chunk's work); OPT-13B 3 x 16K, a
-# 3-token tail over 16,381 tokens beside an 8,188-token chunk: in place 1,107-1,113 ms against swap's 713-717.
+# copies queued behind the decodes'. H200, 2026-12-02, Llama-3.1-8B batch 4 at 2K: a step of 3 decodes and a 4-token
+# tail over a 2,044-token past (4 MiB of K) took 31.6-48.9 ms streamed (swap's 22.8-26.1), 22.1-23.1 in place
+# (swap's 21.6-27.7).
+# A longer past is streamed, on the reasoning that an in-place read runs after the step's other work while a ring's
+# copy can overlap it; measured, neither way won clearly there (4K: a 2-token tail over 4,094 tokens beside a 2,045-
+# token chunk, 8-12 ms over swap's step in place, 0-20 streamed; OPT-13B 3 x 16K: ~1,110 ms in place, ~1,075
+# streamed, swap ~715; results/h200/README.md, nineteenth session).
 STREAM_TAIL_NEW_TOKENS = 16
 STREAM_TAIL_IN_PLACE_BYTES = 2 * STREAM_MIN_CHUNK_BYTES
 
