@@ -24,7 +24,7 @@ from functools import partial
 
 import torch
 
-from directkv.kernels.cuda.bench_prefill import check_rel_err, get_ceilings, report, run_point, timed
+from directkv.kernels.cuda.bench_common import check_rel_err, get_ceilings, report, run_point, timed
 from directkv.kernels.cuda.capture import replayed
 from directkv.kernels.cuda.gemm_case_study import gemm, host_panels
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty

@@ -23,14 +23,8 @@ from functools import partial
 
 import torch
 
-from directkv.kernels.cuda.bench_prefill import (
-    _measure,
-    _paged_host_cache,
-    _sdpa,
-    get_ceilings,
-    report,
-    run_point,
-)
+from directkv.kernels.cuda.bench_common import get_ceilings, report, run_point
+from directkv.kernels.cuda.bench_prefill import _measure, _paged_host_cache, _sdpa
 from directkv.kernels.cuda.proj_attention import VARIANTS, proj_attention, project, rope_tables
 from directkv.kernels.cuda.zero_copy import pinned_empty
 
