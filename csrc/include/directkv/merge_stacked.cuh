@@ -18,8 +18,36 @@ struct MergeStackedParams {
   int head_dim;      // a multiple of 4: each thread merges one float4 of a row
 };
 
-// One thread per 4 dims of a row. A row whose passes all have -inf LSEs (no key anywhere) gets zeros, and a
-// pass of weight 0 is skipped, so its O (possibly never written) is not read; a NaN LSE makes the row NaN.
+// 4 dims of one row merged over the passes: acc = sum_k softmax_k(lse(k)) * O_k, where lse(k) gives pass k's LSE
+// and load(k, x) its 4 values. A row whose passes all have -inf LSEs gets zeros, a pass of weight 0 is not loaded
+// (its O may be unwritten), and a NaN LSE makes the row NaN (fmaxf alone would drop it). Shared with merge_strided.
+template <typename Lse, typename Load>
+__device__ __forceinline__ void merge4(int num_parts, Lse lse, Load load, float (&acc)[4]) {
+  float m = -INFINITY;
+  for (int k = 0; k < num_parts; ++k) {
+    const float l = lse(k);
+    m = isnan(l) ? l : fmaxf(m, l);
+    if (isnan(m)) break;
+  }
+  acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+  if (m == -INFINITY) return;
+  float sum = 0.f;
+  for (int k = 0; k < num_parts; ++k) {
+    const float l = lse(k);
+    if (l == -INFINITY) continue;
+    const float w = __expf(l - m);
+    sum += w;
+    float x[4];
+    load(k, x);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[j] += w * x[j];
+  }
+  const float inv = 1.f / sum;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) acc[j] *= inv;
+}
+
+// One thread per 4 dims of a row (merge4's rules for -inf and NaN LSEs).
 template <typename T>
 __global__ void merge_stacked_kernel(const MergeStackedParams p) {
   const int vecs = p.head_dim / 4;
@@ -27,30 +55,14 @@ __global__ void merge_stacked_kernel(const MergeStackedParams p) {
   if (i >= p.rows * vecs) return;
   const int64_t row = i / vecs;
   const int v = static_cast<int>(i % vecs);
-  float m = -INFINITY;
-  for (int k = 0; k < p.num_parts; ++k) {
-    const float l = p.lse[k * p.rows + row];
-    m = isnan(l) ? l : fmaxf(m, l);  // fmaxf drops a NaN: keep it, so a broken pass shows in the output
-    if (isnan(m)) break;
-  }
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  if (m != -INFINITY) {
-    float sum = 0.f;
-    for (int k = 0; k < p.num_parts; ++k) {
-      const float l = p.lse[k * p.rows + row];
-      if (l == -INFINITY) continue;
-      const float w = __expf(l - m);
-      sum += w;
-      const float4 x = reinterpret_cast<const float4*>(p.o + (k * p.rows + row) * p.head_dim)[v];
-      acc[0] += w * x.x;
-      acc[1] += w * x.y;
-      acc[2] += w * x.z;
-      acc[3] += w * x.w;
-    }
-    const float inv = 1.f / sum;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[j] *= inv;
-  }
+  float acc[4];
+  merge4(
+      p.num_parts, [&](int k) { return p.lse[k * p.rows + row]; },
+      [&](int k, float(&x)[4]) {
+        const float4 f = reinterpret_cast<const float4*>(p.o + (k * p.rows + row) * p.head_dim)[v];
+        x[0] = f.x, x[1] = f.y, x[2] = f.z, x[3] = f.w;
+      },
+      acc);
   T* dst = static_cast<T*>(p.out) + row * p.out_row_stride + v * 4;
 #pragma unroll
   for (int j = 0; j < 4; ++j) dst[j] = from_float(acc[j], T());

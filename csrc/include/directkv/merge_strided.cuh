@@ -5,7 +5,7 @@
 // whole output per pass. Here each pass's O is read once, where it lies, in one launch.
 #pragma once
 
-#include "directkv/common.cuh"
+#include "directkv/merge_stacked.cuh"
 
 namespace directkv {
 
@@ -44,8 +44,8 @@ __device__ __forceinline__ void load4(const MergePart& part, int64_t off, float 
   }
 }
 
-// One thread per 4 dims of a row, rows in the output's order. As merge_stacked: a row whose passes all have -inf
-// LSEs gets zeros, a pass of weight 0 is not read (its O may be unwritten), a NaN LSE makes the row NaN.
+// One thread per 4 dims of a row, rows in the output's order (merge_stacked's merge4: its rules for -inf and
+// NaN LSEs).
 template <typename T>
 __global__ void merge_strided_kernel(const MergeStridedParams p) {
   const int vecs = p.head_dim / 4;
@@ -55,33 +55,18 @@ __global__ void merge_strided_kernel(const MergeStridedParams p) {
   const int64_t row = i / vecs;
   const int v = static_cast<int>(i % vecs);
   const int64_t c = row % p.dims[2], b = (row / p.dims[2]) % p.dims[1], a = row / (p.dims[2] * p.dims[1]);
-  auto lse_at = [&](const MergePart& part) {
-    return part.lse[a * part.lse_stride[0] + b * part.lse_stride[1] + c * part.lse_stride[2]];
-  };
-  float m = -INFINITY;
-  for (int k = 0; k < p.num_parts; ++k) {
-    const float l = lse_at(p.parts[k]);
-    m = isnan(l) ? l : fmaxf(m, l);  // fmaxf drops a NaN: keep it, so a broken pass shows in the output
-    if (isnan(m)) break;
-  }
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  if (m != -INFINITY) {
-    float sum = 0.f;
-    for (int k = 0; k < p.num_parts; ++k) {
-      const MergePart& part = p.parts[k];
-      const float l = lse_at(part);
-      if (l == -INFINITY) continue;
-      const float w = __expf(l - m);
-      sum += w;
-      float x[4];
-      load4(part, a * part.o_stride[0] + b * part.o_stride[1] + c * part.o_stride[2] + v * 4, x);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[j] += w * x[j];
-    }
-    const float inv = 1.f / sum;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[j] *= inv;
-  }
+  float acc[4];
+  merge4(
+      p.num_parts,
+      [&](int k) {
+        const MergePart& part = p.parts[k];
+        return part.lse[a * part.lse_stride[0] + b * part.lse_stride[1] + c * part.lse_stride[2]];
+      },
+      [&](int k, float(&x)[4]) {
+        const MergePart& part = p.parts[k];
+        load4(part, a * part.o_stride[0] + b * part.o_stride[1] + c * part.o_stride[2] + v * 4, x);
+      },
+      acc);
   T* dst = static_cast<T*>(p.out) + row * p.head_dim + v * 4;
 #pragma unroll
   for (int j = 0; j < 4; ++j) dst[j] = from_float(acc[j], T());
