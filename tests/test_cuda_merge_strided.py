@@ -86,16 +86,21 @@ def test_merge_strided_lets_a_nan_lse_show_in_its_row():
 @needs_gpu
 def test_merge_strided_refuses_what_it_cannot_read():
     """Each refusal is a ConfigError naming the shapes, dtypes and strides it got, and accepts() says no first:
-    too many passes, an fp16 LSE, an O starting off a 4-element boundary, strides not multiples of 4, a shape
-    unlike out's, an out with gaps."""
+    too many passes, an fp16 LSE, an O starting off a 4-element boundary (fp32 and bf16), strides not multiples
+    of 4, a head_dim that is not unit-stride (the kernel never sees that stride), a shape unlike out's, an out
+    with gaps."""
     out = torch.empty(3, 2, 4, 8, device="cuda")
     o, lse = torch.randn(3, 2, 4, 8, device="cuda"), torch.randn(3, 2, 4, device="cuda")
     odd = torch.randn(3 * 2 * 4 * 8 + 1, device="cuda")[1:].view(3, 2, 4, 8)
     narrow = torch.randn(3, 2, 4, 10, device="cuda")[..., :8]  # strides (80, 40, 10, 1)
+    spaced = torch.randn(3, 2, 4, 8, 4, device="cuda")[..., 0]  # strides (256, 128, 32, 4): D not unit-stride
+    odd_bf16 = torch.randn(3 * 2 * 4 * 8 + 2, device="cuda").bfloat16()[2:].view(3, 2, 4, 8)  # starts 4 B in
     bad = {"too many passes": ([(o, lse)] * (ms.MAX_PARTS + 1), out),
            "an fp16 LSE": ([(o, lse.half())], out),
            "a misaligned O": ([(odd, lse)], out),
            "strides not multiples of 4": ([(narrow, lse)], out),
+           "a head_dim stride of 4": ([(spaced, lse)], out),
+           "a bf16 O starting 2 elements in": ([(odd_bf16, lse)], out),
            "another shape": ([(o[:2], lse[:2])], out),
            "an out with gaps": ([(o, lse)], torch.empty(3, 2, 4, 16, device="cuda")[..., :8])}
     for why, (parts, target) in bad.items():
@@ -127,13 +132,9 @@ def test_prefill_stream_merges_its_passes_in_one_launch(monkeypatch, chunk_pages
     from tests.test_cuda_prefill import BF16, assert_matches, dense_reference, make_inputs, page_bytes_of
 
     used = []
-    for name in ("merge_strided", "merge_passes"):
-        fn = getattr(pa.merge_strided, name) if name == "merge_strided" else pa.merge_passes
-        wrapped = (lambda f, n: lambda *a, **k: used.append(n) or f(*a, **k))(fn, name)
-        if name == "merge_strided":
-            monkeypatch.setattr(pa.merge_strided, name, wrapped)
-        else:
-            monkeypatch.setattr(pa, name, wrapped)
+    for owner, name, label in ((pa.merge_strided, "run", "merge_strided"), (pa, "merge_passes", "merge_passes")):
+        fn = getattr(owner, name)
+        monkeypatch.setattr(owner, name, (lambda f, n: lambda *a, **k: used.append(n) or f(*a, **k))(fn, label))
     q, k_new, v_new, kv_cpu, kv = make_inputs((65, 1000, 8, 2, 128, BF16, 16), hbm_fraction=0.25)
     out = torch.full_like(q, math.nan)
     pa.prefill_attention(q, k_new, v_new, kv, variant="stream", out=out, chunk_bytes=chunk_pages * page_bytes_of(kv_cpu),

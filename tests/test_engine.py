@@ -114,7 +114,8 @@ def test_directkv_stream_reads_a_small_past_in_place():
 
 def test_stream_step_of_in_place_chunks_costs_what_tiled_does(monkeypatch):
     """A step of prompt chunks read in place and no decodes runs no streamed kernel (none is charged) and
-    holds no ring: it costs what tiled's step does. The simulation asks the rule with the run's page size."""
+    holds no ring: it costs what tiled's step does. The simulation asks the rule with the run's page size and
+    each chunk's past and new tokens: two 4,096-token prompts in chunks of the step's token budget."""
     from dataclasses import replace
 
     import directkv.engine.systems as systems
@@ -130,10 +131,13 @@ def test_stream_step_of_in_place_chunks_costs_what_tiled_does(monkeypatch):
     asked = []
     rule = systems.stream_reads_in_place
     monkeypatch.setattr(systems, "stream_reads_in_place",
-                        lambda past, new, ps, page: asked.append(ps) or rule(past, new, ps, page))
+                        lambda past, new, ps, page: asked.append((past, new, ps)) or rule(past, new, ps, page))
     simulate(synthetic_workload(2, 4096, 4).requests, SystemPolicy("directkv", "stream"), LLAMA, CM,
              mem=replace(MEM, page_size=32))
-    assert asked and set(asked) == {32}
+    assert asked and {ps for _, _, ps in asked} == {32}
+    # every chunk's new tokens, not its page size or past: per prompt they add up to its 4,096 tokens
+    chunks = sorted({(past, new) for past, new, _ in asked})
+    assert all(new >= 1 for _, new in chunks) and sum(new for past, new in chunks) == 2 * 4096, chunks
 
 
 def _decodes(n: int, context: int) -> tuple:
@@ -214,10 +218,15 @@ def test_stream_in_place_rule_is_the_plans(model):
                      torch.tensor([past], dtype=torch.int32))
         rings = sum(p.ring for p in plan_prefill_stream(kv, chunk_bytes=STREAM_MIN_CHUNK_BYTES, device="cpu").passes)
         assert stream_reads_in_place(past, 17, ps, page) == (rings <= 1), (model, past, rings)
-        # a chunk of a few new tokens (a prompt's tail) reads twice that past in place (pages rounded down)
-        for tail in (1, 16):
-            for p in (past, past + edge):
-                assert stream_reads_in_place(p, tail, ps, page) == (-(-p // ps) <= 2 * STREAM_MIN_CHUNK_BYTES // page)
+        # a chunk of a few new tokens (a prompt's tail) reads in place what a ring of twice such chunks copies in
+        # one chunk
+        for p in (past, past + edge):
+            pages = -(-p // ps)
+            kv = PagedKV(pool, pool, pool[:0], pool[:0], torch.arange(max(pages, 1), dtype=torch.int32)[None],
+                         torch.tensor([p], dtype=torch.int32))
+            twice = plan_prefill_stream(kv, chunk_bytes=2 * STREAM_MIN_CHUNK_BYTES, device="cpu").passes
+            for tail in (1, 16):
+                assert stream_reads_in_place(p, tail, ps, page) == (sum(q.ring for q in twice) <= 1), (model, p, tail)
 
 
 @pytest.mark.parametrize("past", [2044, 4094])

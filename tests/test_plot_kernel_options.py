@@ -6,7 +6,7 @@ import pandas as pd
 from matplotlib.collections import LineCollection
 
 from plots.figures.common import FASTEST, with_fastest_option
-from plots.figures.kernel_ablation import MARKS, SHOWN, fig13_kernel_time
+from plots.figures.kernel_ablation import MARKS, POINT, SHOWN, fig13_kernel_time
 from tests.test_plots import kernel_rows, row
 
 
@@ -29,7 +29,7 @@ def test_kernel_time_draws_the_fastest_stream_option_per_point_and_the_prefill_t
                  for v, t in options[q].items()]
     rows += [r | {"floor_ms": 2.5} for r in base if r["op"] == "decode"]
     df = pd.DataFrame(rows)
-    drawn = with_fastest_option(df, SHOWN, ("op", "context_len", "q_len", "batch", "mode"))
+    drawn = with_fastest_option(df, SHOWN, POINT)
     best = drawn[drawn["variant"] == FASTEST].set_index("q_len")
     assert best.loc[512.0, "option"] == "8chunks:graph" and best.loc[2048.0, "option"] == "8chunks:graph"
     assert not {"tiled:kv_hbm", "tiled:cg", "stream:4chunks"} & set(drawn["variant"])
@@ -44,3 +44,12 @@ def test_kernel_time_draws_the_fastest_stream_option_per_point_and_the_prefill_t
             for seg in c.get_segments()} == {2.5}
     legend = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
     assert {label for label, _ in MARKS.values()} <= set(legend) and "streamed, fastest option" in legend
+
+
+def test_the_fastest_option_is_picked_by_its_median_over_repeated_runs() -> None:
+    """Two runs of a point in one frame: option a at 1.0 and 2.0 ms (median 1.5) loses to option b at 1.2 and
+    1.2; every row of the picked option is kept, so its bar (the median) is 1.2."""
+    rows = [row("kernel_ablation", system="", op="prefill", variant=v, context_len=16384.0, q_len=512.0, time_ms=t,
+                mode="measured") for v, t in (("stream:a", 1.0), ("stream:a", 2.0), ("stream:b", 1.2), ("stream:b", 1.2))]
+    drawn = with_fastest_option(pd.DataFrame(rows), SHOWN, POINT)
+    assert list(drawn["option"]) == ["b", "b"] and list(drawn["time_ms"]) == [1.2, 1.2]

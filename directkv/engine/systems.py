@@ -97,7 +97,8 @@ def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: S
     the decodes' beyond theirs stalls their kernel; and no layer beats its link time. So a larger decode ring
     helps a step whose prompt chunk's attention is long (measured on the H200: steps of 2 decodes + a
     2,046-token chunk at 16K took 1.24x swap's time with 2 slots, 0.98x with 8; seventeenth session). A prompt
-    chunk of a small past is read in place by the tiled kernel at the SM rate (stream_reads_in_place)."""
+    chunk of a small past (twice as long for a prompt's short tail) is read in place by the tiled kernel at the SM
+    rate (stream_reads_in_place)."""
     kvl = model.kv_bytes_per_token_per_layer()
     small = [stream_reads_in_place(c.past_len, c.chunk_len, page_size, page_size * kvl // 2) for c in step.prefills]
     first = step.prefills[0].past_len * kvl if step.prefills and not small[0] else 0

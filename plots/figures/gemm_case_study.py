@@ -36,9 +36,9 @@ def _size(rows: pd.DataFrame) -> pd.Series:
 
 
 def figure_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows drawn: those of SHOWN, plus per (m, n, k, mode) the fastest ok "stream:<option>" row as variant
-    FASTEST, its option kept in "option". Other variants are left out."""
-    return with_fastest_option(df, SHOWN, ("m", "n", "k", "mode", "hardware", "model"))
+    """The rows drawn: those of SHOWN, plus per size (and hardware, model) the rows of the fastest ok
+    "stream:<option>" as variant FASTEST, its option kept in "option". Other variants are left out."""
+    return with_fastest_option(df, SHOWN, ("m", "n", "k", "hardware", "model"))
 
 
 def fig2_5_gemm(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:

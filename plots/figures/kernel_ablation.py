@@ -26,7 +26,7 @@ from plots.style import context_label, op_label, op_rank, variant_rank
 COLUMNS = ("op", "variant", "context_len", "time_ms", "link_read_bytes", "kv_bytes")
 GROUP_EXTRAS = ("q_len", "batch", "model", "hardware")
 SHOWN = ("naive", "tiled", "pipelined", "stream", "separate", "fused", "sdpa_hbm", "sdpa_zero_copy", "swap_sdpa")
-POINT = ("op", "context_len", *GROUP_EXTRAS, "mode")  # one fastest stream option per point
+POINT = ("op", "context_len", *GROUP_EXTRAS)  # a bar group: one fastest stream option each
 # column -> (legend label, colour) of the dashed mark drawn across each bar
 MARKS = {"floor_ms": ("link floor (bytes / link BW)", "black"),
          "target_ms": ("target: 1.15 × max(link floor, SDPA in HBM)", "#CC3311")}

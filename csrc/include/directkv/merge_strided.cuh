@@ -9,7 +9,7 @@
 
 namespace directkv {
 
-constexpr int kMergeMaxParts = 32;  // the prefill stream's passes: its new tokens', <= 16 ring chunks', HBM pages'
+constexpr int kMergeMaxParts = 32;  // passes per launch (the prefill stream's: new tokens', ring runs', HBM pages')
 
 struct MergePart {
   const void* o;           // O of the pass, dtype `dtype`; element (a, b, c, d) at a*o_stride[0] + b*o_stride[1] + c*o_stride[2] + d
@@ -26,6 +26,7 @@ struct MergeStridedParams {
   int num_parts;    // 1 .. kMergeMaxParts
   int head_dim;     // a multiple of 4
 };
+static_assert(sizeof(MergeStridedParams) <= 4096, "kernel parameters are limited to 4 KB");
 
 __device__ __forceinline__ void load4(const MergePart& part, int64_t off, float (&x)[4]) {
   if (part.dtype == kFloat32) {

@@ -107,10 +107,10 @@ class ZeroCopyPath:
                 host_table=(p.decode_table_cpu, p.decode_lens_cpu), num_slots=self.stream_slots,
                 ring_bytes=stream_ring_bytes(self.stream_slots))
             self._kept["decode"] = self.decode_plan
-        # A chunk of a small past or of a few new tokens is read in place by the tiled kernel instead (decided
-        # before any planning; stream_reads_in_place): the passes and merge around its ring cost more than the
-        # read (H200, 2026-12-01: ShareGPT-like steps of 35-43 decodes beside a few prompt chunks took 172-182 ms
-        # with every chunk streamed, against swap's 82-105).
+        # A chunk of a small past (<= 2 MiB of K; <= 4 MiB for a prompt's tail of <= 16 tokens) is read in place
+        # by the tiled kernel instead (decided before any planning; stream_reads_in_place): the passes and merge
+        # around its ring cost more than the read (H200, 2026-12-01: ShareGPT-like steps of 35-43 decodes beside a
+        # few prompt chunks took 172-182 ms with every chunk streamed, against swap's 82-105).
         page_bytes = math.prod(k0.shape[1:]) * k0.element_size()
         self.chunk_streamed = [
             self.tier == "host" and not stream_reads_in_place(c.past_len, c.length, k0.shape[1], page_bytes)

@@ -367,11 +367,15 @@ def merge_passes(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tens
 
     parts: (O, natural-log LSE) per pass; every O has out's shape (or one it views as), every LSE that shape
     without the last dim; any strides and float dtypes, so a pass can hand over a permuted view instead of a
-    copy. One fp32 accumulator, updated in place per pass: each pass's O is read once.
+    copy. One fp32 accumulator, updated per pass: each pass's O is read once. The CUDA kernels merge_stacked and
+    merge_strided do the same in one launch; this is the torch-op merge for passes they do not take.
     """
-    # a row with no key in any pass (a sequence of length 0) has only -inf LSEs: weight 0, so its output is 0
-    weights = torch.softmax(torch.stack([lse for _, lse in parts]), dim=0).nan_to_num(0.0).unsqueeze(-1)
-    acc = parts[0][0] * weights[0]  # fp32 (the weights are)
-    for (o, _), w in zip(parts[1:], weights[1:], strict=True):
-        acc.addcmul_(o, w)
+    # The merge kernels' rules (merge4 in merge_stacked.cuh): a row with no key in any pass (a sequence of length 0)
+    # has only -inf LSEs and gets zeros; a pass of -inf LSE weighs 0 and its O (maybe never written) is not used;
+    # a NaN LSE (a broken pass) makes its row NaN.
+    lse = torch.stack([lse for _, lse in parts])
+    weights = torch.softmax(lse, dim=0).masked_fill((lse == float("-inf")).all(0), 0.0).unsqueeze(-1)
+    acc = torch.zeros(parts[0][0].shape, dtype=torch.float32, device=weights.device)
+    for (o, _), w in zip(parts, weights, strict=True):
+        acc += torch.where(w != 0, o * w, 0.0)  # w NaN: NaN; w 0: 0 whatever O holds
     out.view(acc.shape).copy_(acc)

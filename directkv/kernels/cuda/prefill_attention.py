@@ -13,7 +13,8 @@ tiled : CPU-memory-aware: a chunk of `kv_chunk` K/V tokens of one KV head is loa
 stream : as decode_attention's stream: the copy engine moves the host pages a chunk at a time into a small
          HBM ring (2 slots x (K, V) x <= 16 MiB) on a side stream while the GPU attends the queries to the
          previous chunk; every pass (the new tokens alone, first, then each ring chunk and the HBM-resident pages)
-         gives fp32 O and its LSE, and the passes are merged with a softmax over the LSEs. Past K/V cross the
+         gives O (q's dtype from flash passes, fp32 from tiled ones) and its LSE, and the passes are merged with a
+         softmax over the LSEs in one launch (merge_strided). Past K/V cross the
          link once, by DMA instead of SM loads. Its schedule and ring are in prefill_stream.py. The ring and
          new-token passes run torch's FlashAttention-2 forward by default (pass_kernel="flash": an HBM
          attention core faster than ours; the G query heads of a KV head are folded into rows, exact since a
@@ -284,7 +285,8 @@ def prefill_attention(
         2026-12-01), where FlashAttention-2 runs at several times that. The closed-form Traffic is tiled's.
     merge : stream only: how its passes' outputs are merged by LSE: "kernel" (default; merge_strided, one launch
         reading each pass once where it lies; more than merge_strided.MAX_PARTS passes fall back to torch) or
-        "torch" (decode_attention.merge_passes: an fp32 read-modify-write of the output per pass).
+        "torch" (decode_attention.merge_passes: an fp32 read-modify-write of the output per pass). Tiled with
+        new_pass="flash" always merges its two passes with merge_strided.
 
     Returns
     -------
@@ -452,7 +454,7 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
         q_fold = _fold_gqa(q, kv.num_kv_heads) if flash else None
     # The new tokens' pass needs no ring, so it goes first (after side.wait_stream above, which must not wait
     # for it): it computes while the copy engine fills the first chunk, whose copy nothing overlapped before.
-    # merge_passes does not care about the order.
+    # The merge does not care about the order.
     if flash:
         parts.append(_flash_new(q, k_new, v_new, launch["scale"], launch["causal"]))
     else:
@@ -487,7 +489,7 @@ def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor, nu
     parts = [(o if o.dim() == 4 else o.unflatten(1, (hkv, g)), lse if lse.dim() == 3 else lse.unflatten(1, (hkv, g)))
              for o, lse in parts]
     if merge == "kernel" and out.is_contiguous() and merge_strided.accepts(parts, out.view(*parts[0][0].shape)):
-        merge_strided.merge_strided(parts, out.view(*parts[0][0].shape))
+        merge_strided.run(parts, out.view(*parts[0][0].shape))
     else:
         merge_passes(parts, out)
 
