@@ -137,7 +137,7 @@ def test_prefill_stream_merges_its_passes_in_one_launch(monkeypatch, chunk_pages
         monkeypatch.setattr(owner, name, (lambda f, n: lambda *a, **k: used.append(n) or f(*a, **k))(fn, label))
     q, k_new, v_new, kv_cpu, kv = make_inputs((65, 1000, 8, 2, 128, BF16, 16), hbm_fraction=0.25)
     out = torch.full_like(q, math.nan)
-    pa.prefill_attention(q, k_new, v_new, kv, variant="stream", out=out, chunk_bytes=chunk_pages * page_bytes_of(kv_cpu),
-                         merge=merge)
+    pa.prefill_attention(q, k_new, v_new, kv, variant="stream", out=out,
+                         chunk_bytes=chunk_pages * page_bytes_of(kv_cpu), merge=merge)
     assert used == [merged_by]
     assert_matches(out, dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(q.shape[-1])))

@@ -49,7 +49,8 @@ def test_kernel_time_draws_the_fastest_stream_option_per_point_and_the_prefill_t
 def test_the_fastest_option_is_picked_by_its_median_over_repeated_runs() -> None:
     """Two runs of a point in one frame: option a at 1.0 and 2.0 ms (median 1.5) loses to option b at 1.2 and
     1.2; every row of the picked option is kept, so its bar (the median) is 1.2."""
+    times = (("stream:a", 1.0), ("stream:a", 2.0), ("stream:b", 1.2), ("stream:b", 1.2))
     rows = [row("kernel_ablation", system="", op="prefill", variant=v, context_len=16384.0, q_len=512.0, time_ms=t,
-                mode="measured") for v, t in (("stream:a", 1.0), ("stream:a", 2.0), ("stream:b", 1.2), ("stream:b", 1.2))]
+                mode="measured") for v, t in times]
     drawn = with_fastest_option(pd.DataFrame(rows), SHOWN, POINT)
     assert list(drawn["option"]) == ["b", "b"] and list(drawn["time_ms"]) == [1.2, 1.2]

@@ -12,8 +12,8 @@ namespace directkv {
 constexpr int kMergeMaxParts = 32;  // passes per launch (the prefill stream's: new tokens', ring runs', HBM pages')
 
 struct MergePart {
-  const void* o;           // O of the pass, dtype `dtype`; element (a, b, c, d) at a*o_stride[0] + b*o_stride[1] + c*o_stride[2] + d
-  const float* lse;        // natural-log LSE, fp32; row (a, b, c) at a*lse_stride[0] + b*lse_stride[1] + c*lse_stride[2]
+  const void* o;           // O of the pass, dtype `dtype`: (a, b, c, d) at a*o_stride[0] + b*o_stride[1] + c*o_stride[2] + d
+  const float* lse;        // natural-log LSE, fp32: row (a, b, c) at the same sum over lse_stride
   int64_t o_stride[3];     // elements; multiples of 4, like o's address (in elements): each thread reads 4 dims
   int64_t lse_stride[3];   // elements
   int dtype;               // kFloat16, kBFloat16 or kFloat32

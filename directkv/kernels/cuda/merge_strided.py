@@ -55,8 +55,8 @@ def merge_strided(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Ten
         raise ConfigError(
             f"merge_strided wants 1 to {MAX_PARTS} passes (O [A, B, C, D] fp16 / bf16 / fp32 with a unit last "
             f"stride, other strides multiples of 4, start on a 4-element boundary; LSE [A, B, C] fp32) on out's "
-            f"device, and out [A, B, C, D] contiguous CUDA with D a multiple of 4; got out {tuple(out.shape)} {out.dtype} {out.device} "
-            f"contiguous={out.is_contiguous()} and {len(parts)} passes: "
+            f"device, and out [A, B, C, D] contiguous CUDA with D a multiple of 4; got out {tuple(out.shape)} "
+            f"{out.dtype} {out.device} contiguous={out.is_contiguous()} and {len(parts)} passes: "
             + "; ".join(f"O {tuple(o.shape)} {o.dtype} strides {o.stride()} at {o.data_ptr()}, LSE "
                         f"{tuple(lse.shape)} {lse.dtype}" for o, lse in parts[:4])
             + ("; ..." if len(parts) > 4 else ""))
