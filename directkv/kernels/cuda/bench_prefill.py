@@ -59,7 +59,7 @@ KERNELS = {
 REL_ERR_MAX = 1e-2  # bf16 against SDPA in HBM; every kernel row measured <= 0.0041 on the H200
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal SDPA with the new queries at the end of the key range; q `[1, H, q_len, D]`, k/v `[1, Hkv, L, D]`."""
     from torch.nn.attention.bias import causal_lower_right
 
@@ -67,7 +67,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
-def _paged_host_cache(past_len: int, page_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+def paged_host_cache(past_len: int, page_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
     """Past K/V in pinned host pages in shuffled order: (PagedKV, the same pages in HBM as a PagedKV, contiguous
     past K, V `[past, Hkv, D]` on the GPU, the pinned pools)."""
     pages = math.ceil(past_len / page_size)
@@ -111,7 +111,7 @@ def bench_prefill(
     floor_ms, sdpa_hbm time)), rel_err against sdpa_hbm, the ceilings of this run, status.
     """
     ceilings = get_ceilings() if ceilings is None else ceilings
-    kv, kv_hbm, k_past, v_past, _pinned = _paged_host_cache(past_len, page_size, num_kv_heads, head_dim, dtype)
+    kv, kv_hbm, k_past, v_past, _pinned = paged_host_cache(past_len, page_size, num_kv_heads, head_dim, dtype)
     rows: list[dict] = []
     for q_len in q_lens:
         base = dict(op="prefill", q_len=q_len, context_len=past_len, num_heads=num_heads, num_kv_heads=num_kv_heads,
@@ -126,7 +126,7 @@ def bench_prefill(
             row = dict(base, **(extra[0] if extra else {}), variant=name, kv_bytes=kv_bytes, link_read_bytes=link_bytes,
                        floor_ms=kv_bytes / (ceilings["ce_h2d_gbps"] * 1e9) * 1e3 if "ce_h2d_gbps" in ceilings else None)
             slow = name in ("sdpa_zero_copy", "naive")
-            rows.append(run_point(row, partial(_measure, fn, row, reference, warmup=1 if slow else warmup,
+            rows.append(run_point(row, partial(measure_attention, fn, row, reference, warmup=1 if slow else warmup,
                                                repeats=3 if slow else repeats, out=out if name in kernels else None)))
         _add_targets(rows, q_len)
         del methods
@@ -155,7 +155,7 @@ def _methods(q, k_new, v_new, caches: tuple[PagedKV, PagedKV], k_all, v_all, ker
     def swap() -> torch.Tensor:
         k_buf.copy_(k_pin, non_blocking=True)
         v_buf.copy_(v_pin, non_blocking=True)
-        return _sdpa(qh, *layout(k_buf, v_buf))
+        return causal_sdpa(qh, *layout(k_buf, v_buf))
 
     def kernel(name: str):
         """(call, extra row fields): stream's schedule is planned once here, outside the timed calls, as a
@@ -178,17 +178,17 @@ def _methods(q, k_new, v_new, caches: tuple[PagedKV, PagedKV], k_all, v_all, ker
         fn, extra = kernel(name)
         methods[name] = (fn, None, 0 if "_kv" in KERNELS[name] else past_bytes, extra)
     anchor_fns = {
-        "sdpa_hbm": (lambda: _sdpa(qh, *hbm_kv), 0, 0),
-        "sdpa_zero_copy": (lambda: _sdpa(qh, *host_kv), None, all_bytes),
+        "sdpa_hbm": (lambda: causal_sdpa(qh, *hbm_kv), 0, 0),
+        "sdpa_zero_copy": (lambda: causal_sdpa(qh, *host_kv), None, all_bytes),
         "swap_sdpa": (swap, all_bytes, all_bytes),
     }
     methods.update({a: anchor_fns[a] for a in anchors})
-    methods["_reference"] = _sdpa(qh, *hbm_kv)[0].transpose(0, 1).double()
+    methods["_reference"] = causal_sdpa(qh, *hbm_kv)[0].transpose(0, 1).double()
     methods["_out"] = out  # the kernel rows' shared output, poisoned before each checked call
     return methods
 
 
-def _measure(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, warmup: int, repeats: int,
+def measure_attention(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, warmup: int, repeats: int,
              out: torch.Tensor | None = None, max_rel_err: float = REL_ERR_MAX) -> None:
     """One checked call (rel_err against the HBM SDPA output; a kernel's closed-form link bytes, writes only where
     it has some), then timing; a rel_err above max_rel_err (or NaN) makes the row an error. `out`, the buffer the

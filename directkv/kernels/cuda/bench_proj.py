@@ -24,7 +24,7 @@ from functools import partial
 import torch
 
 from directkv.kernels.cuda.bench_common import get_ceilings, report, run_point
-from directkv.kernels.cuda.bench_prefill import _measure, _paged_host_cache, _sdpa
+from directkv.kernels.cuda.bench_prefill import causal_sdpa, measure_attention, paged_host_cache
 from directkv.kernels.cuda.proj_attention import VARIANTS, proj_attention, project, rope_tables
 from directkv.kernels.cuda.zero_copy import pinned_empty
 
@@ -60,7 +60,7 @@ def bench_proj(
         base = dict(op="proj_attention", q_len=q_len, context_len=past_len, hidden=hidden, num_heads=num_heads,
                     num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=str(dtype).removeprefix("torch."),
                     mode="measured", **ceilings)
-        kv, _, k_all, v_all, _pinned = _paged_host_cache(past_len + q_len, page_size, num_kv_heads, head_dim, dtype)
+        kv, _, k_all, v_all, _pinned = paged_host_cache(past_len + q_len, page_size, num_kv_heads, head_dim, dtype)
         kv = dataclasses.replace(kv, seq_lens=torch.tensor([past_len], dtype=torch.int32))
         x = torch.randn(q_len, hidden, device="cuda").to(dtype)
         wq, wk, wv = ((torch.randn(hidden, cols, device="cuda") / hidden**0.5).to(dtype)
@@ -72,7 +72,7 @@ def bench_proj(
         for name, fn in methods.items():
             row = dict(base, variant=name, kv_bytes=kv_bytes, floor_ms=floor,
                        link_read_bytes=kv_bytes if name == "swap_sdpa" else 0 if name == "sdpa_hbm" else None)
-            rows.append(run_point(row, partial(_measure, fn, row, reference, warmup=warmup, repeats=repeats,
+            rows.append(run_point(row, partial(measure_attention, fn, row, reference, warmup=warmup, repeats=repeats,
                                                max_rel_err=PROJ_REL_ERR_MAX)))
             # both directions: the kernels' writes of the new K/V cross the same link
             t, moved = row.get("time_ms"), (row["link_read_bytes"] or 0) + (row.get("link_write_bytes") or 0)
@@ -94,7 +94,7 @@ def _methods(x, weights, kv, k_past, v_past, rope_theta, head_dim: int) -> dict[
         rot = None if rope_theta is None else rope_tables(past, q_len, head_dim, float(rope_theta), x.device)
         q, k, v = project(x, wq, head_dim, rot), project(x, wk, head_dim, rot), project(x, wv, head_dim, None)
         layout = lambda t: t.transpose(0, 1)[None]  # noqa: E731
-        return _sdpa(layout(q), layout(torch.cat([k_old, k])), layout(torch.cat([v_old, v])))  # SDPA's layout
+        return causal_sdpa(layout(q), layout(torch.cat([k_old, k])), layout(torch.cat([v_old, v])))  # SDPA's layout
 
     def swap() -> torch.Tensor:
         k_buf.copy_(k_pin, non_blocking=True)
