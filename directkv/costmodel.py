@@ -79,10 +79,11 @@ class CostModel:
         terms = self.terms(t, **kw)
         return max(terms, key=terms.get)
 
-    def copy_time(self, nbytes: float, direction: str = "h2d") -> float:
-        """Copy-engine transfer of `nbytes` between pinned host memory and HBM."""
+    def copy_time(self, nbytes: float, direction: str = "h2d", *, launch: bool = True) -> float:
+        """Copy-engine transfer of `nbytes` between pinned host memory and HBM; with its launch unless `launch`
+        is False (a copy queued behind others, whose launch the host paid earlier)."""
         bw = self.hw.link_ce_h2d_gbps if direction == "h2d" else self.hw.link_ce_d2h_gbps
-        return (nbytes / (bw * 1e9 * self.eff.link_ce) + self.hw.launch_us * 1e-6) if nbytes else 0.0
+        return (nbytes / (bw * 1e9 * self.eff.link_ce) + launch * self.hw.launch_us * 1e-6) if nbytes else 0.0
 
     def dense_time(self, t: Traffic) -> float:
         """One layer's dense part (projections, MLP) with traffic `t`: its roofline time, but never below the

@@ -461,40 +461,6 @@ def test_stream_schedule_of_no_tokens_has_no_pass():
     assert tables.shape == (0, 2, 1) and lens.shape == (0, 2) and copies == [] and not hbm_pass
 
 
-def test_merge_passes_gives_zeros_to_a_row_no_pass_saw():
-    """A sequence of length 0 in a call of several passes has -inf LSEs in all of them: its output is 0, not
-    the NaN of a softmax over nothing; the other rows merge as before."""
-    from directkv.kernels.cuda.decode_attention import merge_passes
-
-    o = [torch.randn(2, 4, 8), torch.randn(2, 4, 8)]
-    lse = [torch.randn(2, 4), torch.randn(2, 4)]
-    for t in lse:
-        t[1] = -math.inf
-    out = torch.full((2, 4, 8), math.nan)
-    merge_passes(list(zip(o, lse, strict=True)), out)
-    w = torch.softmax(torch.stack(lse)[:, 0], dim=0)
-    assert torch.equal(out[1], torch.zeros(4, 8))
-    torch.testing.assert_close(out[0], w[0, :, None] * o[0][0] + w[1, :, None] * o[1][0])
-
-
-def test_merge_passes_follows_the_merge_kernels_rules():
-    """As merge_stacked / merge_strided: a pass of -inf LSE is not read, even where its O is NaN (never written),
-    and a NaN LSE (a broken pass) makes its row NaN instead of being hidden as zeros."""
-    from directkv.kernels.cuda.decode_attention import merge_passes
-
-    o = [torch.randn(3, 2, 8), torch.randn(3, 2, 8)]
-    lse = [torch.randn(3, 2), torch.randn(3, 2)]
-    lse[1][0] = -math.inf
-    o[1][0] = math.nan  # row 0: the second pass saw none of its keys and wrote nothing
-    lse[0][1, 1] = math.nan  # row (1, 1): a broken first pass
-    out = torch.full((3, 2, 8), -7.0)
-    merge_passes(list(zip(o, lse, strict=True)), out)
-    torch.testing.assert_close(out[0], o[0][0])
-    assert out[1, 1].isnan().all() and not out[1, 0].isnan().any() and not out[2].isnan().any()
-    w = torch.softmax(torch.stack(lse)[:, 2], dim=0)
-    torch.testing.assert_close(out[2], w[0, :, None] * o[0][2] + w[1, :, None] * o[1][2])
-
-
 @pytest.mark.gpu
 @needs_gpu
 def test_last_kv_of_the_wrong_dtype_is_one_line():

@@ -1,5 +1,5 @@
 """merge_strided (one CUDA launch merging attention passes of any layout by their LSE) against a float64 softmax,
-and the prefill stream variant's use of it."""
+the prefill stream variant's use of it, and merge_passes, its torch-op twin for what the kernel does not take."""
 
 from __future__ import annotations
 
@@ -132,7 +132,8 @@ def test_prefill_stream_merges_its_passes_in_one_launch(monkeypatch, chunk_pages
     from tests.test_cuda_prefill import BF16, assert_matches, dense_reference, make_inputs, page_bytes_of
 
     used = []
-    for owner, name, label in ((pa.merge_strided, "run", "merge_strided"), (pa, "merge_passes", "merge_passes")):
+    for owner, name, label in ((pa.merge_strided, "run", "merge_strided"), (pa.merge_strided, "merge_passes",
+                                                                           "merge_passes")):
         fn = getattr(owner, name)
         monkeypatch.setattr(owner, name, (lambda f, n: lambda *a, **k: used.append(n) or f(*a, **k))(fn, label))
     q, k_new, v_new, kv_cpu, kv = make_inputs((65, 1000, 8, 2, 128, BF16, 16), hbm_fraction=0.25)
@@ -141,3 +142,57 @@ def test_prefill_stream_merges_its_passes_in_one_launch(monkeypatch, chunk_pages
                          chunk_bytes=chunk_pages * page_bytes_of(kv_cpu), merge=merge)
     assert used == [merged_by]
     assert_matches(out, dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(q.shape[-1])))
+
+
+def test_merge_passes_gives_zeros_to_a_row_no_pass_saw():
+    """A sequence of length 0 in a call of several passes has -inf LSEs in all of them: its output is 0, not
+    the NaN of a softmax over nothing; the other rows merge as before."""
+    o = [torch.randn(2, 4, 8), torch.randn(2, 4, 8)]
+    lse = [torch.randn(2, 4), torch.randn(2, 4)]
+    for t in lse:
+        t[1] = -math.inf
+    out = torch.full((2, 4, 8), math.nan)
+    ms.merge_passes(list(zip(o, lse, strict=True)), out)
+    w = torch.softmax(torch.stack(lse)[:, 0], dim=0)
+    assert torch.equal(out[1], torch.zeros(4, 8))
+    torch.testing.assert_close(out[0], w[0, :, None] * o[0][0] + w[1, :, None] * o[1][0])
+
+
+def test_merge_passes_follows_the_merge_kernels_rules():
+    """As merge_stacked / merge_strided: a pass of -inf LSE is not read, even where its O is NaN (never written),
+    and a NaN LSE (a broken pass) makes its row NaN instead of being hidden as zeros."""
+    o = [torch.randn(3, 2, 8), torch.randn(3, 2, 8)]
+    lse = [torch.randn(3, 2), torch.randn(3, 2)]
+    lse[1][0] = -math.inf
+    o[1][0] = math.nan  # row 0: the second pass saw none of its keys and wrote nothing
+    lse[0][1, 1] = math.nan  # row (1, 1): a broken first pass
+    out = torch.full((3, 2, 8), -7.0)
+    ms.merge_passes(list(zip(o, lse, strict=True)), out)
+    torch.testing.assert_close(out[0], o[0][0])
+    assert out[1, 1].isnan().all() and not out[1, 0].isnan().any() and not out[2].isnan().any()
+    w = torch.softmax(torch.stack(lse)[:, 2], dim=0)
+    torch.testing.assert_close(out[2], w[0, :, None] * o[0][2] + w[1, :, None] * o[1][2])
+
+
+def test_merge_passes_weighs_views_of_any_layout_by_their_lse():
+    """Runs without a GPU: passes given as contiguous [q, Hq, D] fp32, a permuted bf16 [q, Hkv, G, D] view (as
+    the flash passes hand them over) and a transposed one, merged against a float64 softmax over the LSEs."""
+    torch.manual_seed(0)
+    q_len, hkv, g, d = 5, 2, 4, 8
+    plain = (torch.randn(q_len, hkv * g, d), torch.randn(q_len, hkv * g))
+    folded = torch.randn(hkv, q_len, g, d).to(torch.bfloat16)  # flash over folded rows: [Hkv, q * G, D] in memory
+    folded_lse = torch.randn(hkv, q_len, g)
+    by_head = torch.randn(hkv * g, q_len, d).to(torch.bfloat16)  # flash over the new tokens: [Hq, q, D] in memory
+    by_head_lse = torch.randn(hkv * g, q_len)
+    four_d = lambda t: t.unflatten(1, (hkv, g))  # noqa: E731 - how prefill's stream hands its passes over
+    parts = [(four_d(plain[0]), four_d(plain[1])), (folded.permute(1, 0, 2, 3), folded_lse.permute(1, 0, 2)),
+             (four_d(by_head.transpose(0, 1)), four_d(by_head_lse.transpose(0, 1)))]
+    out = torch.full((q_len, hkv * g, d), math.nan, dtype=torch.bfloat16)
+    ms.merge_passes(parts, out)
+    os_ = torch.stack([plain[0].double(), folded.permute(1, 0, 2, 3).reshape(q_len, hkv * g, d).double(),
+                       by_head.transpose(0, 1).double()])
+    lse = torch.stack([plain[1].double(), folded_lse.permute(1, 0, 2).reshape(q_len, hkv * g).double(),
+                       by_head_lse.t().double()])
+    want = (os_ * torch.softmax(lse, 0).unsqueeze(-1)).sum(0)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=1e-2)

@@ -515,32 +515,6 @@ def test_stream_traffic_is_tiled_plus_the_ring(past, kv_chunk):
     assert got.hbm_write_bytes == ref.hbm_write_bytes + ref.link_read_bytes
 
 
-def test_merge_passes_weighs_views_of_any_layout_by_their_lse():
-    """Runs without a GPU: passes given as contiguous [q, Hq, D] fp32, a permuted bf16 [q, Hkv, G, D] view (as
-    the flash passes hand them over) and a transposed one, merged against a float64 softmax over the LSEs."""
-    from directkv.kernels.cuda.decode_attention import merge_passes
-
-    torch.manual_seed(0)
-    q_len, hkv, g, d = 5, 2, 4, 8
-    plain = (torch.randn(q_len, hkv * g, d), torch.randn(q_len, hkv * g))
-    folded = torch.randn(hkv, q_len, g, d).to(BF16)  # flash over folded rows: [Hkv, q * G, D] in memory
-    folded_lse = torch.randn(hkv, q_len, g)
-    by_head = torch.randn(hkv * g, q_len, d).to(BF16)  # flash over the new tokens: [Hq, q, D] in memory
-    by_head_lse = torch.randn(hkv * g, q_len)
-    four_d = lambda t: t.unflatten(1, (hkv, g))  # noqa: E731 - how prefill's stream hands its passes over
-    parts = [(four_d(plain[0]), four_d(plain[1])), (folded.permute(1, 0, 2, 3), folded_lse.permute(1, 0, 2)),
-             (four_d(by_head.transpose(0, 1)), four_d(by_head_lse.transpose(0, 1)))]
-    out = torch.full((q_len, hkv * g, d), math.nan, dtype=BF16)
-    merge_passes(parts, out)
-    os_ = torch.stack([plain[0].double(), folded.permute(1, 0, 2, 3).reshape(q_len, hkv * g, d).double(),
-                       by_head.transpose(0, 1).double()])
-    lse = torch.stack([plain[1].double(), folded_lse.permute(1, 0, 2).reshape(q_len, hkv * g).double(),
-                       by_head_lse.t().double()])
-    want = (os_ * torch.softmax(lse, 0).unsqueeze(-1)).sum(0)
-    assert not out.isnan().any()
-    torch.testing.assert_close(out.double(), want, rtol=1e-2, atol=1e-2)
-
-
 def test_per_table_memo_follows_the_table_and_its_version():
     """The wrappers' per-table memo computes once per (table, in-place version, key) and again after the table
     is written in place or replaced."""

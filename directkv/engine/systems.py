@@ -116,16 +116,12 @@ def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: S
         link_chunks = cm.terms(st.attention_traffic(Step((), chunks), model, "stream", policy), link="ce")[
             "link_read"] if chunks else 0.0
         math_t = max(terms.values())  # the kernels' math and HBM traffic
-
-        def copied(nbytes: int) -> float:  # the copy engine's time for nbytes, launch not counted
-            return cm.terms(Traffic(link_read_bytes=nbytes), link="ce")["link_read"]
-
-        ahead_chunk = min(t_lin + store, copied(min(reads[1], sizes[1])))
+        ahead_chunk = min(t_lin + store, cm.copy_time(min(reads[1], sizes[1]), launch=False))
         left_chunks = max(0.0, link_chunks - ahead_chunk)
         # the copy engine is free for the decodes' ring when it is not filling the chunk's: during the dense work
         # and the store, and during the chunks' math once their remaining past is copied
         free = t_lin + store - ahead_chunk + max(0.0, math_t - left_chunks)
-        left_decodes = max(0.0, link - link_chunks - min(free, copied(min(reads[0], sizes[0]))))
+        left_decodes = max(0.0, link - link_chunks - min(free, cm.copy_time(min(reads[0], sizes[0]), launch=False)))
         kernels = bool(step.decodes) + len(chunks)
         t = max(store + left_decodes + max(math_t, left_chunks), link - t_lin) + kernels * cm.hw.launch_us * 1e-6
     if in_place.prefills:

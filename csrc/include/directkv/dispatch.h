@@ -25,6 +25,19 @@ void dispatch_dtype(const char* op, int code, F&& f) {
   }
 }
 
+// An output dtype that may also be fp32 (the merge kernels write fp32 too).
+template <typename F>
+void dispatch_out_dtype(const char* op, int code, F&& f) {
+  switch (code) {
+    case kFloat16: return f(__half());
+    case kBFloat16: return f(__nv_bfloat16());
+    case kFloat32: return f(float());
+    default:
+      throw std::runtime_error(std::string(op) + ": dtype code " + std::to_string(code) +
+                               " is not fp16 (0), bf16 (1) or fp32 (2)");
+  }
+}
+
 template <typename F>
 void dispatch_head_dim(const char* op, int head_dim, F&& f) {
   switch (head_dim) {

@@ -4,7 +4,7 @@
 // kernels (and their host-side dispatch) the same merge costs as torch ops, once per layer in serving.
 #pragma once
 
-#include "directkv/common.cuh"
+#include "directkv/dispatch.h"
 
 namespace directkv {
 
@@ -74,13 +74,9 @@ inline void launch_merge_stacked(const MergeStackedParams& p, int dtype, cudaStr
   constexpr int kThreads = 256;
   const int64_t threads = p.rows * (p.head_dim / 4);
   const dim3 grid(static_cast<unsigned>((threads + kThreads - 1) / kThreads));
-  switch (dtype) {
-    case kFloat16: merge_stacked_kernel<__half><<<grid, kThreads, 0, stream>>>(p); break;
-    case kBFloat16: merge_stacked_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p); break;
-    case kFloat32: merge_stacked_kernel<float><<<grid, kThreads, 0, stream>>>(p); break;
-    default: throw std::runtime_error("merge_stacked: dtype code " + std::to_string(dtype) +
-                                      " is not fp16 (0), bf16 (1) or fp32 (2)");
-  }
+  dispatch_out_dtype("merge_stacked", dtype, [&](auto t) {
+    merge_stacked_kernel<decltype(t)><<<grid, kThreads, 0, stream>>>(p);
+  });
   check_cuda(cudaGetLastError(), "merge_stacked: kernel launch");
 }
 

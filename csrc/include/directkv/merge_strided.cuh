@@ -78,13 +78,9 @@ inline void launch_merge_strided(const MergeStridedParams& p, int dtype, cudaStr
   constexpr int kThreads = 256;
   const int64_t threads = p.dims[0] * p.dims[1] * p.dims[2] * (p.head_dim / 4);
   const dim3 grid(static_cast<unsigned>((threads + kThreads - 1) / kThreads));
-  switch (dtype) {
-    case kFloat16: merge_strided_kernel<__half><<<grid, kThreads, 0, stream>>>(p); break;
-    case kBFloat16: merge_strided_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p); break;
-    case kFloat32: merge_strided_kernel<float><<<grid, kThreads, 0, stream>>>(p); break;
-    default: throw std::runtime_error("merge_strided: dtype code " + std::to_string(dtype) +
-                                      " is not fp16 (0), bf16 (1) or fp32 (2)");
-  }
+  dispatch_out_dtype("merge_strided", dtype, [&](auto t) {
+    merge_strided_kernel<decltype(t)><<<grid, kThreads, 0, stream>>>(p);
+  });
   check_cuda(cudaGetLastError(), "merge_strided: kernel launch");
 }
 

@@ -189,7 +189,7 @@ def _methods(q, k_new, v_new, caches: tuple[PagedKV, PagedKV], k_all, v_all, ker
 
 
 def measure_attention(fn: Callable[[], object], row: dict, reference: torch.Tensor, *, warmup: int, repeats: int,
-             out: torch.Tensor | None = None, max_rel_err: float = REL_ERR_MAX) -> None:
+                      out: torch.Tensor | None = None, max_rel_err: float = REL_ERR_MAX) -> None:
     """One checked call (rel_err against the HBM SDPA output; a kernel's closed-form link bytes, writes only where
     it has some), then timing; a rel_err above max_rel_err (or NaN) makes the row an error. `out`, the buffer the
     kernel rows share, is poisoned first, so a call that leaves it unwritten fails instead of passing on the

@@ -360,22 +360,3 @@ def _run_stream(q, kv: PagedKV, plan: StreamPlan, out, tile_kv, scale, num_split
         last_k, last_v, batch, STREAM_LAG_CYCLES, STREAM_WAIT_FOR_READERS,
     )  # fmt: skip
     plan.call += 1
-
-
-def merge_passes(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor) -> None:
-    """out = the softmax-over-LSE weighted sum of the stream passes' outputs (decode and prefill).
-
-    parts: (O, natural-log LSE) per pass; every O has out's shape (or one it views as), every LSE that shape
-    without the last dim; any strides and float dtypes, so a pass can hand over a permuted view instead of a
-    copy. One fp32 accumulator, updated per pass: each pass's O is read once. The CUDA kernels merge_stacked and
-    merge_strided do the same in one launch; this is the torch-op merge for passes they do not take.
-    """
-    # The merge kernels' rules (merge4 in merge_stacked.cuh): a row with no key in any pass (a sequence of length 0)
-    # has only -inf LSEs and gets zeros; a pass of -inf LSE weighs 0 and its O (maybe never written) is not used;
-    # a NaN LSE (a broken pass) makes its row NaN.
-    lse = torch.stack([lse for _, lse in parts])
-    weights = torch.softmax(lse, dim=0).masked_fill((lse == float("-inf")).all(0), 0.0).unsqueeze(-1)
-    acc = torch.zeros(parts[0][0].shape, dtype=torch.float32, device=weights.device)
-    for (o, _), w in zip(parts, weights, strict=True):
-        acc += torch.where(w != 0, o * w, 0.0)  # w NaN: NaN; w 0: 0 whatever O holds
-    out.view(acc.shape).copy_(acc)

@@ -2,8 +2,8 @@
 
 The stream variants attend to a cache in passes (ring chunks, HBM pages), each giving a normalised O and its
 log-sum-exp. decode_attention's stream stacks its passes in one buffer and merges them with this kernel once
-per call, in place of the eight or so torch ops of merge_passes (which merges passes of any layout, as
-prefill's are); its C++ loop launches the kernel itself (launch_merge_stacked). This wrapper is the op's entry
+per call, in place of the eight or so torch ops of merge_strided.merge_passes (which merges passes of any
+layout, as prefill's are); its C++ loop launches the kernel itself (launch_merge_stacked). This wrapper is the op's entry
 for other callers and the kernel's tests.
 """
 

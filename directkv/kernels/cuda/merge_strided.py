@@ -2,7 +2,7 @@
 
 The prefill `stream` variant attends in passes (the new tokens', one per ring chunk, the HBM pages') whose O come
 out of torch's flash kernel as permuted views in the query dtype, or in fp32 from the tiled kernel. merge_strided
-reads each pass's O once where it lies and writes the merged rows; decode_attention.merge_passes, the torch-op
+reads each pass's O once where it lies and writes the merged rows; merge_passes (below), the torch-op
 merge it replaces there, costs an fp32 read-modify-write of the whole output per pass (H200, 2026-12-02: at 16K
 past and 2,048 new tokens 8 ring chunks were slower than 4, by about what that merge costs per pass).
 """
@@ -72,3 +72,22 @@ def run(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor) -> No
         [s for o, _ in parts for s in o.stride()[:3]], [s for _, lse in parts for s in lse.stride()],
         [DTYPE_CODES[o.dtype] for o, _ in parts], out.data_ptr(), a, b, c, d, DTYPE_CODES[out.dtype],
         torch.cuda.current_stream(out.device).cuda_stream)
+
+
+def merge_passes(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor) -> None:
+    """out = the softmax-over-LSE weighted sum of the stream passes' outputs (decode and prefill).
+
+    parts: (O, natural-log LSE) per pass; every O has out's shape (or one it views as), every LSE that shape
+    without the last dim; any strides and float dtypes, so a pass can hand over a permuted view instead of a
+    copy. One fp32 accumulator, updated per pass: each pass's O is read once. The CUDA kernels merge_stacked and
+    merge_strided do the same in one launch; this is the torch-op merge for passes they do not take.
+    """
+    # The merge kernels' rules (merge4 in merge_stacked.cuh): a row with no key in any pass (a sequence of length 0)
+    # has only -inf LSEs and gets zeros; a pass of -inf LSE weighs 0 and its O (maybe never written) is not used;
+    # a NaN LSE (a broken pass) makes its row NaN.
+    lse = torch.stack([lse for _, lse in parts])
+    weights = torch.softmax(lse, dim=0).masked_fill((lse == float("-inf")).all(0), 0.0).unsqueeze(-1)
+    acc = torch.zeros(parts[0][0].shape, dtype=torch.float32, device=weights.device)
+    for (o, _), w in zip(parts, weights, strict=True):
+        acc += torch.where(w != 0, o * w, 0.0)  # w NaN: NaN; w 0: 0 whatever O holds
+    out.view(acc.shape).copy_(acc)

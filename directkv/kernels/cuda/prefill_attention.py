@@ -43,7 +43,6 @@ import torch
 
 from directkv.errors import check, unknown_name
 from directkv.kernels.cuda import build, merge_strided
-from directkv.kernels.cuda.decode_attention import merge_passes
 from directkv.kernels.cuda.prefill_stream import (
     STREAM_SLOTS,
     PrefillRing,
@@ -285,7 +284,7 @@ def prefill_attention(
         2026-12-01), where FlashAttention-2 runs at several times that. The closed-form Traffic is tiled's.
     merge : stream only: how its passes' outputs are merged by LSE: "kernel" (default; merge_strided, one launch
         reading each pass once where it lies; more than merge_strided.MAX_PARTS passes fall back to torch) or
-        "torch" (decode_attention.merge_passes: an fp32 read-modify-write of the output per pass). Tiled with
+        "torch" (merge_strided.merge_passes: an fp32 read-modify-write of the output per pass). Tiled with
         new_pass="flash" always merges its two passes with merge_strided.
 
     Returns
@@ -488,10 +487,11 @@ def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor, nu
     hkv, g = num_kv_heads, out.shape[1] // num_kv_heads
     parts = [(o if o.dim() == 4 else o.unflatten(1, (hkv, g)), lse if lse.dim() == 3 else lse.unflatten(1, (hkv, g)))
              for o, lse in parts]
-    if merge == "kernel" and out.is_contiguous() and merge_strided.accepts(parts, out.view(*parts[0][0].shape)):
-        merge_strided.run(parts, out.view(*parts[0][0].shape))
+    view = out.view(*parts[0][0].shape) if out.is_contiguous() else None
+    if merge == "kernel" and view is not None and merge_strided.accepts(parts, view):
+        merge_strided.run(parts, view)
     else:
-        merge_passes(parts, out)
+        merge_strided.merge_passes(parts, out)
 
 
 # torch's FlashAttention-2 forward; returns the LSE beside O, which stream's merge needs (F.sdpa does not)
