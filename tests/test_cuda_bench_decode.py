@@ -25,7 +25,7 @@ def test_rows_of_every_variant_are_checked_and_ok():
     rows = bench_decode([4093], [2], variants=tuple(VARIANTS), repeats=1, target_ms=1.0, ceilings=CEILINGS)
     assert [r["variant"] for r in rows] == [*VARIANTS, *ANCHORS]
     assert {r["variant"]: r.get("stream_chunks") for r in rows if r["variant"].startswith("stream")} == {
-        "stream": 1, "stream:4chunks": 4, "stream:8chunks": 8}
+        "stream": 1, "stream:4chunks": 4, "stream:8chunks": 8, "stream:layers": 1}
     for r in rows:
         assert r["status"] == "ok" and r["time_ms"] > 0 and r["link_gbps"] > 0, r
         if r["variant"] in VARIANTS:
@@ -49,3 +49,33 @@ def test_min_chunks_cuts_a_one_slot_cache_into_overlapping_chunks():
     assert len(plan_stream(kv).copies) == 1
     assert len(plan_stream(kv, **VARIANTS["stream:4chunks"]).copies) == 4
     assert len(plan_stream(kv, **VARIANTS["stream:8chunks"]).copies) == 4  # not below 2 MiB a chunk
+
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("name, queues", [("stream", [1] * 5), ("stream:layers", [5])])
+def test_stream_layers_rows_queue_a_repeats_calls_and_the_others_do_not(name, queues, monkeypatch):
+    # a repeat of 5 calls: stream:layers queues them once, up front (so call i + 1's copies go behind call i's
+    # kernel, not after it); plain stream starts a queue of its own in every call
+    from directkv.kernels.cuda import decode_attention as dec
+    from directkv.kernels.cuda.bench_decode import _calls, _Point
+    from directkv.kernels.cuda.zero_copy import pinned_empty
+
+    made = []
+    real = dec._set_queue
+    monkeypatch.setattr(dec, "_set_queue", lambda plan, queue: (made.append(len(queue)), real(plan, queue))[1])
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    arena = pinned_empty((2 * 256 * 16 * 8 * 128 * 2,), torch.uint8)
+    point = _Point(arena, 4093, 1, 1, num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16,
+                   page_size=16, page_order="random", gen=gen)
+    ref = point.reference()
+    call, _, _ = _calls(point, name, {"tile_kv": 64, "num_splits": None})
+    outs = []
+    for i in range(5):
+        point.q.normal_()  # fresh inputs per call: an output left from the call before would fail
+        ref = point.reference()
+        outs.append((call(i, 5).float().clone(), ref))
+    for out, ref in outs:
+        torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+    assert made == queues

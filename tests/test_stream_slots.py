@@ -14,7 +14,7 @@ from directkv.engine.sim_executor import MemoryConfig, simulate
 from directkv.engine.state import PrefillChunk, ReqState, Step
 from directkv.engine.systems import SystemPolicy, step_cost
 from directkv.errors import ConfigError
-from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS, stream_ring_bytes
+from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS, prefill_ring_slots, stream_ring_bytes
 from directkv.specs import get_hardware, get_model
 from experiments.common import setup
 from experiments.run import run_experiment
@@ -94,6 +94,26 @@ def test_a_chunk_past_beyond_its_ring_is_read_while_its_math_runs(chunk_len):
     assert stream.time_s < 1.05 * swap.time_s
 
 
+def test_a_prefill_ring_takes_a_slot_per_chunk_between_two_and_the_slots_given():
+    assert [prefill_ring_slots(chunks, 8) for chunks in (0, 1, 2, 5, 8, 11)] == [2, 2, 2, 5, 8, 8]
+    assert prefill_ring_slots(11, 2) == 2 and prefill_ring_slots(3, 4) == 3
+
+
+def test_the_simulation_copies_a_long_past_ahead_into_a_deeper_chunk_ring():
+    # OPT-13B 3 x 16K, the step measured on the H200 (nineteenth session): a prompt's 3-token tail over a
+    # 16,381-token past (160 MiB of K per layer: 10 chunks) beside the next prompt's 8,189-token first chunk. With
+    # 2 slots 2 chunks are copied during the big chunk's dense work and 8 inside the attention; with 8 slots 8
+    # ahead and 2 inside. Measured with 2 slots: ~1,075 ms against swap's ~715.
+    model, cm = get_model("opt-13b"), CostModel.for_hardware(get_hardware("h200-pcie5"))
+    tail = PrefillChunk(ReqState(Request(0, 16384, 8), prefilled=16381), 3, 16381)
+    first = PrefillChunk(ReqState(Request(1, 16384, 8), prefilled=0), 8189, 0)
+    step = Step((), (tail, first))
+    two, four, eight = (step_cost(SystemPolicy("directkv", "stream"), step, model, cm, stream_slots=n) for n in (2, 4, 8))
+    assert two.time_s > four.time_s > eight.time_s
+    # no decodes: the staging is the chunk's ring alone, 16 MiB of K and of V per slot
+    assert [c.staging_bytes for c in (two, four, eight)] == [n * 2 * (16 << 20) for n in (2, 4, 8)]
+
+
 def test_simulated_stream_rows_say_how_many_slots_and_hold_their_ring(tmp_path):
     def row(slots: int):
         cfg = _compose(["+exp=context_sweep", f"run_id=s{slots}", "progress=false", "render=false", "device=cpu",
@@ -123,3 +143,52 @@ def test_the_simulation_refuses_a_bad_slot_count():
     cm = CostModel.for_hardware(get_hardware("h200-pcie5"))
     with pytest.raises(ConfigError, match=r"stream_slots must be an int >= 2 \(.*\); got 1"):
         simulate(_requests(), SystemPolicy("directkv", "stream"), SPEC, cm, mem=mem, sched_cfg=SCHED, stream_slots=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("pass_kernel", ["flash", "tiled"])
+def test_a_prefill_ring_of_more_slots_prefetches_as_many_chunks_and_stays_exact(pass_kernel):
+    """A chunk's past of ~16 ring chunks through rings of 5 and 2 slots: the prefetch copies one chunk per slot,
+    every call (over two layers' pools, prefetched or not) matches float64 with its output poisoned, and a kept
+    ring is reused while it has the slots, replaced by a deeper one (never shallower) when not."""
+    import math
+
+    from test_cuda_prefill import BF16, assert_matches, dense_reference, make_inputs, page_bytes_of, to_gpu
+
+    from directkv.kernels.cuda.prefill_attention import prefill_attention
+    from directkv.kernels.cuda.prefill_stream import (
+        plan_prefill_stream,
+        prefetch_prefill_stream,
+        prefill_ring,
+    )
+    from directkv.kernels.paged import PagedKV
+
+    q, k_new, v_new, kv_cpu, kv = make_inputs((77, 1001, 8, 2, 128, BF16, 16), hbm_fraction=0.25)
+    other_cpu = PagedKV(torch.randn_like(kv_cpu.host_k.float()).to(BF16), torch.randn_like(kv_cpu.host_v.float()).to(BF16),
+                        kv_cpu.hbm_k, kv_cpu.hbm_v, kv_cpu.block_table, kv_cpu.seq_lens)
+    layers = {"a": (kv_cpu, kv), "b": (other_cpu, to_gpu(other_cpu))}
+    plan = plan_prefill_stream(kv, chunk_bytes=3 * page_bytes_of(kv_cpu))
+    chunks = sum(p.ring for p in plan.passes)
+    assert chunks > 5
+    for slots in (5, 2):
+        ring = prefill_ring(plan, kv.host_k, "cuda", slots=slots)
+        assert ring.slots == slots and ring.ring_k.shape[:2] == (slots, 3)
+        for ahead, layer in (("a", "a"), ("b", "a"), (None, "b"), ("b", "b")):
+            if ahead is not None:
+                assert prefetch_prefill_stream(plan, ring, *(layers[ahead][1].host_k, layers[ahead][1].host_v)) == slots
+            cpu, gpu = layers[layer]
+            q = torch.randn_like(q)
+            out = torch.full_like(q, math.nan)
+            prefill_attention(q, k_new, v_new, gpu, variant="stream", out=out, stream_plan=plan, stream_ring=ring,
+                              pass_kernel=pass_kernel)
+            assert_matches(out, dense_reference(q, k_new, v_new, cpu, causal=True, scale=1 / math.sqrt(128)))
+    five = prefill_ring(plan, kv.host_k, "cuda", slots=5)
+    assert prefill_ring(plan, kv.host_k, "cuda", reuse=five, slots=3) is five  # enough slots: kept
+    two = prefill_ring(plan, kv.host_k, "cuda")
+    deeper = prefill_ring(plan, kv.host_k, "cuda", reuse=two, slots=6)
+    assert deeper.slots == 6 and two.ring_k is None
+    one_chunk = plan_prefill_stream(kv)  # the whole past in one chunk: two slots, whatever the slots allowed
+    assert prefill_ring(one_chunk, kv.host_k, "cuda", slots=8).slots == 2
+    # a ring replaced for its pages keeps its slots
+    assert prefill_ring(one_chunk, kv.host_k, "cuda", reuse=deeper, slots=8).slots == 6

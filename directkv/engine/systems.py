@@ -28,7 +28,8 @@ from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import (
     SERVING_STREAM_SLOTS,
-    STREAM_SLOTS,
+    STREAM_CHUNK_BYTES,
+    prefill_ring_slots,
     stream_reads_in_place,
     stream_ring_bytes,
 )
@@ -96,14 +97,18 @@ def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: S
     decode copies are queued at the step's start). A chunk's past beyond its ring is read while its math runs;
     the decodes' beyond theirs stalls their kernel; and no layer beats its link time. So a larger decode ring
     helps a step whose prompt chunk's attention is long (measured on the H200: steps of 2 decodes + a
-    2,046-token chunk at 16K took 1.24x swap's time with 2 slots, 0.98x with 8; seventeenth session). A prompt
+    2,046-token chunk at 16K took 1.24x swap's time with 2 slots, 0.98x with 8; seventeenth session), and the
+    first chunk's ring, of as many slots up to one per 16 MiB chunk of its past's K (prefill_ring_slots), one
+    whose past is long beside a large chunk's dense work (OPT-13B 3 x 16K). A prompt
     chunk of a small past (twice as long for a prompt's short tail) is read in place by the tiled kernel at the SM
     rate (stream_reads_in_place)."""
     kvl = model.kv_bytes_per_token_per_layer()
     small = [stream_reads_in_place(c.past_len, c.chunk_len, page_size, page_size * kvl // 2) for c in step.prefills]
     first = step.prefills[0].past_len * kvl if step.prefills and not small[0] else 0
     reads = [sum(step.decode_kv_lens) * kvl, first]
-    sizes = [stream_ring_bytes(stream_slots, reads[0]), stream_ring_bytes(STREAM_SLOTS, first, floor=0)]
+    # the first chunk's ring: a slot per 16 MiB chunk of its past's K, up to the decode ring's count
+    first_slots = prefill_ring_slots(-(-first // 2 // STREAM_CHUNK_BYTES), stream_slots)
+    sizes = [stream_ring_bytes(stream_slots, reads[0]), stream_ring_bytes(first_slots, first, floor=0)]
     chunks = tuple(c for c, s in zip(step.prefills, small, strict=True) if not s)
     in_place = Step((), tuple(c for c, s in zip(step.prefills, small, strict=True) if s))
     t = 0.0  # a part with no kernel to run is charged nothing

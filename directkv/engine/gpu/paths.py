@@ -6,13 +6,13 @@ so the same code runs in the CPU tests at toy sizes.
 
 * ``ZeroCopyPath`` — directkv (KV in pinned host pages, read in place by the kernels) and hbm (pages in HBM).
   directkv's variant ``stream`` is the exception beyond the paper: its kernels' copy engine stages the
-  pages through small rings on a side stream (decode and prefill ``stream`` variants; the decodes' ring of
-  8 x 32 MiB at most by default, executor.directkv_stream_slots, a prompt chunk's of 64 MiB). The decodes'
+  pages through small rings on a side stream (decode and prefill ``stream`` variants; the decodes' ring and
+  the first prompt chunk's of 8 x 32 MiB at most each by default, executor.directkv_stream_slots). The decodes'
   copies of all the step's layers are queued at its start (prefetch_stream): each is issued as soon as the
   kernel that last reads its ring slot is, so the next layers' chunks are copied during the dense work before
   their attention, as swap's copies overlap compute, but into the small ring instead of a whole layer's
-  staging. The first prompt chunk's ring is prefetched one layer ahead. A prompt chunk of a small past
-  (<= 2 MiB of K) is read in place by the tiled kernel instead.
+  staging. The first prompt chunk's ring is prefetched one layer ahead, as many chunks as it has slots. A
+  prompt chunk of a small past (<= 2 MiB of K) is read in place by the tiled kernel instead.
   With ``executor.directkv_pipelined`` a step runs as two parts (``attend_async``): halves of a decode-only
   step, or decodes | prompt chunks of a mixed one; one part's zero-copy attention runs on a side stream
   while the other part's dense layers run on the main one.
@@ -64,6 +64,7 @@ class ZeroCopyPath:
         which fills every SM and leaves none to the other half's dense layers). stream_slots: slots of the stream
         variant's decode ring, 16 MiB of K and of V each: how many chunks the copy engine may run ahead of the
         kernels (and so of the host, which queues a slot's next copy after its reader); executor.directkv_stream_slots.
+        The first prompt chunk's ring holds up to as many (prefill_ring_slots), prefetched a layer ahead.
         The default, 8, lets the copy engine stage the next layer's decode K/V during a prompt chunk's attention
         and dense work:
         with 2, Llama 16K steps of 2 decodes + a 2,046-token chunk took 1.10-1.36x swap's time (H200, 2026-12-01)."""
@@ -127,7 +128,7 @@ class ZeroCopyPath:
         self.chunk_ring = None
         if first is not None:
             self.chunk_ring = self._kept["chunk"] = prefill_stream.prefill_ring(
-                first, k0, p.chunk_tables[0].device, reuse=self._kept["chunk"])
+                first, k0, p.chunk_tables[0].device, reuse=self._kept["chunk"], slots=self.stream_slots)
         # HBM rings held at once: the kept decode and first-chunk rings, and the largest per-call one
         ring = [4 * cp.chunk_pages * cp.page_bytes if cp is not None else 0 for cp in self.chunk_plans]
         held = max(ring[1:], default=0)

@@ -1,7 +1,7 @@
 """Decode-attention benchmark: CUDA variants and torch anchors side by side, ceilings from the same run.
 
-Every point (context, batch) gets one row per variant (VARIANTS: "naive", "tiled", "stream" and stream's
-chunk cuts) and per anchor ("sdpa_hbm": torch SDPA on K/V in HBM; "sdpa_zero_copy": SDPA reading the
+Every point (context, batch) gets one row per variant (VARIANTS: "naive", "tiled", "stream", stream's chunk
+cuts and "stream:layers", whose calls are queued as a serving step's layers) and per anchor ("sdpa_hbm": torch SDPA on K/V in HBM; "sdpa_zero_copy": SDPA reading the
 zero-copy view; "swap_sdpa": copy K/V to HBM with the copy engine, then SDPA). All sequences of a point hold
 `context` tokens.
 
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from directkv.errors import check
 from directkv.kernels.cuda import decode_attention as dec
-from directkv.kernels.cuda.decode_attention import decode_attention, traffic
+from directkv.kernels.cuda.decode_attention import decode_attention, prefetch_stream, traffic
 from directkv.kernels.cuda.probe import measure_ceilings
 from directkv.kernels.cuda.stream_plan import plan_stream
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
@@ -39,8 +39,12 @@ VARIANTS: dict[str, dict | None] = {
     # before. Not in the default rows: no faster than one chunk on the H200 (2026-12-01); --variants runs them
     "stream:4chunks": {"min_chunks": 4},
     "stream:8chunks": {"min_chunks": 8},
+    # the calls of a repeat queued as one serving step's layers (prefetch_stream, as the executor queues them), so
+    # call i + 1's copy fills the other ring slot while call i's kernel reads its own; the rows above run each
+    # call alone, its copy after the previous call's kernel freed slot 0
+    "stream:layers": {"_layers": True},
 }
-DEFAULT_VARIANTS = ("naive", "tiled", "stream")
+DEFAULT_VARIANTS = ("naive", "tiled", "stream", "stream:layers")
 
 
 class _Point:
@@ -185,15 +189,16 @@ def bench_decode(
     return rows
 
 
-def _calls(point: _Point, name: str, opts: dict) -> tuple[Callable[[int], torch.Tensor], int, dict]:
-    """(call i -> output, link_read_bytes, extra row columns) of a variant or anchor; stream rows get
-    stream_chunks, the ring chunks per call (variants whose plans coincide at a point say so)."""
+def _calls(point: _Point, name: str, opts: dict) -> tuple[Callable[[int, int], torch.Tensor], int, dict]:
+    """(call (i, n) -> output, the i-th of n calls of a repeat; link_read_bytes; extra row columns) of a variant
+    or anchor; stream rows get stream_chunks, the ring chunks per call (variants whose plans coincide at a point
+    say so)."""
     out = torch.empty_like(point.q)
     if name in ANCHORS:
         if name == "swap_sdpa":
             stage = [torch.empty_like(t) for t in point.hbm[:2]]
 
-            def swap(i: int) -> torch.Tensor:
+            def swap(i: int, n: int) -> torch.Tensor:
                 for dst, src in zip(stage, point.host[2 * (i % point.copies) : 2 * (i % point.copies) + 2], strict=True):
                     dst.copy_(src, non_blocking=True)
                 return _sdpa(point.q, *point.dense(stage, 0))
@@ -201,14 +206,21 @@ def _calls(point: _Point, name: str, opts: dict) -> tuple[Callable[[int], torch.
             return swap, point.kvs[0].host_k.numel() * 2 * point.q.element_size(), {}
         pools = point.hbm if name == "sdpa_hbm" else point.views
         link = 0 if name == "sdpa_hbm" else point.kvs[0].host_k.numel() * 2 * point.q.element_size()
-        return (lambda i: _sdpa(point.q, *point.dense(pools, i % point.copies))), link, {}
+        return (lambda i, n: _sdpa(point.q, *point.dense(pools, i % point.copies))), link, {}
     if VARIANTS[name] is not None:  # stream: the copy engine reads host DRAM, not L2: one copy suffices
-        plan = plan_stream(point.kvs[0], **VARIANTS[name])
-        return (lambda i: decode_attention(point.q, point.kvs[0], variant="stream", out=out, plan=plan,
-                                              **opts)[0]), \
-            traffic(point.kvs[0], num_heads=point.q.shape[1], variant="stream").link_read_bytes, \
+        options = dict(VARIANTS[name])
+        layers = options.pop("_layers", False)
+        plan = plan_stream(point.kvs[0], **options)
+        kv = point.kvs[0]
+
+        def stream(i: int, n: int) -> torch.Tensor:
+            if layers and i == 0:  # the repeat's n calls queued up front; their first chunks' copies start now
+                prefetch_stream(plan, [(kv.host_k, kv.host_v)] * n)
+            return decode_attention(point.q, kv, variant="stream", out=out, plan=plan, **opts)[0]
+
+        return stream, traffic(kv, num_heads=point.q.shape[1], variant="stream").link_read_bytes, \
             {"stream_chunks": len(plan.copies)}
-    return (lambda i: decode_attention(point.q, point.kvs[i % point.copies], variant=name, out=out, **opts)[0]), \
+    return (lambda i, n: decode_attention(point.q, point.kvs[i % point.copies], variant=name, out=out, **opts)[0]), \
         traffic(point.kvs[0], num_heads=point.q.shape[1], variant=name).link_read_bytes, {}
 
 
@@ -216,13 +228,13 @@ def _measure(point: _Point, name: str, ref: torch.Tensor, base: dict, repeats: i
              opts: dict) -> dict:
     try:
         call, link_bytes, extra = _calls(point, name, opts)
-        first = call(0)  # warms up the build, the split plan and the traffic memo
+        first = call(0, 1)  # warms up the build, the split plan and the traffic memo
         # anchors read pages in physical order, which mixes sequences: their output is not comparable
         rel_err = float("nan") if name in ANCHORS else _rel_err(first, ref)
         rate = base["hbm_copy_gbps"] / 2 if name == "sdpa_hbm" else base["sm_read_ceiling_gbps"]
         est_ms = max(base["kv_bytes"] / rate / 1e6, 1e-3)
         inner = max(1, min(1000, round(target_ms / est_ms)))
-        timing = time_fn(lambda: [call(i) for i in range(inner)], warmup=1, repeats=repeats)
+        timing = time_fn(lambda: [call(i, inner) for i in range(inner)], warmup=1, repeats=repeats)
         time_ms = timing.median_ms / inner
         gbps = base["kv_bytes"] / time_ms / 1e6
         return dict(status="ok", error="", time_ms=time_ms, time_min_ms=timing.min_ms / inner, inner=inner,

@@ -462,7 +462,7 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
         if not ps.ring:
             tiled_pass((kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), tables[c], ps.past_len, False)
             continue
-        slot = c % STREAM_SLOTS  # ring chunks come first in stream_passes, so c counts them
+        slot = c % ring_k.shape[0]  # ring chunks come first in stream_passes, so c counts them
         if c >= skip:
             copy_pass(plan, ring_k, ring_v, side, filled, freed, kv.host_k, kv.host_v, c)
         rings = (ring_k[slot], ring_v[slot])

@@ -25,6 +25,8 @@ from directkv.kernels.traffic_model import (
     STREAM_MIN_CHUNK_BYTES,
     STREAM_RING_BYTES,
     STREAM_SLOTS,
+    check_stream_slots,
+    prefill_ring_slots,
 )
 
 
@@ -50,7 +52,7 @@ def stream_chunk_pages(host_pages: int, page_bytes: int, *, chunk_bytes: int | N
     to whole pages and to the host pages there are; min_chunks > 1 cuts a small cache into that many chunks
     so copy and math overlap, but not into chunks below STREAM_MIN_CHUNK_BYTES (each chunk costs launches).
     Unlike decode's plan_stream (balanced_chunk_pages) the last chunk may be short, down to one page: a serving
-    step prefetches a prompt's first STREAM_SLOTS chunks a layer ahead, and full-size first chunks copy more
+    step prefetches a prompt's first chunks (one per ring slot) a layer ahead, and full-size first chunks copy more
     ahead than equal ones would. Whether the short tail idles the copy engine here, as it did in decode, was not
     measured.
     """
@@ -141,9 +143,9 @@ def plan_prefill_stream(kv: PagedKV, *, chunk_bytes: int | None = None, min_chun
 @dataclass
 class PrefillRing:
     """The stream variant's HBM ring kept across calls (every layer of a serving step), with its own copy stream
-    and events: ring_k, ring_v `[STREAM_SLOTS, >= chunk_pages, page_size, num_kv_heads, head_dim]`. prefetched:
-    (the plan, host K pointer, host V pointer, passes) that prefetch_prefill_stream copied ahead; None when
-    none."""
+    and events: ring_k, ring_v `[slots, >= chunk_pages, page_size, num_kv_heads, head_dim]` (slots >=
+    STREAM_SLOTS; chunk c of a call goes to slot c % slots). prefetched: (the plan, host K pointer, host V
+    pointer, passes) that prefetch_prefill_stream copied ahead; None when none."""
 
     ring_k: torch.Tensor
     ring_v: torch.Tensor
@@ -156,37 +158,50 @@ class PrefillRing:
     def nbytes(self) -> int:
         return 2 * self.ring_k.numel() * self.ring_k.element_size()
 
+    @property
+    def slots(self) -> int:
+        return self.ring_k.shape[0]
+
 
 def prefill_ring(plan: PrefillStreamPlan, pool: torch.Tensor, device: torch.device | str, *,
-                 reuse: PrefillRing | None = None) -> PrefillRing:
+                 reuse: PrefillRing | None = None, slots: int = STREAM_SLOTS) -> PrefillRing:
     """A ring on `device` for the calls `plan` serves, over host pools shaped like `pool`
-    `[num_pages, page_size, num_kv_heads, head_dim]`. reuse: an earlier ring, returned as it is when it holds
-    enough pages per slot for the same page shape, else replaced by one a quarter larger at least (up to
-    STREAM_CHUNK_BYTES per slot), so growing contexts do not allocate a ring of a new size every step."""
+    `[num_pages, page_size, num_kv_heads, head_dim]`, of up to `slots` slots: one per ring chunk of the plan,
+    at least STREAM_SLOTS (prefill_ring_slots), so prefetch_prefill_stream can copy up to `slots` chunks ahead.
+    reuse: an earlier ring, returned as it is when it holds enough slots and pages per slot for the same page
+    shape, else replaced by one with the slots needed (at least as many as it had, up to `slots`) and pages a
+    quarter more at least (up to STREAM_CHUNK_BYTES per slot), so growing contexts do not allocate a ring of a
+    new size every step."""
+    check_stream_slots(slots)
     page_shape, device = tuple(pool.shape[1:]), torch.device(device)
     if device.type == "cuda" and device.index is None:  # "cuda" names the current device; tensors say cuda:N
         device = torch.device("cuda", torch.cuda.current_device())
+    need = prefill_ring_slots(sum(p.ring for p in plan.passes), slots)
     fits = (reuse is not None and reuse.ring_k is not None and tuple(reuse.ring_k.shape[2:]) == page_shape
             and reuse.ring_k.dtype == pool.dtype and reuse.ring_k.device == device)
-    if fits and reuse.ring_k.shape[1] >= plan.chunk_pages:
+    if fits and reuse.ring_k.shape[1] >= plan.chunk_pages and reuse.slots >= need:
         return reuse
-    pages = grown_pages(plan.chunk_pages, reuse.ring_k.shape[1] if fits else 0, STREAM_CHUNK_BYTES // plan.page_bytes)
+    pages = plan.chunk_pages
+    if fits:  # slots and pages never shrink below the ring replaced
+        need = max(need, min(reuse.slots, slots))
+        held = reuse.ring_k.shape[1]
+        pages = held if held >= pages else grown_pages(pages, held, STREAM_CHUNK_BYTES // plan.page_bytes)
     if reuse is not None:
         release_ring(reuse)
-    return PrefillRing(*new_ring((STREAM_SLOTS, pages, *page_shape), pool.dtype, device, STREAM_SLOTS))
+    return PrefillRing(*new_ring((need, pages, *page_shape), pool.dtype, device, need))
 
 
 def prefetch_prefill_stream(plan: PrefillStreamPlan, ring: PrefillRing, host_k: torch.Tensor,
                             host_v: torch.Tensor, *, after_stream: bool = True) -> int:
     """Start copying the plan's first ring chunks of the pools (host_k, host_v) into `ring` now, on its copy
-    stream (one chunk per slot at most); the next prefill_attention call with this plan and ring over the same
+    stream (one chunk per slot at most: ring.slots); the next prefill_attention call with this plan and ring over the same
     pools skips those copies (the decodes' prefetch_stream queues every layer instead). The past pages a
     prompt chunk attends to are complete before its step, so any of them may be copied early. Returns the
     chunks issued. after_stream: the copies wait for everything the current stream has queued (the ring's
     readers and the pools' writers: a serving step's first prefetch); False: only for each slot's last readers
     (its freed event), for the step's later layers, whose pools' writers the first prefetch already waited for
     on this ring's copy stream."""
-    n = min(sum(p.ring for p in plan.passes), STREAM_SLOTS)  # ring passes come first
+    n = min(sum(p.ring for p in plan.passes), ring.slots)  # ring passes come first
     if after_stream:
         ring.side.wait_stream(torch.cuda.current_stream(ring.ring_k.device))  # the ring's readers, the pools' writers
     else:
@@ -199,10 +214,12 @@ def prefetch_prefill_stream(plan: PrefillStreamPlan, ring: PrefillRing, host_k: 
 
 
 def copy_pass(plan: PrefillStreamPlan, ring_k, ring_v, side, filled, freed, host_k, host_v, c: int) -> None:
-    """Queue ring pass c's copies into slot c % STREAM_SLOTS on `side`, after the passes of c - STREAM_SLOTS."""
-    slot = c % STREAM_SLOTS
-    if c >= STREAM_SLOTS:
-        side.wait_event(freed[slot])  # the passes of chunk c - STREAM_SLOTS are done with the slot
+    """Queue ring pass c's copies into slot c % slots on `side` (slots: the ring's, ring_k.shape[0]), after the
+    passes of c - slots."""
+    slots = ring_k.shape[0]
+    slot = c % slots
+    if c >= slots:
+        side.wait_event(freed[slot])  # the passes of chunk c - slots are done with the slot
     slot_bytes = ring_k.stride(0) * ring_k.element_size()
     runs = plan.passes[c].copies
     copy_runs_packed([ring_k.data_ptr() + slot * slot_bytes, ring_v.data_ptr() + slot * slot_bytes],
