@@ -87,7 +87,7 @@ def test_naive_directkv_reads_more_than_tiled():
 
 def test_directkv_stream_moves_tiled_bytes_by_copy_engine_into_a_small_ring():
     """stream's bytes are tiled's, timed at the copy engine's rate (faster than SM loads on PCIe), and its
-    GPU memory holds two rings on top of tiled's (the decodes' 256 MiB, 8 slots by default, and a prompt chunk's
+    GPU memory holds two rings on top of tiled's (the decodes' 384 MiB, 12 slots by default, and a prompt chunk's
     64 MiB, in the steps where a request decodes beside another's later chunk whose past is streamed)."""
     reqs = synthetic_workload(4, 16384, 8).requests
     tiled = simulate(reqs, SystemPolicy("directkv", "tiled"), LLAMA, CM, mem=MEM)
@@ -95,13 +95,13 @@ def test_directkv_stream_moves_tiled_bytes_by_copy_engine_into_a_small_ring():
     assert stream.traffic.link_read_bytes == tiled.traffic.link_read_bytes
     assert CM.hw.link_ce_h2d_gbps > CM.hw.link_sm_read_gbps
     assert stream.metrics["mean_tpot_ms"] < tiled.metrics["mean_tpot_ms"]
-    assert stream.gpu_mem_bytes - tiled.gpu_mem_bytes == (256 << 20) + (64 << 20)
+    assert stream.gpu_mem_bytes - tiled.gpu_mem_bytes == (384 << 20) + (64 << 20)
 
 
 def test_directkv_stream_reads_a_small_past_in_place():
     """A prompt chunk of a small past (<= 2 MiB of K) is read by the tiled kernel (SM rate, no ring): with
     1,024-token prompts and 2,048 tokens a step a split prompt's past is < 1,024 tokens (< 2 MiB of K per layer),
-    so only the decodes' ring is held: 8 slots of each decode step's K and V (~8 MiB of K; slots are sized to the
+    so only the decodes' ring is held: 12 slots of each decode step's K and V (~8 MiB of K; slots are sized to the
     read, as plan_stream sizes them)."""
     reqs = synthetic_workload(4, 1024, 8).requests
     tiled = simulate(reqs, SystemPolicy("directkv", "tiled"), LLAMA, CM, mem=MEM)
@@ -109,7 +109,7 @@ def test_directkv_stream_reads_a_small_past_in_place():
     assert stream.traffic.link_read_bytes == tiled.traffic.link_read_bytes
     kvl = LLAMA.kv_bytes_per_token_per_layer()
     ring = stream.gpu_mem_bytes - tiled.gpu_mem_bytes
-    assert stream_ring_bytes(8, 4 * 1024 * kvl) <= ring <= stream_ring_bytes(8, 4 * (1024 + 8) * kvl) < 256 << 20
+    assert stream_ring_bytes(12, 4 * 1024 * kvl) <= ring <= stream_ring_bytes(12, 4 * (1024 + 8) * kvl) < 384 << 20
 
 
 def test_stream_step_of_in_place_chunks_costs_what_tiled_does(monkeypatch):

@@ -22,7 +22,7 @@ from workloads.request import Request
 
 
 def test_setup_takes_the_slots_and_refuses_fewer_than_two():
-    assert setup(_compose(["run_id=t", "device=cpu"])).stream_slots == SERVING_STREAM_SLOTS == 8
+    assert setup(_compose(["run_id=t", "device=cpu"])).stream_slots == SERVING_STREAM_SLOTS == 12
     assert setup(_compose(["run_id=t", "device=cpu", "executor.directkv_stream_slots=4"])).stream_slots == 4
     for bad in ("1", "true", "2.5", "four"):
         with pytest.raises(ConfigError, match=r"executor.directkv_stream_slots must be an int >= 2 \(.*\); got "):

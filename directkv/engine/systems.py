@@ -7,7 +7,7 @@ the same policies for real.
 * ``hbm``      SGLang-like: all KV in HBM, attention from HBM.
 * ``directkv`` KV in pinned host memory, attention kernels read it zero-copy (variant naive | tiled | fused),
   or (variant stream, beyond the paper) through small HBM rings filled by the copy engine (the decodes'
-  8 x 32 MiB at most by default, a prompt chunk's 64 MiB), filled ahead of their readers while the GPU does
+  12 x 32 MiB at most by default, the first prompt chunk's up to as many), filled ahead of their readers while the GPU does
   the dense work and other attention math (stream_attention_time).
 * ``swap``     Pie-like: KV in host memory; each layer's KV is copied by the copy engine into an HBM staging
                buffer (double-buffered) while the previous layer computes.

@@ -30,11 +30,14 @@ from directkv.kernels.traffic import TIERS, Traffic
 STREAM_RING_BYTES = 64 << 20
 STREAM_SLOTS = 2  # ring slots: one is filled by the copy engine while the kernel reads the other
 STREAM_CHUNK_BYTES = STREAM_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (V the same): 16 MiB
-# Serving's decode ring (executor.directkv_stream_slots) holds more slots of that size, up to 256 MiB: in a step
+# Serving's decode ring (executor.directkv_stream_slots) holds more slots of that size, up to 384 MiB: in a step
 # mixing decodes with a prompt chunk the copy engine then stages the next layer's decode K/V during the chunk's
 # attention and dense work, as swap stages whole layers. H200, 2026-12-01, Llama-3.1-8B batch 4 at 16K: 2 slots
-# 1.13x swap's TPOT, 4 slots 0.99x, 8 slots 0.97x (results/h200/README.md, seventeenth session).
-SERVING_STREAM_SLOTS = 8
+# 1.13x swap's TPOT, 4 slots 0.99x, 8 slots 0.97x (results/h200/README.md, seventeenth session). 12 slots hold a
+# whole layer's read of more steps (OPT-13B's 16K decode: 10 chunks of 16 MiB of K): H200, 2026-12-02, stream / swap
+# TPOT with 8 / 12 slots: OPT-13B 3 x 16K 1.009-1.012 / 0.969-0.971 (both orders each), Llama batch 4 16K 0.994-1.000
+# / 0.999, 32K 0.978-0.983 (nineteenth session) / 0.934; GPU memory the same within 0.1 GB (twentieth session).
+SERVING_STREAM_SLOTS = 12
 # A min_chunks cut stops at ring slots this small (each chunk costs launches; decode's equal chunks may come out
 # smaller, prefill's do not); serving also reads a prompt chunk's past this small in place (stream_reads_in_place).
 STREAM_MIN_CHUNK_BYTES = 2 << 20

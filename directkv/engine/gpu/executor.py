@@ -119,7 +119,7 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     FlashAttention-2, merged with the past's tiled pass).
 
     stream_slots: directkv variant stream only: slots of its decode ring (32 MiB of K and V each; 2 = the 64 MiB
-    of the kernel target, 8 by default), recorded on its rows as directkv_stream_slots."""
+    of the kernel target, 12 by default), recorded on its rows as directkv_stream_slots."""
     pipelining.check_system(policy)  # before pinning host memory and capturing graphs
     check_stream_slots(stream_slots, "stream_slots (executor.directkv_stream_slots)")  # before pinning, every system
     dev = torch.device(device)

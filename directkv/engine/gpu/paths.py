@@ -7,7 +7,7 @@ so the same code runs in the CPU tests at toy sizes.
 * ``ZeroCopyPath`` — directkv (KV in pinned host pages, read in place by the kernels) and hbm (pages in HBM).
   directkv's variant ``stream`` is the exception beyond the paper: its kernels' copy engine stages the
   pages through small rings on a side stream (decode and prefill ``stream`` variants; the decodes' ring and
-  the first prompt chunk's of 8 x 32 MiB at most each by default, executor.directkv_stream_slots). The decodes'
+  the first prompt chunk's of 12 x 32 MiB at most each by default, executor.directkv_stream_slots). The decodes'
   copies of all the step's layers are queued at its start (prefetch_stream): each is issued as soon as the
   kernel that last reads its ring slot is, so the next layers' chunks are copied during the dense work before
   their attention, as swap's copies overlap compute, but into the small ring instead of a whole layer's
@@ -65,7 +65,7 @@ class ZeroCopyPath:
         variant's decode ring, 16 MiB of K and of V each: how many chunks the copy engine may run ahead of the
         kernels (and so of the host, which queues a slot's next copy after its reader); executor.directkv_stream_slots.
         The first prompt chunk's ring holds up to as many (prefill_ring_slots), prefetched a layer ahead.
-        The default, 8, lets the copy engine stage the next layer's decode K/V during a prompt chunk's attention
+        The default, 12, lets the copy engine stage the next layer's decode K/V during a prompt chunk's attention
         and dense work:
         with 2, Llama 16K steps of 2 decodes + a 2,046-token chunk took 1.10-1.36x swap's time (H200, 2026-12-01)."""
         check_stream_slots(stream_slots)
