@@ -11,6 +11,7 @@ factors a run used). Each factor is a median over the run's points of measured r
 * hbm        SDPA decode on HBM-resident K/V: bytes / time over the HBM ceiling (may exceed 1: the
              ceiling is a copy, which also writes)
 * attention  tiled prefill with K/V in HBM: the schedule's FLOPs / time over the bf16 peak
+* flash_attention  SDPA prefill in HBM (sdpa_hbm rows): the same FLOPs / time over the bf16 peak
 * cpu_mem    cpu_attn's default CPU kernel (cpu_attention rows): K/V bytes / time over the spec's CPU DRAM
              bandwidth, from the rows of the smallest query-head group (the least work per byte). Those rows
              name the CPU, not a hardware spec, so their runs need --hardware.
@@ -67,15 +68,16 @@ def fit(rows: pd.DataFrame, hw: HardwareSpec, *, cpu: bool = True) -> dict[str, 
         out["link_ce"] = statistics.median(rate(t)) / hw.link_ce_h2d_gbps
     if len(t := dec[dec["variant"] == "sdpa_hbm"]):
         out["hbm"] = statistics.median(rate(t)) / hw.hbm_bw_gbps
-    pre = ok[(ok["op"] == "prefill") & (ok["variant"] == "tiled:kv_hbm")]
-    if len(pre):
-        effs = []
-        for _, r in pre.iterrows():
-            t = tm.prefill_traffic(int(r["q_len"]), int(r["context_len"]), num_heads=int(r["num_heads"]),
-                                   num_kv_heads=int(r["num_kv_heads"]), head_dim=int(r["head_dim"]),
-                                   dtype_bytes=2, variant="tiled")
-            effs.append(t.flops / (r["time_ms"] * 1e-3) / (hw.bf16_tflops * 1e12))
-        out["attention"] = statistics.median(effs)
+    for factor, variant in (("attention", "tiled:kv_hbm"), ("flash_attention", "sdpa_hbm")):
+        pre = ok[(ok["op"] == "prefill") & (ok["variant"] == variant)]
+        if len(pre):
+            effs = []
+            for _, r in pre.iterrows():
+                t = tm.prefill_traffic(int(r["q_len"]), int(r["context_len"]), num_heads=int(r["num_heads"]),
+                                       num_kv_heads=int(r["num_kv_heads"]), head_dim=int(r["head_dim"]),
+                                       dtype_bytes=2, variant="tiled")
+                effs.append(t.flops / (r["time_ms"] * 1e-3) / (hw.bf16_tflops * 1e12))
+            out[factor] = statistics.median(effs)
     out |= _serving_floors(ok)
     return out | (_cpu_factors(cpu_rows(ok), hw) if cpu else {})
 
@@ -167,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="measured kernel_ablation / cpu_attention / rate_sweep runs (results.parquet + manifest.json)")
     ap.add_argument("--hardware", help="the hardware spec the runs measured (default: the one their rows name)")
     ap.add_argument("--write", action="store_true", help="store the factors for the runs' hardware")
+    ap.add_argument("--only", nargs="+", metavar="FACTOR", choices=[f.name for f in fields(Efficiency)],
+                    help="fit and store these factors alone (the others keep their stored values and sources)")
     a = ap.parse_args(argv)
     fitted: dict[str, float] = {}
     sources: dict[str, dict] = {}
@@ -200,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
                 source = {"run": [r for r, _, _ in cpu_sources], "git_sha": [c for _, c, _ in cpu_sources],
                           "gpu": gpus[0] if len(gpus) == 1 else gpus}
             sources |= {k: dict(source) for k in factors}
+        if a.only:
+            if missing := sorted(set(a.only) - set(fitted)):
+                raise ConfigError(f"no measured rows to fit {', '.join(missing)} from in "
+                                  f"{', '.join(map(str, a.run_dirs))}; they fit {', '.join(sorted(fitted))}")
+            fitted, sources = {k: fitted[k] for k in a.only}, {k: sources[k] for k in a.only}
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

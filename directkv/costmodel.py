@@ -19,7 +19,11 @@ class Efficiency:
     link_ce: float = 1.0  # copy-engine transfers vs cudaMemcpy bandwidth
     hbm: float = 0.9  # streaming kernels vs the HBM ceiling
     matmul: float = 0.7  # projections / MLP vs bf16 peak
-    attention: float = 0.45  # attention FLOPs vs bf16 peak (FlashAttention-2-class kernels on Hopper)
+    attention: float = 0.45  # attention FLOPs vs bf16 peak: our tiled kernels (fitted from tiled, K/V in HBM)
+    # torch SDPA's FlashAttention passes, which directkv stream's prompt chunks run over its ring: on the H200 they
+    # ran at ~1.7x the tiled kernel's rate (kernel_ablation, sdpa_hbm vs tiled:kv_hbm), so charging stream's
+    # chunks the tiled rate put an 8K chunk over an 8K past at OPT-13B ~1.3x its measured step time
+    flash_attention: float = 0.45
     cpu_mem: float = 0.8  # CPU attention vs CPU DRAM bandwidth
     # CPU attention's work per query head and cached token (ns, all threads together), where it bounds the
     # kernel rather than DRAM: with GQA each K/V byte serves several query heads (measured on the H200 host:
@@ -57,13 +61,14 @@ class CostModel:
 
     def terms(self, t: Traffic, *, flops_kind: str = "attention", link: str = "sm", hbm_eff: float | None = None
               ) -> dict[str, float]:
-        """Seconds each resource alone would need; `link` is "sm" (zero-copy loads) or "ce" (copy engine)."""
+        """Seconds each resource alone would need; `link` is "sm" (zero-copy loads) or "ce" (copy engine);
+        flops_kind "matmul", "attention" (our tiled kernels) or "flash" (SDPA's FlashAttention passes)."""
         hw, e = self.hw, self.eff
         if link == "sm":
             rd, wr, le = hw.link_sm_read_gbps, hw.link_sm_write_gbps, e.link_sm
         else:
             rd, wr, le = hw.link_ce_h2d_gbps, hw.link_ce_d2h_gbps, e.link_ce
-        fe = e.matmul if flops_kind == "matmul" else e.attention
+        fe = {"matmul": e.matmul, "flash": e.flash_attention}.get(flops_kind, e.attention)
         return {
             "link_read": t.link_read_bytes / (rd * 1e9 * le),
             "link_write": t.link_write_bytes / (wr * 1e9 * le),

@@ -131,3 +131,38 @@ def test_system_overheads_are_fitted_beside_hbm_at_the_lowest_rate():
     assert "cpu_attn_us_per_layer" not in fit(rows.assign(cpu_attn_kernel="flash"), hw)  # another kernel
     no_hbm = rows[rows["system"] != "hbm"]
     assert not {"flexgen_us_per_layer", "cpu_attn_us_per_layer"} & set(fit(no_hbm, hw))  # nothing to subtract
+
+
+PREFILL_RUN = Path(__file__).resolve().parents[1] / "results" / "h200" / "kernel_ablation" / "20261202-030939"
+
+
+def test_flash_attention_is_fitted_from_sdpa_in_hbm_apart_from_the_tiled_kernel(tmp_path, monkeypatch, capsys):
+    """SDPA's prefill in HBM (sdpa_hbm rows) and the tiled kernel with K/V in HBM (tiled:kv_hbm) get a factor each:
+    on the H200 SDPA ran at ~1.5x the tiled kernel's rate. --only stores the named factors alone, and refuses one
+    the runs cannot fit."""
+    import directkv.calibration as cal
+
+    rows, hw, f = _fitted(PREFILL_RUN)
+    assert set(f) == {"attention", "flash_attention"}
+    assert 0.3 < f["flash_attention"] < 0.5 and 1.3 < f["flash_attention"] / f["attention"] < 2.0
+    sdpa = rows[(rows["variant"] == "sdpa_hbm") & (rows["mode"] == "measured")]
+    # by hand: the past's keys all, the new ones causal (~half), over the median time of the three q_lens
+    effs = sorted(4 * 128 * 32 * (q * 16384 + q * q / 2) / (ms * 1e-3) / (hw.bf16_tflops * 1e12)
+                  for q, ms in zip(sdpa["q_len"], sdpa["time_ms"], strict=True))
+    assert len(effs) == 3 and effs[1] == pytest.approx(f["flash_attention"], rel=0.02)
+    monkeypatch.setattr(cal, "DATA", tmp_path)
+    assert main([str(PREFILL_RUN), "--only", "flash_attention", "--write"]) == 0
+    stored = json.loads((tmp_path / "h200-pcie5.json").read_text())
+    assert stored["fitted"] == ["flash_attention"] and stored["factors"]["attention"] == Efficiency().attention
+    assert stored["factors"]["flash_attention"] == f["flash_attention"]
+    capsys.readouterr()
+    assert main([str(PREFILL_RUN), "--only", "cpu_mem"]) == 2
+    assert "no measured rows to fit cpu_mem from in " in capsys.readouterr().err
+
+
+def test_the_flash_factor_times_flash_flops_only():
+    cm = CostModel(get_hardware("h200-pcie5"), Efficiency(attention=0.25, flash_attention=0.5))
+    from directkv.kernels.traffic import Traffic
+
+    t = Traffic(flops=10**12)
+    assert cm.terms(t)["compute"] == pytest.approx(2 * cm.terms(t, flops_kind="flash")["compute"])

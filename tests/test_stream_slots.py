@@ -79,7 +79,7 @@ def test_the_simulation_prefetches_as_much_as_the_decode_ring_holds():
     two, four, eight = (step_cost(policy, step, model, cm, stream_slots=n) for n in (2, 4, 8))
     swap = step_cost(SystemPolicy("swap"), step, model, cm)
     assert eight.time_s <= four.time_s < 0.8 * two.time_s  # 4 slots hold all but the two new tokens' K/V
-    assert two.time_s > 1.2 * swap.time_s and eight.time_s < 1.05 * swap.time_s
+    assert two.time_s > 1.1 * swap.time_s and eight.time_s < 1.05 * swap.time_s
     assert eight.staging_bytes - two.staging_bytes == 6 * (32 << 20)
 
 

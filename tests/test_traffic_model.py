@@ -18,6 +18,7 @@ from directkv.kernels.traffic_model import (
     gemm_traffic,
     prefill_traffic,
     proj_attention_traffic,
+    stream_prefill_traffic,
 )
 
 DT = torch.bfloat16
@@ -245,3 +246,41 @@ def test_closed_forms_are_fast_at_real_shapes():
                         variant="tiled", tile_q=64, tile_kv=48)  # fmt: skip
     decode_traffic([32768] * 256, num_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2, variant="naive")
     assert time.perf_counter() - start < 0.5
+
+
+def test_stream_prefill_is_flash_passes_over_ring_chunks_by_hand():
+    # Llama-3.1-8B heads, 1000 new tokens over a 10,000-token past, chunks of 2 MiB of K (1024 tokens of
+    # 8 x 128 x 2 B): 10 past passes + the new tokens' pass, each reading Q and writing its O; the merge reads them
+    row, kv_tok = 32 * 128 * 2, 2 * 8 * 128 * 2
+    t = stream_prefill_traffic(1000, 10_000, num_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2,
+                                  chunk_bytes=2 << 20)
+    passes = 11
+    assert t.link_read_bytes == 10_000 * kv_tok and t.link_write_bytes == 0
+    assert t.hbm_read_bytes == passes * 1000 * row + 10_000 * kv_tok + 1000 * kv_tok + passes * 1000 * row
+    assert t.hbm_write_bytes == 10_000 * kv_tok + passes * 1000 * row + 1000 * row
+    tiled = prefill_traffic(1000, 10_000, num_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2, variant="tiled")
+    assert t.flops == tiled.flops and t.link_read_bytes == tiled.link_read_bytes
+    assert t.hbm_read_bytes + t.hbm_write_bytes < tiled.hbm_read_bytes + tiled.hbm_write_bytes  # no partial state
+    alone = stream_prefill_traffic(7, 0, num_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2)
+    assert alone.link_read_bytes == 0 and alone.hbm_write_bytes == 7 * row  # one pass: its O is the output
+
+
+def test_serving_attention_stores_a_chunks_new_kv_and_reads_them_from_hbm():
+    # as the GPU executor runs them: every variant stores the chunk's new K/V to the host tier once and attends
+    # them from the projection's output, so the link reads only the past (the measured rows' link bytes)
+    from directkv.engine import step_traffic as st
+    from directkv.engine.state import PrefillChunk, ReqState, Step
+    from directkv.engine.systems import SystemPolicy
+    from directkv.specs import get_model
+    from workloads.request import Request
+
+    model = get_model("llama-3.1-8b")
+    kvl = model.kv_bytes_per_token_per_layer()
+    step = Step((), (PrefillChunk(ReqState(Request(0, 6000, 8), prefilled=4000), 2000, 4000),))
+    for variant in ("naive", "tiled", "fused", "stream"):
+        t = st.attention_traffic(step, model, variant, SystemPolicy("directkv", variant))
+        assert t.link_write_bytes == 2000 * kvl, variant
+        if variant == "naive":  # the past once per Q tile, and nothing for the new tokens
+            assert t.link_read_bytes % (4000 * kvl) == 0 and t.link_read_bytes > 4000 * kvl
+        else:
+            assert t.link_read_bytes == 4000 * kvl, variant

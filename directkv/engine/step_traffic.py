@@ -47,9 +47,12 @@ def to_hbm(t: Traffic) -> Traffic:
 def attention_traffic(step: Step, model: ModelSpec, variant: str, policy) -> Traffic:
     """One layer's attention over host-resident KV, including writing the step's new K/V to the host tier.
 
-    ``naive``/``tiled`` are separate kernels: the projection writes new K/V to the host tier and attention
-    reads them back across the link. ``fused`` keeps new K/V on chip and writes them once (decode: one new
-    token per sequence; prefill: the chunk's tokens), so they never cross the link twice.
+    As the GPU executor runs them: a decode's new token is stored to the host tier and ``naive``/``tiled``
+    read it back with the rest of the sequence (``fused`` keeps it on chip); a prompt chunk's new K/V are
+    stored to the host tier once and attended from the projection's output in HBM by every variant (the
+    kernels take them as k_new / v_new), so they cross the link once. Until 2026-12-02 the model read them
+    back across the link as the paper's separate kernels would, a chunk's size per layer more than the
+    executor's kernels read (their closed forms, the measured rows' link bytes).
     """
     shape = dict(num_heads=model.num_heads, num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
                  dtype_bytes=model.dtype_bytes)
@@ -63,13 +66,11 @@ def attention_traffic(step: Step, model: ModelSpec, variant: str, policy) -> Tra
         total = total + tm.decode_traffic(lens, variant=dec_variant, **shape)
         total.link_write_bytes += len(step.decodes) * kvl
     for c in step.prefills:
-        pre_variant = "naive" if variant == "naive" else "tiled"
-        t = tm.prefill_traffic(c.chunk_len, c.past_len, variant=pre_variant, causal=True, tile_q=policy.tile_q,
-                               tile_kv=policy.tile_kv, **shape)
-        new = c.chunk_len * kvl
-        t.link_write_bytes += new
-        if variant != "fused":  # read back across the link instead of from HBM
-            t.hbm_read_bytes -= min(new, t.hbm_read_bytes)
-            t.link_read_bytes += new
+        if variant == "stream":  # flash passes over ring chunks (a small past, read in place, is charged as tiled)
+            t = tm.stream_prefill_traffic(c.chunk_len, c.past_len, causal=True, **shape)
+        else:
+            t = tm.prefill_traffic(c.chunk_len, c.past_len, variant="naive" if variant == "naive" else "tiled",
+                                   causal=True, tile_q=policy.tile_q, tile_kv=policy.tile_kv, **shape)
+        t.link_write_bytes += c.chunk_len * kvl  # the store; the kernel reads k_new / v_new in HBM
         total = total + t
     return total

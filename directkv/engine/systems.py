@@ -114,12 +114,15 @@ def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: S
     t = 0.0  # a part with no kernel to run is charged nothing
     if step.decodes or chunks:
         traffic = st.attention_traffic(Step(step.decodes, chunks), model, "stream", policy)
+        chunk_traffic = st.attention_traffic(Step((), chunks), model, "stream", policy) if chunks else Traffic()
         terms = cm.terms(traffic, link="ce")
+        # the chunks' passes are FlashAttention's (flash_attention), the decodes' kernel ours (attention)
+        decode_flops = Traffic(flops=traffic.flops - chunk_traffic.flops)
+        terms["compute"] = cm.terms(decode_flops)["compute"] + cm.terms(chunk_traffic, flops_kind="flash")["compute"]
         link = terms.pop("link_read")
         terms.pop("link_write")  # the store of their new K/V: SM writes through the view, before the kernels
         store = cm.terms(Traffic(link_write_bytes=traffic.link_write_bytes), link="sm")["link_write"]
-        link_chunks = cm.terms(st.attention_traffic(Step((), chunks), model, "stream", policy), link="ce")[
-            "link_read"] if chunks else 0.0
+        link_chunks = cm.terms(chunk_traffic, link="ce")["link_read"]
         math_t = max(terms.values())  # the kernels' math and HBM traffic
         ahead_chunk = min(t_lin + store, cm.copy_time(min(reads[1], sizes[1]), launch=False))
         left_chunks = max(0.0, link_chunks - ahead_chunk)

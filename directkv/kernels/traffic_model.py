@@ -283,6 +283,39 @@ def prefill_traffic(
     )  # fmt: skip
 
 
+def stream_prefill_traffic(
+    q_len: int,
+    past_len: int,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    causal: bool = True,
+    chunk_bytes: int = STREAM_CHUNK_BYTES,
+) -> Traffic:
+    """Traffic of the prefill `stream` variant as serving runs it (pass_kernel "flash", every past token on the
+    host): the copy engine writes the past into an HBM ring in chunks of chunk_bytes of K (and as much V); one
+    FlashAttention pass per chunk reads Q and the chunk and writes its O, a causal pass over the new tokens reads
+    Q and the new K/V and writes its O, and the merge reads every pass's O and writes the output. No partial state
+    per KV tile, where the tiled kernel's closed form (prefill_traffic) has one: modelling stream's chunks with it
+    charged an 8K-token chunk over an 8K past at OPT-13B ~1.3x the time the H200 measured (2026-12-02)."""
+    heads = _Heads(num_heads, num_kv_heads, head_dim, dtype_bytes)
+    check(q_len >= 1 and past_len >= 0, f"need q_len >= 1 and past_len >= 0; got {q_len}, {past_len}")
+    chunk_tokens = max(1, chunk_bytes // (num_kv_heads * head_dim * dtype_bytes))
+    passes = 1 + ceil_div(past_len, chunk_tokens)
+    sums = _NewTileSums.of(q_len, 64, 64, causal)
+    flops = 4 * head_dim * num_heads * (q_len * past_len + sums.rows_tokens)
+    past, new, out = past_len * heads.kv_tok, q_len * heads.kv_tok, q_len * heads.row
+    merge = 0 if passes == 1 else passes * out  # each pass's O read once by the merge (a single pass is the output)
+    return Traffic(
+        link_read_bytes=past,
+        hbm_read_bytes=passes * out + past + new + merge,  # Q per pass, the ring, the new K/V, the merge
+        hbm_write_bytes=past + passes * out + (out if passes > 1 else 0),  # the ring, each pass's O, the output
+        flops=flops,
+    )
+
+
 def proj_attention_traffic(
     q_len: int,
     past_len: int,

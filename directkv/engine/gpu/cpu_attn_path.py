@@ -47,7 +47,8 @@ class CpuAttnPath(StagedPath):
         lists = plan.page_lists(self.kv, decodes=flash)
         first_chunk = plan.num_decodes if flash else 0
         # the chunks' pages are staged like swap's
-        self.chunk_tables_cpu = self.stager.plan(lists[first_chunk:])
+        self.chunk_tables_cpu = self.stager.plan(lists[first_chunk:],
+                                                 plan.past_page_counts(self.kv, decodes=flash)[first_chunk:])
         self.chunk_tables = [t.to(self.stager.device) for t in self.chunk_tables_cpu]
         self.staging_bytes = max(self.staging_bytes, self.stager.nbytes)
         ps = self.kv.page_size

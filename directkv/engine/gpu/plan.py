@@ -51,6 +51,13 @@ class StepPlan:
                  if decodes else [])
         return lists + [kv.pages(c.req_id)[: -(-(c.past_len + c.length) // ps)] for c in self.chunks]
 
+    def past_page_counts(self, kv: KVCacheManager, *, decodes: bool = True) -> list[int]:
+        """Per entry of page_lists (same arguments), how many of its leading pages hold tokens cached before this
+        step: the pages after them hold only this step's new tokens, which no copy from the host needs to bring."""
+        ps = kv.page_size
+        counts = [-(-(n - 1) // ps) for n in self.decode_lens_host] if decodes else []  # n counts the new token
+        return counts + [-(-c.past_len // ps) for c in self.chunks]
+
 
 def plan_step(step: Step, kv: KVCacheManager, device: torch.device) -> StepPlan:
     dec = [s.req_id for s in step.decodes]
