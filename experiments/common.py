@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from directkv.costmodel import CostModel, mode_for
+from directkv.engine.gpu.hbm_prefill import check_hbm_prefill
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig
 from directkv.engine.systems import (
@@ -42,6 +43,7 @@ class Setup:
     prefill_new_pass: str = "kernel"  # measured serving: a prompt chunk's new tokens by the tiled kernel or by flash
     stream_slots: int = SERVING_STREAM_SLOTS  # directkv stream, measured and simulated: its decode ring's slots (32 MiB each)
     warmup_pass: bool = True  # measured serving: the first point of a process served once, unmeasured, before its measurement
+    hbm_prefill: str = "kernel"  # measured serving: a prompt chunk over HBM pages by our tiled kernel or by SDPA
 
 
 def resolve_device(requested: str) -> str:
@@ -87,6 +89,7 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     if new_pass not in NEW_PASSES:
         raise unknown_name("executor.prefill_new_pass", new_pass, NEW_PASSES)
     slots = check_stream_slots(executor.get("directkv_stream_slots", SERVING_STREAM_SLOTS), "executor.directkv_stream_slots")
+    hbm_prefill = check_hbm_prefill(executor.get("hbm_prefill", "kernel"))
     warm = executor.get("warmup_pass", True)
     check(isinstance(warm, bool), f"executor.warmup_pass must be true or false; got {warm!r}")
     pipelining = Pipelining.from_config(executor)
@@ -94,7 +97,7 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     # graphs are a property of the measured executor (the simulation has no kernel launches); directkv's
     # pipelining is simulated too (systems.pipelined_step_cost)
     return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda",
-                 cpu_kernel, pipelining, new_pass, slots, warm)
+                 cpu_kernel, pipelining, new_pass, slots, warm, hbm_prefill)
 
 
 def policies(cfg: DictConfig) -> list[SystemPolicy]:

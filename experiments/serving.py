@@ -95,7 +95,7 @@ def _serve_gpu(policy: SystemPolicy, s: Setup, requests: list[Request], warmup: 
 
     return run_gpu(requests, policy, s.model, mem=s.mem, sched_cfg=s.sched, warmup=warmup, cuda_graphs=s.cuda_graphs,
                    cpu_attn_kernel=s.cpu_attn_kernel, pipelining=s.pipelining, prefill_new_pass=s.prefill_new_pass,
-                   stream_slots=s.stream_slots, steps_path=steps_path)
+                   stream_slots=s.stream_slots, hbm_prefill=s.hbm_prefill, steps_path=steps_path)
 
 
 def warm_process(policy: SystemPolicy, s: Setup, requests: list[Request], *, warmup: int) -> bool:

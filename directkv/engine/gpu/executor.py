@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 
 from directkv.engine.gpu.gc_guard import GcGuard
+from directkv.engine.gpu.hbm_prefill import check_hbm_prefill
 from directkv.engine.gpu.stepper import GPUStepper
 from directkv.engine.loop import ServeResult, serve
 from directkv.engine.scheduler import SchedulerConfig
@@ -99,7 +100,8 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
             sched_cfg: SchedulerConfig, device: str = "cuda", warmup: int = 0, seed: int = 0,
             cuda_graphs: bool = False, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
             pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel",
-            stream_slots: int = SERVING_STREAM_SLOTS, steps_path: Path | None = None) -> tuple[ServeResult, dict]:
+            stream_slots: int = SERVING_STREAM_SLOTS, hbm_prefill: str = "kernel",
+            steps_path: Path | None = None) -> tuple[ServeResult, dict]:
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
     steps_path: where to write the run's per-step times (write_step_series), if anywhere; a write that fails
     leaves the run's row, with steps_file_error saying why.
@@ -119,8 +121,12 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     FlashAttention-2, merged with the past's tiled pass).
 
     stream_slots: directkv variant stream only: slots of its decode ring (32 MiB of K and V each; 2 = the 64 MiB
-    of the kernel target, 12 by default), recorded on its rows as directkv_stream_slots."""
+    of the kernel target, 12 by default), recorded on its rows as directkv_stream_slots.
+
+    hbm_prefill: a prompt chunk over HBM pages (hbm, and the staging pools of swap, cpu_attn and flexgen):
+    "kernel" (our tiled kernel) or "sdpa" (gathered into contiguous K/V, then torch SDPA; hbm_prefill.py)."""
     pipelining.check_system(policy)  # before pinning host memory and capturing graphs
+    check_hbm_prefill(hbm_prefill)
     check_stream_slots(stream_slots, "stream_slots (executor.directkv_stream_slots)")  # before pinning, every system
     dev = torch.device(device)
     cuda = dev.type == "cuda"
@@ -158,9 +164,11 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
         extra["cpu_attn_kernel"] = cpu_attn_kernel
     extra |= pipelining.row_columns(policy, measured=True)
     extra["prefill_new_pass"] = prefill_new_pass
+    extra["hbm_prefill"] = hbm_prefill
     extra |= stream_row_columns(policy, stream_slots)
     stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads, cpu_attn_kernel=cpu_attn_kernel,
-                         pipelining=pipelining, prefill_new_pass=prefill_new_pass, stream_slots=stream_slots)
+                         pipelining=pipelining, prefill_new_pass=prefill_new_pass, stream_slots=stream_slots,
+                         hbm_prefill=hbm_prefill)
     # warm-up outside the measurement: kernel builds and first launches, library handles
     serve([Request(-1, 64, 3), Request(-2, 40, 3)], stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg)
     if cuda:

@@ -32,6 +32,7 @@ import math
 import numpy as np
 import torch
 
+from directkv.engine.gpu.hbm_prefill import sdpa_chunk
 from directkv.engine.gpu.plan import StepPlan
 from directkv.errors import ConfigError, check
 from directkv.kernels import get_op
@@ -85,6 +86,9 @@ class ZeroCopyPath:
         # a tiled prompt chunk's new tokens: "kernel" (with the past, one kernel) or "flash" (prefill_attention's
         # new_pass); set by make_path from executor.prefill_new_pass
         self.prefill_new_pass = "kernel"
+        # a prompt chunk over HBM pages (hbm; the staged systems' staging pool): "kernel" (our tiled kernel) or
+        # "sdpa" (hbm_prefill.sdpa_chunk); set by make_path from executor.hbm_prefill
+        self.hbm_prefill = "kernel"
 
     def begin(self, plan: StepPlan) -> None:
         self.plan = plan
@@ -208,6 +212,10 @@ class ZeroCopyPath:
         `base`; chunk_tables_cpu: CPU copies of chunk_tables (attention's tables_cpu)."""
         for i, (c, table) in enumerate(zip(p.chunks, chunk_tables, strict=True)):
             rows = slice(c.start - base, c.start - base + c.length)
+            if tier == "hbm" and self.hbm_prefill == "sdpa":  # no link bytes: the past is in HBM already
+                out[rows] = sdpa_chunk(q[rows], k[rows], v[rows], k_pool, v_pool, table[0], c.past_len,
+                                       self.kv.page_size)
+                continue
             lens = torch.tensor([c.past_len], dtype=torch.int32)  # host-side: the kernel takes past_len as an int, no sync
             streamed = stream and self.chunk_streamed[i]
             opts = {"stream_plan": self.chunk_plans[i], "stream_ring": self.chunk_ring if i == 0 else None} if streamed else {}

@@ -34,6 +34,7 @@ import torch
 
 from directkv.costmodel import CostModel
 from directkv.engine.gpu.executor import run_gpu
+from directkv.engine.gpu.hbm_prefill import HBM_PREFILLS
 from directkv.engine.gpu.stepper import GPUStepper
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig, simulate
@@ -215,7 +216,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
             hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2, graphs: bool = False,
             pipelining: Pipelining = NO_PIPELINING, python: bool = False, stacks: bool = False,
             schedule: str | None = None, min_decodes: int = 0, hardware: str = "h200-pcie5",
-            prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS) -> None:
+            prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS, hbm_prefill: str = "kernel") -> None:
     check(not (python and stacks), "--stacks records torch.profiler stacks and --python runs cProfile instead; "
           "got both: pass one")
     check(all(isinstance(x, int) and x >= 0 for x in (skip, count, min_decodes)),
@@ -257,7 +258,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     try:
         res, extra = run_gpu(requests, policy, spec, mem=mem, sched_cfg=sched,
                              device="cuda" if torch.cuda.is_available() else "cpu", cuda_graphs=graphs,
-                             pipelining=pipelining, prefill_new_pass=prefill_new_pass, stream_slots=stream_slots)
+                             pipelining=pipelining, prefill_new_pass=prefill_new_pass, stream_slots=stream_slots,
+                             hbm_prefill=hbm_prefill)
     finally:
         GPUStepper.run_step = inner
     what = f"schedule {schedule} ({len(requests)} requests)" if schedule else f"context {context} batch {batch} output {output}"
@@ -347,13 +349,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="a tiled prompt chunk's new tokens: our kernel or FlashAttention-2 (executor.prefill_new_pass)")
     ap.add_argument("--stream-slots", type=int, default=SERVING_STREAM_SLOTS,
                     help="slots of directkv stream's decode ring, 32 MiB each (executor.directkv_stream_slots)")
+    ap.add_argument("--hbm-prefill", choices=HBM_PREFILLS, default="kernel",
+                    help="a prompt chunk over HBM pages (hbm, the staged systems): our tiled kernel or SDPA "
+                         "(executor.hbm_prefill)")
     a = ap.parse_args(argv)
     try:
         profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
                 max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
                 pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python,
                 stacks=a.stacks, schedule=a.schedule, min_decodes=a.min_decodes, hardware=a.hardware,
-                prefill_new_pass=a.prefill_new_pass, stream_slots=a.stream_slots)
+                prefill_new_pass=a.prefill_new_pass, stream_slots=a.stream_slots, hbm_prefill=a.hbm_prefill)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ import torch
 
 from directkv.engine.gpu.cpu_attn_path import CpuAttnPath
 from directkv.engine.gpu.flexgen_path import FlexgenPath
+from directkv.engine.gpu.hbm_prefill import check_hbm_prefill
 from directkv.engine.gpu.paths import StagedPath, ZeroCopyPath, kernel_backend
 from directkv.engine.gpu.plan import plan_step
 from directkv.engine.state import Step
@@ -31,12 +32,14 @@ from directkv.model.runner import ModelRunner
 
 def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None = None,
               cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL, directkv_side_ctas: int | None,
-              prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS):
+              prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS, hbm_prefill: str = "kernel"):
     if prefill_new_pass not in NEW_PASSES:  # before anything is pinned or captured, not at the first prompt
         raise unknown_name("prefill_new_pass", prefill_new_pass, NEW_PASSES)
+    check_hbm_prefill(hbm_prefill)
     path = _system_path(policy, kv, device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
                         directkv_side_ctas=directkv_side_ctas, stream_slots=stream_slots)
-    path.prefill_new_pass = prefill_new_pass  # every path is a ZeroCopyPath: its _chunks reads it
+    path.prefill_new_pass = prefill_new_pass  # every path is a ZeroCopyPath: its _chunks reads both
+    path.hbm_prefill = hbm_prefill
     return path
 
 
@@ -61,13 +64,13 @@ class GPUStepper:
     def __init__(self, policy: SystemPolicy, runner: ModelRunner, kv: KVCacheManager, device: torch.device, *,
                  seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
                  pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel",
-                 stream_slots: int = SERVING_STREAM_SLOTS):
+                 stream_slots: int = SERVING_STREAM_SLOTS, hbm_prefill: str = "kernel"):
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
         pipelining.check_system(policy)
         self.pipelining = pipelining
         self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
                               directkv_side_ctas=pipelining.side_ctas, prefill_new_pass=prefill_new_pass,
-                              stream_slots=stream_slots)
+                              stream_slots=stream_slots, hbm_prefill=hbm_prefill)
         self.gen = torch.Generator().manual_seed(seed)
         self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
         self.outputs: dict[int, list[int]] = {}  # request -> generated ids (tests compare systems on them)
