@@ -101,3 +101,43 @@ def test_the_option_is_read_checked_and_recorded():
     assert extra["hbm_prefill"] == "sdpa"
     with pytest.raises(ConfigError, match=r"unknown executor.hbm_prefill 'x'; valid: kernel, sdpa"):
         run_gpu(_requests()[:2], SystemPolicy("swap"), SPEC, mem=mem, sched_cfg=SCHED, device="cpu", hbm_prefill="x")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sdpa_chunk_on_the_gpu_reaches_flash_and_matches_float64(group, dtype):
+    # Llama-3.1-8B-like heads (8 KV heads, head_dim 128), 77 new tokens over 1,001 past tokens in shuffled pages
+    torch.manual_seed(group)
+    ps, hkv, d, past, new = 16, 8, 128, 1001, 77
+    pages = -(-(past + new) // ps)
+    order = torch.randperm(pages + 9)[:pages]
+    k_all, v_all = (torch.randn(past + new, hkv, d, dtype=dtype, device="cuda") for _ in range(2))
+    k_pool, v_pool = (torch.full((pages + 9, ps, hkv, d), math.nan, dtype=dtype, device="cuda") for _ in range(2))
+    for j, page in enumerate(order.tolist()):
+        n = min(ps, past + new - j * ps)
+        k_pool[page, :n], v_pool[page, :n] = k_all[j * ps : j * ps + n], v_all[j * ps : j * ps + n]
+    table = (-(order + 1)).to(torch.int32).cuda()
+    q = torch.randn(new, hkv * group, d, dtype=dtype, device="cuda")
+    out = sdpa_chunk(q, k_all[past:], v_all[past:], k_pool, v_pool, table, past, ps)  # raises unless flash runs it
+    ref = _reference(q.cpu(), k_all.cpu(), v_all.cpu(), past)
+    assert not out.isnan().any() and float((out.cpu().double() - ref).norm() / ref.norm()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["hbm", "cpu_attn", "flexgen"])
+def test_the_other_hbm_page_systems_serve_with_sdpa_on_the_gpu(name):
+    from test_gpu_executor import SCHED, SPEC
+
+    from directkv.engine.gpu.executor import run_gpu
+    from directkv.engine.sim_executor import MemoryConfig
+
+    mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
+    try:
+        res, extra = run_gpu(_requests(), SystemPolicy(name), SPEC, mem=mem, sched_cfg=SCHED, device="cuda",
+                             cuda_graphs=True, hbm_prefill="sdpa")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert res.metrics["completed"] == 5 and extra["hbm_prefill"] == "sdpa"

@@ -59,3 +59,48 @@ def test_staged_systems_serve_what_hbm_serves_from_a_poisoned_staging_pool(runne
         assert not a.isnan().any()
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert any(skipped), skipped  # prompt chunks' new pages were staged without a copy
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("hbm_prefill", ["kernel", "sdpa"])
+def test_swap_on_the_gpu_attends_what_zero_copy_attends_from_a_poisoned_staging_pool(hbm_prefill, monkeypatch):
+    """swap on the GPU (the CUDA kernels, bf16), its staging pool poisoned before every step: each layer's output
+    against the zero-copy tiled kernels over the same host pools, and with its prompt chunks attended by SDPA too
+    (executor.hbm_prefill=sdpa)."""
+    import math
+
+    from test_gpu_executor import SCHED, SPEC
+
+    from directkv.engine.gpu.executor import run_gpu
+    from directkv.engine.gpu.paths import StagedPath, ZeroCopyPath
+    from directkv.engine.sim_executor import MemoryConfig
+
+    plan, attend, errors = _Stager.plan, StagedPath.attend, []
+
+    def poisoned(self, page_lists, past_pages=None):
+        tables = plan(self, page_lists, past_pages)
+        for pair in self._pool:
+            for t in pair:
+                t.fill_(float("nan"))
+        self.stream.wait_stream(torch.cuda.current_stream())  # the step's copies land after the poison
+        return tables
+
+    def checked(self, layer, q, k, v):
+        out = attend(self, layer, q, k, v)
+        k_pool, v_pool = self.kv.pools(layer, "host")
+        again = ZeroCopyPath.attention(self, self.plan, "host", q, k, v, k_pool, v_pool, self.plan.decode_table,
+                                       self.plan.chunk_tables)
+        errors.append(math.nan if out.isnan().any() else (out.float() - again.float()).abs().max().item())
+        return out
+
+    monkeypatch.setattr(_Stager, "plan", poisoned)
+    monkeypatch.setattr(StagedPath, "attend", checked)
+    mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
+    try:
+        res, extra = run_gpu(_requests(), SystemPolicy("swap"), SPEC, mem=mem, sched_cfg=SCHED, device="cuda",
+                             hbm_prefill=hbm_prefill)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert res.metrics["completed"] == 5 and extra["hbm_prefill"] == hbm_prefill
+    assert errors and all(e < 2e-2 for e in errors), errors  # a NaN fails the comparison
