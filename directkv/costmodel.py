@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from directkv.errors import unknown_name
 from directkv.kernels.traffic import Traffic
 from directkv.specs import HardwareSpec
 
@@ -21,8 +22,9 @@ class Efficiency:
     matmul: float = 0.7  # projections / MLP vs bf16 peak
     attention: float = 0.45  # attention FLOPs vs bf16 peak: our tiled kernels (fitted from tiled, K/V in HBM)
     # torch SDPA's FlashAttention passes, which directkv stream's prompt chunks run over its ring: on the H200 they
-    # ran at ~1.7x the tiled kernel's rate (kernel_ablation, sdpa_hbm vs tiled:kv_hbm), so charging stream's
-    # chunks the tiled rate put an 8K chunk over an 8K past at OPT-13B ~1.3x its measured step time
+    # ran at ~1.55x the tiled kernel's rate (fitted 0.39 vs 0.25: kernel_ablation, sdpa_hbm vs tiled:kv_hbm), and
+    # charging stream's chunks the tiled rate simulated the step of an 8K chunk over an 8K past at OPT-13B at 1.29x
+    # its measured time (1.08x with this factor; H200, 2026-12-02)
     flash_attention: float = 0.45
     cpu_mem: float = 0.8  # CPU attention vs CPU DRAM bandwidth
     # CPU attention's work per query head and cached token (ns, all threads together), where it bounds the
@@ -46,6 +48,8 @@ class Efficiency:
 # `python -m directkv.calibration RUN_DIR [RUN_DIR ...] [--hardware NAME] --write`); hardware without a file
 # uses the priors above.
 CALIBRATION: dict[str, Efficiency] = {}
+# the Efficiency factors FLOPs can be charged at (CostModel.terms' flops_kind)
+FLOPS_KINDS = ("matmul", "attention", "flash_attention")
 
 
 @dataclass(frozen=True)
@@ -62,13 +66,15 @@ class CostModel:
     def terms(self, t: Traffic, *, flops_kind: str = "attention", link: str = "sm", hbm_eff: float | None = None
               ) -> dict[str, float]:
         """Seconds each resource alone would need; `link` is "sm" (zero-copy loads) or "ce" (copy engine);
-        flops_kind "matmul", "attention" (our tiled kernels) or "flash" (SDPA's FlashAttention passes)."""
+        flops_kind: the Efficiency factor the FLOPs run at, one of FLOPS_KINDS."""
         hw, e = self.hw, self.eff
         if link == "sm":
             rd, wr, le = hw.link_sm_read_gbps, hw.link_sm_write_gbps, e.link_sm
         else:
             rd, wr, le = hw.link_ce_h2d_gbps, hw.link_ce_d2h_gbps, e.link_ce
-        fe = {"matmul": e.matmul, "flash": e.flash_attention}.get(flops_kind, e.attention)
+        if flops_kind not in FLOPS_KINDS:
+            raise unknown_name("flops_kind", flops_kind, FLOPS_KINDS)
+        fe = getattr(e, flops_kind)
         return {
             "link_read": t.link_read_bytes / (rd * 1e9 * le),
             "link_write": t.link_write_bytes / (wr * 1e9 * le),

@@ -6,6 +6,7 @@ import pytest
 
 from directkv.calibration import fit, load_all, main
 from directkv.costmodel import CALIBRATION, CostModel, Efficiency
+from directkv.errors import ConfigError
 from directkv.specs import get_hardware
 
 RUN = Path(__file__).resolve().parents[1] / "results" / "h200" / "superseded" / "20261129-113829"
@@ -165,4 +166,6 @@ def test_the_flash_factor_times_flash_flops_only():
     from directkv.kernels.traffic import Traffic
 
     t = Traffic(flops=10**12)
-    assert cm.terms(t)["compute"] == pytest.approx(2 * cm.terms(t, flops_kind="flash")["compute"])
+    assert cm.terms(t)["compute"] == pytest.approx(2 * cm.terms(t, flops_kind="flash_attention")["compute"])
+    with pytest.raises(ConfigError, match=r"unknown flops_kind 'flash'; valid: attention, flash_attention, matmul"):
+        cm.terms(t, flops_kind="flash")

@@ -51,7 +51,6 @@ def test_min_chunks_cuts_a_one_slot_cache_into_overlapping_chunks():
     assert len(plan_stream(kv, **VARIANTS["stream:8chunks"]).copies) == 4  # not below 2 MiB a chunk
 
 
-
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("name, queues", [("stream", [1] * 5), ("stream:layers", [5])])
@@ -69,7 +68,6 @@ def test_stream_layers_rows_queue_a_repeats_calls_and_the_others_do_not(name, qu
     arena = pinned_empty((2 * 256 * 16 * 8 * 128 * 2,), torch.uint8)
     point = _Point(arena, 4093, 1, 1, num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16,
                    page_size=16, page_order="random", gen=gen)
-    ref = point.reference()
     call, _, _ = _calls(point, name, {"tile_kv": 64, "num_splits": None})
     outs = []
     for i in range(5):

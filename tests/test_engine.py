@@ -87,8 +87,9 @@ def test_naive_directkv_reads_more_than_tiled():
 
 def test_directkv_stream_moves_tiled_bytes_by_copy_engine_into_a_small_ring():
     """stream's bytes are tiled's, timed at the copy engine's rate (faster than SM loads on PCIe), and its
-    GPU memory holds two rings on top of tiled's (the decodes' 384 MiB, 12 slots by default, and a prompt chunk's
-    64 MiB, in the steps where a request decodes beside another's later chunk whose past is streamed)."""
+    GPU memory holds two rings on top of tiled's (the decodes' 384 MiB, 12 slots by default, and the first prompt
+    chunk's, 64 MiB at the peak here: a slot per 16 MiB chunk of its past's K, at least 2, in the steps where a
+    request decodes beside another's later chunk whose past is streamed)."""
     reqs = synthetic_workload(4, 16384, 8).requests
     tiled = simulate(reqs, SystemPolicy("directkv", "tiled"), LLAMA, CM, mem=MEM)
     stream = simulate(reqs, SystemPolicy("directkv", "stream"), LLAMA, CM, mem=MEM)

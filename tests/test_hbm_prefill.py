@@ -120,7 +120,10 @@ def test_sdpa_chunk_on_the_gpu_reaches_flash_and_matches_float64(group, dtype):
         k_pool[page, :n], v_pool[page, :n] = k_all[j * ps : j * ps + n], v_all[j * ps : j * ps + n]
     table = (-(order + 1)).to(torch.int32).cuda()
     q = torch.randn(new, hkv * group, d, dtype=dtype, device="cuda")
-    out = sdpa_chunk(q, k_all[past:], v_all[past:], k_pool, v_pool, table, past, ps)  # raises unless flash runs it
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # torch raises if FlashAttention cannot run the call
+        out = sdpa_chunk(q, k_all[past:], v_all[past:], k_pool, v_pool, table, past, ps)
     ref = _reference(q.cpu(), k_all.cpu(), v_all.cpu(), past)
     assert not out.isnan().any() and float((out.cpu().double() - ref).norm() / ref.norm()) < 1e-2
 
@@ -128,12 +131,15 @@ def test_sdpa_chunk_on_the_gpu_reaches_flash_and_matches_float64(group, dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["hbm", "cpu_attn", "flexgen"])
-def test_the_other_hbm_page_systems_serve_with_sdpa_on_the_gpu(name):
+def test_the_other_hbm_page_systems_serve_with_sdpa_on_the_gpu(name, monkeypatch):
     from test_gpu_executor import SCHED, SPEC
 
     from directkv.engine.gpu.executor import run_gpu
     from directkv.engine.sim_executor import MemoryConfig
 
+    calls = []
+    real_chunk = paths.sdpa_chunk
+    monkeypatch.setattr(paths, "sdpa_chunk", lambda *a: calls.append(a[6]) or real_chunk(*a))
     mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
     try:
         res, extra = run_gpu(_requests(), SystemPolicy(name), SPEC, mem=mem, sched_cfg=SCHED, device="cuda",
@@ -141,3 +147,4 @@ def test_the_other_hbm_page_systems_serve_with_sdpa_on_the_gpu(name):
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert res.metrics["completed"] == 5 and extra["hbm_prefill"] == "sdpa"
+    assert any(past > 0 for past in calls)  # the option reached the path: chunks with a past went through SDPA

@@ -101,9 +101,9 @@ def test_a_prefill_ring_takes_a_slot_per_chunk_between_two_and_the_slots_given()
 
 def test_the_simulation_copies_a_long_past_ahead_into_a_deeper_chunk_ring():
     # OPT-13B 3 x 16K, the step measured on the H200 (nineteenth session): a prompt's 3-token tail over a
-    # 16,381-token past (160 MiB of K per layer: 10 chunks) beside the next prompt's 8,189-token first chunk. With
-    # 2 slots 2 chunks are copied during the big chunk's dense work and 8 inside the attention; with 8 slots 8
-    # ahead and 2 inside. Measured with 2 slots: ~1,075 ms against swap's ~715.
+    # 16,381-token past (1,024 pages of 160 KiB of K per layer, cut into 11 ring chunks of 102 pages) beside the
+    # next prompt's 8,189-token first chunk. With 2 slots 2 chunks are copied during the big chunk's dense work and
+    # 9 inside the attention; with 8 slots 8 ahead and 3 inside. Measured with 2 slots: ~1,075 ms against swap's ~715.
     model, cm = get_model("opt-13b"), CostModel.for_hardware(get_hardware("h200-pcie5"))
     tail = PrefillChunk(ReqState(Request(0, 16384, 8), prefilled=16381), 3, 16381)
     first = PrefillChunk(ReqState(Request(1, 16384, 8), prefilled=0), 8189, 0)

@@ -66,7 +66,8 @@ def attention_traffic(step: Step, model: ModelSpec, variant: str, policy) -> Tra
         total = total + tm.decode_traffic(lens, variant=dec_variant, **shape)
         total.link_write_bytes += len(step.decodes) * kvl
     for c in step.prefills:
-        if variant == "stream":  # flash passes over ring chunks (a small past, read in place, is charged as tiled)
+        if variant == "stream":  # flash passes over ring chunks (callers charge chunks read in place as tiled:
+            # systems.stream_parts)
             t = tm.stream_prefill_traffic(c.chunk_len, c.past_len, causal=True, **shape)
         else:
             t = tm.prefill_traffic(c.chunk_len, c.past_len, variant="naive" if variant == "naive" else "tiled",

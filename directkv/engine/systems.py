@@ -25,6 +25,7 @@ from directkv.costmodel import CostModel
 from directkv.engine import step_traffic as st
 from directkv.engine.state import Step
 from directkv.errors import ConfigError, check, unknown_name
+from directkv.kernels.reference.common import ceil_div
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import (
     SERVING_STREAM_SLOTS,
@@ -87,6 +88,15 @@ class SystemPolicy:
         return f"{self.name}-{self.variant}" if self.variant else self.name
 
 
+def stream_parts(step: Step, model: ModelSpec, page_size: int) -> tuple[Step, Step]:
+    """directkv `stream`'s step as the executor splits it: (the decodes and the prompt chunks it streams, the
+    chunks of a small past it reads in place with the tiled kernel; stream_reads_in_place)."""
+    page_bytes = page_size * model.kv_bytes_per_token_per_layer() // 2  # of K
+    small = [stream_reads_in_place(c.past_len, c.chunk_len, page_size, page_bytes) for c in step.prefills]
+    return (Step(step.decodes, tuple(c for c, s in zip(step.prefills, small, strict=True) if not s)),
+            Step((), tuple(c for c, s in zip(step.prefills, small, strict=True) if s)))
+
+
 def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPolicy, t_lin: float,
                           page_size: int, stream_slots: int) -> tuple[float, int]:
     """(seconds of one layer's attention, HBM its rings hold) for directkv `stream`, as the executor runs a layer:
@@ -103,14 +113,16 @@ def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: S
     chunk of a small past (twice as long for a prompt's short tail) is read in place by the tiled kernel at the SM
     rate (stream_reads_in_place)."""
     kvl = model.kv_bytes_per_token_per_layer()
-    small = [stream_reads_in_place(c.past_len, c.chunk_len, page_size, page_size * kvl // 2) for c in step.prefills]
-    first = step.prefills[0].past_len * kvl if step.prefills and not small[0] else 0
+    streamed, in_place = stream_parts(step, model, page_size)
+    chunks = streamed.prefills
+    first = chunks[0].past_len * kvl if chunks and chunks[0] is step.prefills[0] else 0  # the kept ring's chunk
     reads = [sum(step.decode_kv_lens) * kvl, first]
-    # the first chunk's ring: a slot per 16 MiB chunk of its past's K, up to the decode ring's count
-    first_slots = prefill_ring_slots(-(-first // 2 // STREAM_CHUNK_BYTES), stream_slots)
-    sizes = [stream_ring_bytes(stream_slots, reads[0]), stream_ring_bytes(first_slots, first, floor=0)]
-    chunks = tuple(c for c, s in zip(step.prefills, small, strict=True) if not s)
-    in_place = Step((), tuple(c for c, s in zip(step.prefills, small, strict=True) if s))
+    # the kept ring holds a slot per ring chunk of that past (whole pages of up to 16 MiB of K, as
+    # prefill_stream cuts them), up to the decode ring's count, so that many are copied ahead of the attention
+    chunk_pages = STREAM_CHUNK_BYTES // (page_size * kvl // 2)
+    first_chunks = ceil_div(ceil_div(chunks[0].past_len, page_size), chunk_pages) if first else 0
+    sizes = [stream_ring_bytes(stream_slots, reads[0]),
+             stream_ring_bytes(prefill_ring_slots(first_chunks, stream_slots), first, floor=0)]
     t = 0.0  # a part with no kernel to run is charged nothing
     if step.decodes or chunks:
         traffic = st.attention_traffic(Step(step.decodes, chunks), model, "stream", policy)
@@ -118,7 +130,7 @@ def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: S
         terms = cm.terms(traffic, link="ce")
         # the chunks' passes are FlashAttention's (flash_attention), the decodes' kernel ours (attention)
         decode_flops = Traffic(flops=traffic.flops - chunk_traffic.flops)
-        terms["compute"] = cm.terms(decode_flops)["compute"] + cm.terms(chunk_traffic, flops_kind="flash")["compute"]
+        terms["compute"] = cm.terms(decode_flops)["compute"] + cm.terms(chunk_traffic, flops_kind="flash_attention")["compute"]
         link = terms.pop("link_read")
         terms.pop("link_write")  # the store of their new K/V: SM writes through the view, before the kernels
         store = cm.terms(Traffic(link_write_bytes=traffic.link_write_bytes), link="sm")["link_write"]
@@ -179,6 +191,10 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
         layer_t, layer_traffic, staging = t_lin + cm.time(attn), lin + attn, 0
     elif name == "directkv":
         attn = st.attention_traffic(step, model, policy.variant, policy)
+        if policy.variant == "stream":  # the chunks it reads in place move tiled's bytes, not a ring's
+            streamed, in_place = stream_parts(step, model, page_size)
+            attn = (st.attention_traffic(streamed, model, "stream", policy)
+                    + st.attention_traffic(in_place, model, "tiled", policy))
         layer_traffic, staging = lin + attn, 0
         if policy.variant != "stream":
             layer_t = t_lin + cm.time(attn, link="sm")

@@ -57,7 +57,7 @@ def prefill_ring_slots(chunks: int, slots: int) -> int:
     """Slots of a prompt chunk's prefill ring for a past cut into `chunks` ring chunks when the ring may hold
     `slots` (serving's executor.directkv_stream_slots): one per chunk up to `slots`, never below STREAM_SLOTS.
     Each slot holds a chunk, so a past of up to `slots` chunks is copied ahead of its attention whole, during the
-    dense work before it, as swap stages a whole layer; a slot no chunk would use is not allocated. H200,
+    dense work before it, as swap stages a whole layer; a new ring allocates no slot no chunk would use (a kept ring keeps its slots). H200,
     2026-12-02, OPT-13B 3 x 16K: with 2 slots the step of a prompt's tail over a 16K past (11 chunks per layer)
     copied 9 of them inside the attention and took ~1,075 ms against swap's ~715."""
     return max(STREAM_SLOTS, min(slots, chunks))
@@ -298,8 +298,8 @@ def stream_prefill_traffic(
     host): the copy engine writes the past into an HBM ring in chunks of chunk_bytes of K (and as much V); one
     FlashAttention pass per chunk reads Q and the chunk and writes its O, a causal pass over the new tokens reads
     Q and the new K/V and writes its O, and the merge reads every pass's O and writes the output. No partial state
-    per KV tile, where the tiled kernel's closed form (prefill_traffic) has one: modelling stream's chunks with it
-    charged an 8K-token chunk over an 8K past at OPT-13B ~1.3x the time the H200 measured (2026-12-02)."""
+    per KV tile, where the tiled kernel's closed form (prefill_traffic) has one. (What made the simulation's stream
+    chunks slow was their FLOP rate rather than these bytes: costmodel.Efficiency.flash_attention.)"""
     heads = _Heads(num_heads, num_kv_heads, head_dim, dtype_bytes)
     check(q_len >= 1 and past_len >= 0, f"need q_len >= 1 and past_len >= 0; got {q_len}, {past_len}")
     chunk_tokens = max(1, chunk_bytes // (num_kv_heads * head_dim * dtype_bytes))

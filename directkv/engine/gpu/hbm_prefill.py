@@ -1,12 +1,13 @@
 """executor.hbm_prefill=sdpa: a prompt chunk whose past sits in HBM pages (hbm's cache; swap's, cpu_attn's and
 flexgen's staging pool) attended by torch SDPA instead of our tiled kernel.
 
-SDPA's FlashAttention needs each sequence's K/V contiguous, so the chunk's past pages are gathered into one
-`[past + new, num_kv_heads, head_dim]` copy in HBM first (an HBM-to-HBM copy of the past, ~0.1 ms for 328 MB on
-the H200), then one causal call, aligned bottom-right (the chunk's first new token sees the whole past), GQA by
-SDPA's enable_gqa. Why: with K/V in HBM our tiled kernel takes 1.5-1.7x SDPA's time (16K past, kernel_ablation
-`tiled:kv_hbm` vs `sdpa_hbm`, H200 2026-12-02), while directkv `stream` attends prompt chunks with FlashAttention
-passes over its ring; the baselines should get the best HBM kernel available too.
+SDPA's FlashAttention needs each sequence's K/V contiguous, so the chunk's past pages and its new K/V are first
+written into one `[past + new, num_kv_heads, head_dim]` buffer in HBM (one copy of each; at the H200's ~4 TB/s a
+16K OPT-13B past, 328 MB of K and V, would take ~0.1-0.2 ms: an estimate, not measured), then one causal call
+aligned bottom-right (the chunk's first new token sees the whole past), GQA by SDPA's enable_gqa. Why: with K/V
+in HBM our tiled kernel takes 1.5-1.7x SDPA's time (16K past, kernel_ablation `tiled:kv_hbm` vs `sdpa_hbm`, H200
+2026-12-02), while directkv `stream` attends prompt chunks with FlashAttention passes over its ring; the
+baselines should get the best HBM kernel available too.
 """
 
 from __future__ import annotations
@@ -16,17 +17,23 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from directkv.errors import ConfigError, unknown_name
+from directkv.kernels.traffic import Traffic
 
 HBM_PREFILLS = ("kernel", "sdpa")
 
 
-def gather_past(pool: torch.Tensor, table: torch.Tensor, past_len: int, page_size: int) -> torch.Tensor:
+def gather_past(pool: torch.Tensor, table: torch.Tensor, past_len: int, page_size: int,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """The first past_len tokens of a sequence whose block table `table` (`[width]` int32, HBM entries -(page + 1),
     on pool's device) maps them into `pool` `[pages, page_size, num_kv_heads, head_dim]`, as one contiguous
-    `[past_len, num_kv_heads, head_dim]` copy. Indexes on the device: no host read of the table."""
+    `[past_len, num_kv_heads, head_dim]` tensor: a view of `out` (`[>= pages * page_size, num_kv_heads,
+    head_dim]`) when given, so the caller can put more tokens right after. Indexes on the device: no host read."""
     pages = -(-past_len // page_size)
     idx = -(table[:pages].to(torch.int64) + 1)
-    return pool.index_select(0, idx).flatten(0, 1)[:past_len]
+    if out is None:
+        return pool.index_select(0, idx).flatten(0, 1)[:past_len]
+    torch.index_select(pool, 0, idx, out=out[: pages * page_size].view(pages, *pool.shape[1:]))
+    return out[:past_len]
 
 
 def sdpa_chunk(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -34,26 +41,45 @@ def sdpa_chunk(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_pool
     """Causal attention of a chunk's queries q `[q_len, num_heads, head_dim]` over its past (HBM pages of k_pool /
     v_pool through `table`) and its new K/V `[q_len, num_kv_heads, head_dim]`; returns `[q_len, num_heads,
     head_dim]`."""
+    q_len = q.shape[0]
     if past_len:
-        k = torch.cat([gather_past(k_pool, table, past_len, page_size), k_new])
-        v = torch.cat([gather_past(v_pool, table, past_len, page_size), v_new])
+        # past pages gathered whole (the last may run past past_len); the new tokens then overwrite that tail
+        rows = max(-(-past_len // page_size) * page_size, past_len + q_len)
+        k, v = (torch.empty((rows, *k_new.shape[1:]), dtype=k_new.dtype, device=k_new.device) for _ in range(2))
+        for buf, pool, new in ((k, k_pool, k_new), (v, v_pool, v_new)):
+            gather_past(pool, table, past_len, page_size, out=buf)
+            buf[past_len : past_len + q_len] = new
+        k, v = k[: past_len + q_len], v[: past_len + q_len]
     else:
         k, v = k_new, v_new
     q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, tokens, head_dim]
+    gqa = k.shape[1] != q.shape[1]
     if q.is_cuda:
-        _check_flash(q4, k4, v4)
-    o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=causal_lower_right(q.shape[0], k.shape[0]),
-                                       enable_gqa=k.shape[1] != q.shape[1])
+        _check_flash(q4, k4, v4, gqa)
+    o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=causal_lower_right(q_len, k.shape[0]), enable_gqa=gqa)
     return o[0].transpose(0, 1)
 
 
-def _check_flash(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor) -> None:
-    """On a GPU the call must reach FlashAttention: the fallback torch takes otherwise materialises the causal
-    mask and the scores (tens of GB at a 16K past), which would read as an OOM of the system, not of the option."""
+def sdpa_chunk_traffic(q_len: int, past_len: int, *, num_heads: int, num_kv_heads: int, head_dim: int,
+                       dtype_bytes: int) -> Traffic:
+    """HBM bytes and FLOPs of one sdpa_chunk (none on the link): the gather reads and writes the past, the call reads
+    Q and all K/V once and writes O (FlashAttention's schedule, K/V re-reads from L2 not counted); the FLOPs of
+    the past and of the new tokens' causal triangle."""
+    kv_tok, row = 2 * num_kv_heads * head_dim * dtype_bytes, num_heads * head_dim * dtype_bytes
+    keys = past_len + q_len
+    return Traffic(hbm_read_bytes=past_len * kv_tok + q_len * kv_tok + keys * kv_tok + q_len * row,
+                   hbm_write_bytes=(past_len + q_len) * kv_tok + q_len * row,
+                   flops=4 * head_dim * num_heads * (q_len * past_len + q_len * (q_len + 1) // 2))
+
+
+def _check_flash(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, gqa: bool) -> None:
+    """On a GPU the call must be one FlashAttention can run: else torch's lower-right causal bias falls back to a
+    materialised mask and the math kernel (tens of GB of scores at a 16K past), which would read as an OOM of the
+    system, not of this option. The parameters are the ones torch's CausalBias dispatch checks (is_causal False:
+    the mask carries the causality; flash applies it bottom-right)."""
     from torch.backends.cuda import SDPAParams, can_use_flash_attention
 
-    params = SDPAParams(q4, k4, v4, None, 0.0, True, k4.shape[1] != q4.shape[1])
-    if not can_use_flash_attention(params):
+    if not can_use_flash_attention(SDPAParams(q4, k4, v4, None, 0.0, False, gqa)):
         raise ConfigError(f"executor.hbm_prefill=sdpa: torch's FlashAttention cannot run a chunk of q {tuple(q4.shape)} "
                           f"{q4.dtype} over K {tuple(k4.shape)} on this GPU; valid here: kernel")
 

@@ -32,7 +32,7 @@ import math
 import numpy as np
 import torch
 
-from directkv.engine.gpu.hbm_prefill import sdpa_chunk
+from directkv.engine.gpu.hbm_prefill import sdpa_chunk, sdpa_chunk_traffic
 from directkv.engine.gpu.plan import StepPlan
 from directkv.errors import ConfigError, check
 from directkv.kernels import get_op
@@ -215,6 +215,9 @@ class ZeroCopyPath:
             if tier == "hbm" and self.hbm_prefill == "sdpa":  # no link bytes: the past is in HBM already
                 out[rows] = sdpa_chunk(q[rows], k[rows], v[rows], k_pool, v_pool, table[0], c.past_len,
                                        self.kv.page_size)
+                self.traffic = self.traffic + sdpa_chunk_traffic(
+                    c.length, c.past_len, num_heads=q.shape[1], num_kv_heads=k.shape[1], head_dim=q.shape[2],
+                    dtype_bytes=q.element_size())
                 continue
             lens = torch.tensor([c.past_len], dtype=torch.int32)  # host-side: the kernel takes past_len as an int, no sync
             streamed = stream and self.chunk_streamed[i]
@@ -303,7 +306,9 @@ class ZeroCopyPath:
 
 def _runs(pages: np.ndarray, staged: np.ndarray) -> torch.Tensor:
     """(host page, staging index, pages) int64 `[runs, 3]` runs copying pages[staged] (sorted host page ids, staged:
-    sorted indices into them, each the page's staging index): a run continues while both advance by one."""
+    sorted indices into them, each the page's staging index): a run continues while both advance by one. Not
+    stream_plan.chunk_runs, whose positions count up from each chunk's start: here the staging indices skip the
+    pages left uncopied."""
     p = pages[staged]
     first = np.ones(len(p), dtype=bool)
     first[1:] = (p[1:] != p[:-1] + 1) | (staged[1:] != staged[:-1] + 1)
@@ -335,7 +340,7 @@ class _Stager:
         list, `[[0]]` for an empty one). past_pages: per list, how many of its leading pages to copy from the host
         (StepPlan.past_page_counts; None: all). The rest hold only this step's new tokens, which reach the staged
         copy by scatter_rows: they get staging pages but are not copied (a prompt chunk of 8K tokens had its 8K
-        tokens' pages copied in every layer for nothing: 164 MB per OPT-13B layer)."""
+        tokens' pages copied in every layer for nothing: 168 MB per OPT-13B layer)."""
         # Staged in host-page order, not request order: consecutive host pages then form one copy whatever
         # order the pages were handed out in (a request given recycled pages 256, 255, 254, ... had cost one
         # cudaMemcpy per 32 KB page: 2 x 1025 per layer at 16K context, 0.5-1 s per step on the H200).

@@ -1,8 +1,9 @@
 """Decode-attention benchmark: CUDA variants and torch anchors side by side, ceilings from the same run.
 
 Every point (context, batch) gets one row per variant (VARIANTS: "naive", "tiled", "stream", stream's chunk
-cuts and "stream:layers", whose calls are queued as a serving step's layers) and per anchor ("sdpa_hbm": torch SDPA on K/V in HBM; "sdpa_zero_copy": SDPA reading the
-zero-copy view; "swap_sdpa": copy K/V to HBM with the copy engine, then SDPA). All sequences of a point hold
+cuts and "stream:layers", whose calls are queued as a serving step's layers) and per anchor ("sdpa_hbm": torch
+SDPA on K/V in HBM; "sdpa_zero_copy": SDPA reading the zero-copy view; "swap_sdpa": copy K/V to HBM with the
+copy engine, then SDPA). All sequences of a point hold
 `context` tokens.
 
 Timing: each timed repeat runs `inner` calls back to back (inner sized so a repeat takes ~target_ms), so the

@@ -11,7 +11,8 @@ tiled : CPU-memory-aware: a chunk of `kv_chunk` K/V tokens of one KV head is loa
         not faster (2026-11-29: q_len 2048 over 16K host tokens, 6.3 ms vs 5.4 ms), so one buffer is the
         default.
 stream : as decode_attention's stream: the copy engine moves the host pages a chunk at a time into a small
-         HBM ring (2 slots x (K, V) x <= 16 MiB) on a side stream while the GPU attends the queries to the
+         HBM ring (2 slots x (K, V) x <= 16 MiB; a serving step's kept ring, prefill_ring, up to its
+         stream_slots) on a side stream while the GPU attends the queries to the
          previous chunk; every pass (the new tokens alone, first, then each ring chunk and the HBM-resident pages)
          gives O (q's dtype from flash passes, fp32 from tiled ones) and its LSE, and the passes are merged with a
          softmax over the LSEs in one launch (merge_strided). Past K/V cross the

@@ -48,7 +48,8 @@ def check_stream_options(variant: str, chunk_bytes: int | None, min_chunks: int)
 def stream_chunk_pages(host_pages: int, page_bytes: int, *, chunk_bytes: int | None = None, min_chunks: int = 1) -> int:
     """Pages per ring chunk for `host_pages` host pages of `page_bytes` bytes (of K; V the same).
 
-    chunk_bytes (default STREAM_CHUNK_BYTES, the most the 64 MiB ring of 2 slots x (K, V) allows) rounded down
+    chunk_bytes (default STREAM_CHUNK_BYTES, the most a slot of the 64 MiB ring of 2 slots x (K, V) holds; a kept
+    ring, prefill_ring, has slots of that size too, up to its `slots`) rounded down
     to whole pages and to the host pages there are; min_chunks > 1 cuts a small cache into that many chunks
     so copy and math overlap, but not into chunks below STREAM_MIN_CHUNK_BYTES (each chunk costs launches).
     Unlike decode's plan_stream (balanced_chunk_pages) the last chunk may be short, down to one page: a serving
