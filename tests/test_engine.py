@@ -414,3 +414,24 @@ def test_simulate_refuses_pipelining_the_stream_variant():
                                           "got variant 'stream'"):
         simulate(synthetic_workload(2, 256, 4).requests, SystemPolicy("directkv", "stream"), LLAMA, CM, mem=MEM,
                  pipelining=Pipelining(True))
+
+
+def test_stream_layer_traffic_charges_chunks_read_in_place_as_tiled():
+    """A prompt chunk of a small past is read in place by the tiled kernel: the step's traffic holds tiled's bytes
+    for it, not a ring's (written and read back in HBM), and its FLOPs either way."""
+    from directkv.engine import step_traffic as st
+    from directkv.engine.state import PrefillChunk, Step
+    from directkv.engine.systems import step_cost, stream_parts
+    from workloads.request import Request
+
+    chunk = PrefillChunk(ReqState(Request(9, 2048, 8), prefilled=256), 256, 256)  # 256 past tokens: 0.5 MiB of K
+    step = Step(_decodes(2, 4096), (chunk,))
+    streamed, in_place = stream_parts(step, LLAMA, 16)
+    assert streamed.prefills == () and in_place.prefills == (chunk,) and streamed.decodes == step.decodes
+    stream = step_cost(SystemPolicy("directkv", "stream"), step, LLAMA, CM).traffic
+    tiled = step_cost(SystemPolicy("directkv", "tiled"), step, LLAMA, CM).traffic
+    assert stream.link_read_bytes == tiled.link_read_bytes and stream.flops == tiled.flops
+    ring = st.attention_traffic(Step(step.decodes, ()), LLAMA, "stream", SystemPolicy("directkv", "stream"))
+    dec_tiled = st.attention_traffic(Step(step.decodes, ()), LLAMA, "tiled", SystemPolicy("directkv", "tiled"))
+    assert ring == dec_tiled  # the decodes' part is charged as tiled's closed form by both
+    assert stream.hbm_read_bytes == tiled.hbm_read_bytes

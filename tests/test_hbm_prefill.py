@@ -148,3 +148,15 @@ def test_the_other_hbm_page_systems_serve_with_sdpa_on_the_gpu(name, monkeypatch
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert res.metrics["completed"] == 5 and extra["hbm_prefill"] == "sdpa"
     assert any(past > 0 for past in calls)  # the option reached the path: chunks with a past went through SDPA
+
+
+def test_sdpa_chunk_traffic_by_hand():
+    from directkv.engine.gpu.hbm_prefill import sdpa_chunk_traffic
+
+    kv_tok, row = 2 * 8 * 128 * 2, 32 * 128 * 2  # Llama-3.1-8B heads, bf16
+    t = sdpa_chunk_traffic(100, 1000, num_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2)
+    assert t.link_read_bytes == t.link_write_bytes == 0
+    # the gather reads the past and writes it with the new tokens; the call reads Q and every key once, writes O
+    assert t.hbm_read_bytes == 1000 * kv_tok + 100 * kv_tok + 1100 * kv_tok + 100 * row
+    assert t.hbm_write_bytes == 1100 * kv_tok + 100 * row
+    assert t.flops == 4 * 128 * 32 * (100 * 1000 + 100 * 101 // 2)
