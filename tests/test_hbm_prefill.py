@@ -156,7 +156,9 @@ def test_sdpa_chunk_traffic_by_hand():
     kv_tok, row = 2 * 8 * 128 * 2, 32 * 128 * 2  # Llama-3.1-8B heads, bf16
     t = sdpa_chunk_traffic(100, 1000, num_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2)
     assert t.link_read_bytes == t.link_write_bytes == 0
-    # the gather reads the past and writes it with the new tokens; the call reads Q and every key once, writes O
+    # the buffer's fill reads the past and the new K/V and writes them; the call reads Q and every key once, writes O
     assert t.hbm_read_bytes == 1000 * kv_tok + 100 * kv_tok + 1100 * kv_tok + 100 * row
     assert t.hbm_write_bytes == 1100 * kv_tok + 100 * row
     assert t.flops == 4 * 128 * 32 * (100 * 1000 + 100 * 101 // 2)
+    first = sdpa_chunk_traffic(100, 0, num_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2)
+    assert (first.hbm_read_bytes, first.hbm_write_bytes) == (100 * kv_tok + 100 * row, 100 * row)  # no fill

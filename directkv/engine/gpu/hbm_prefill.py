@@ -3,7 +3,7 @@ flexgen's staging pool) attended by torch SDPA instead of our tiled kernel.
 
 SDPA's FlashAttention needs each sequence's K/V contiguous, so the chunk's past pages and its new K/V are first
 written into one `[past + new, num_kv_heads, head_dim]` buffer in HBM (one copy of each; at the H200's ~4 TB/s a
-16K OPT-13B past, 328 MB of K and V, would take ~0.1-0.2 ms: an estimate, not measured), then one causal call
+16K OPT-13B past, 336 MB of K and V, would take ~0.1-0.2 ms: an estimate, not measured), then one causal call
 aligned bottom-right (the chunk's first new token sees the whole past), GQA by SDPA's enable_gqa. Why: with K/V
 in HBM our tiled kernel takes 1.5-1.7x SDPA's time (16K past, kernel_ablation `tiled:kv_hbm` vs `sdpa_hbm`, H200
 2026-12-02), while directkv `stream` attends prompt chunks with FlashAttention passes over its ring; the
@@ -62,21 +62,23 @@ def sdpa_chunk(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_pool
 
 def sdpa_chunk_traffic(q_len: int, past_len: int, *, num_heads: int, num_kv_heads: int, head_dim: int,
                        dtype_bytes: int) -> Traffic:
-    """HBM bytes and FLOPs of one sdpa_chunk (none on the link): the gather reads and writes the past, the call reads
-    Q and all K/V once and writes O (FlashAttention's schedule, K/V re-reads from L2 not counted); the FLOPs of
-    the past and of the new tokens' causal triangle."""
+    """HBM bytes and FLOPs of one sdpa_chunk (none on the link): with a past, the buffer's fill reads the past and
+    the new K/V and writes them (none without: the new K/V are attended where they are); the call reads Q and
+    all K/V once and writes O (FlashAttention's schedule, K/V re-reads from L2 not counted); the FLOPs of the past
+    and of the new tokens' causal triangle."""
     kv_tok, row = 2 * num_kv_heads * head_dim * dtype_bytes, num_heads * head_dim * dtype_bytes
     keys = past_len + q_len
-    return Traffic(hbm_read_bytes=past_len * kv_tok + q_len * kv_tok + keys * kv_tok + q_len * row,
-                   hbm_write_bytes=(past_len + q_len) * kv_tok + q_len * row,
+    fill = keys * kv_tok if past_len else 0
+    return Traffic(hbm_read_bytes=fill + keys * kv_tok + q_len * row, hbm_write_bytes=fill + q_len * row,
                    flops=4 * head_dim * num_heads * (q_len * past_len + q_len * (q_len + 1) // 2))
 
 
 def _check_flash(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, gqa: bool) -> None:
-    """On a GPU the call must be one FlashAttention can run: else torch's lower-right causal bias falls back to a
-    materialised mask and the math kernel (tens of GB of scores at a 16K past), which would read as an OOM of the
-    system, not of this option. The parameters are the ones torch's CausalBias dispatch checks (is_causal False:
-    the mask carries the causality; flash applies it bottom-right)."""
+    """On a GPU the call must be one FlashAttention can run, so that the option measures the kernel it names: torch's
+    lower-right causal bias would otherwise take its memory-efficient kernel, or, where that cannot run either (it
+    has no GQA), a materialised mask and the math kernel, tens of GB of scores at a 16K past. The parameters are
+    the ones torch's CausalBias dispatch checks (is_causal False: the mask carries the causality; flash applies it
+    bottom-right)."""
     from torch.backends.cuda import SDPAParams, can_use_flash_attention
 
     if not can_use_flash_attention(SDPAParams(q4, k4, v4, None, 0.0, False, gqa)):
