@@ -24,7 +24,8 @@ class Efficiency:
     # torch SDPA's FlashAttention passes, which directkv stream's prompt chunks run over its ring: on the H200 they
     # ran at ~1.55x the tiled kernel's rate (fitted 0.39 vs 0.25: kernel_ablation, sdpa_hbm vs tiled:kv_hbm), and
     # charging stream's chunks the tiled rate simulated the step of an 8K chunk over an 8K past at OPT-13B at 1.29x
-    # its measured time (1.08x with this factor; H200, 2026-12-02)
+    # its measured time (1.08x with this factor; H200, 2026-12-02, step 1 of results/h200/context_sweep/20261202-031313:
+    # 716 ms measured, 921 / 771 simulated)
     flash_attention: float = 0.45
     cpu_mem: float = 0.8  # CPU attention vs CPU DRAM bandwidth
     # CPU attention's work per query head and cached token (ns, all threads together), where it bounds the
