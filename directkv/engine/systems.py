@@ -125,12 +125,13 @@ def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: S
              stream_ring_bytes(prefill_ring_slots(first_chunks, stream_slots), first, floor=0)]
     t = 0.0  # a part with no kernel to run is charged nothing
     if step.decodes or chunks:
-        traffic = st.attention_traffic(Step(step.decodes, chunks), model, "stream", policy)
-        chunk_traffic = st.attention_traffic(Step((), chunks), model, "stream", policy) if chunks else Traffic()
+        decode_traffic = st.attention_traffic(Step(step.decodes, ()), model, "stream", policy)
+        chunk_traffic = st.attention_traffic(Step((), chunks), model, "stream", policy)
+        traffic = decode_traffic + chunk_traffic
         terms = cm.terms(traffic, link="ce")
         # the chunks' passes are FlashAttention's (flash_attention), the decodes' kernel ours (attention)
-        decode_flops = Traffic(flops=traffic.flops - chunk_traffic.flops)
-        terms["compute"] = cm.terms(decode_flops)["compute"] + cm.terms(chunk_traffic, flops_kind="flash_attention")["compute"]
+        terms["compute"] = (cm.terms(decode_traffic)["compute"]
+                            + cm.terms(chunk_traffic, flops_kind="flash_attention")["compute"])
         link = terms.pop("link_read")
         terms.pop("link_write")  # the store of their new K/V: SM writes through the view, before the kernels
         store = cm.terms(Traffic(link_write_bytes=traffic.link_write_bytes), link="sm")["link_write"]
@@ -190,11 +191,12 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
         attn.hbm_write_bytes += new_kv
         layer_t, layer_traffic, staging = t_lin + cm.time(attn), lin + attn, 0
     elif name == "directkv":
-        attn = st.attention_traffic(step, model, policy.variant, policy)
         if policy.variant == "stream":  # the chunks it reads in place move tiled's bytes, not a ring's
             streamed, in_place = stream_parts(step, model, page_size)
             attn = (st.attention_traffic(streamed, model, "stream", policy)
                     + st.attention_traffic(in_place, model, "tiled", policy))
+        else:
+            attn = st.attention_traffic(step, model, policy.variant, policy)
         layer_traffic, staging = lin + attn, 0
         if policy.variant != "stream":
             layer_t = t_lin + cm.time(attn, link="sm")

@@ -57,9 +57,9 @@ def prefill_ring_slots(chunks: int, slots: int) -> int:
     """Slots of a prompt chunk's prefill ring for a past cut into `chunks` ring chunks when the ring may hold
     `slots` (serving's executor.directkv_stream_slots): one per chunk up to `slots`, never below STREAM_SLOTS.
     Each slot holds a chunk, so a past of up to `slots` chunks is copied ahead of its attention whole, during the
-    dense work before it, as swap stages a whole layer; a new ring allocates no slot no chunk would use (a kept ring keeps its slots). H200,
-    2026-12-02, OPT-13B 3 x 16K: with 2 slots the step of a prompt's tail over a 16K past (11 chunks per layer)
-    copied 9 of them inside the attention and took ~1,075 ms against swap's ~715."""
+    dense work before it, as swap stages a whole layer; a new ring allocates no slot no chunk would use (a kept
+    ring keeps its slots). H200, 2026-12-02, OPT-13B 3 x 16K: with 2 slots the step of a prompt's tail over a 16K
+    past (11 chunks per layer) copied 9 of them inside the attention and took ~1,075 ms against swap's ~715."""
     return max(STREAM_SLOTS, min(slots, chunks))
 
 

@@ -40,7 +40,7 @@ from directkv.kernels.cuda import decode_attention as cuda_decode
 from directkv.kernels.cuda import prefill_stream
 from directkv.kernels.cuda.scatter_rows import scatter_rows
 from directkv.kernels.cuda.side_stream import side_stream
-from directkv.kernels.cuda.stream_plan import plan_stream
+from directkv.kernels.cuda.stream_plan import chunk_runs, plan_stream
 from directkv.kernels.paged import PagedKV
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import (
@@ -304,19 +304,6 @@ class ZeroCopyPath:
         return max(1, self.side_ctas // groups)
 
 
-def _runs(pages: np.ndarray, staged: np.ndarray) -> torch.Tensor:
-    """(host page, staging index, pages) int64 `[runs, 3]` runs copying pages[staged] (sorted host page ids, staged:
-    sorted indices into them, each the page's staging index): a run continues while both advance by one. Not
-    stream_plan.chunk_runs, whose positions count up from each chunk's start: here the staging indices skip the
-    pages left uncopied."""
-    p = pages[staged]
-    first = np.ones(len(p), dtype=bool)
-    first[1:] = (p[1:] != p[:-1] + 1) | (staged[1:] != staged[:-1] + 1)
-    starts = np.flatnonzero(first)
-    runs = np.stack([p[starts], staged[starts], np.diff(starts, append=len(p))], axis=1).astype(np.int64)
-    return torch.from_numpy(runs.reshape(-1, 3))
-
-
 class _Stager:
     """Copies one layer's pages of the step's requests into HBM, one layer ahead, on a side stream.
 
@@ -356,7 +343,9 @@ class _Stager:
             copied[:] = False
             np.logical_or.at(copied, where.numpy(), old)  # a page some list holds older tokens in is copied
         # copy_runs_packed's (host page, staging index, pages) runs, packed once for every layer's copies of the step
-        self.dma_runs = _runs(self.pages.numpy(), np.flatnonzero(copied))
+        staged = np.flatnonzero(copied)
+        self.dma_runs = (chunk_runs(self.pages.numpy()[staged], len(self.pages), positions=staged)[0] if len(staged)
+                         else torch.zeros((0, 3), dtype=torch.int64))
         # link bytes of one layer's staging, counted by every layer of the step
         self.layer_bytes = int(copied.sum()) * sum(p[0].numel() * p.element_size() for p in self.host_pools(0))
         n = max(1, len(self.pages))

@@ -113,22 +113,24 @@ def stream_schedule(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size
             copies, has_hbm)
 
 
-def chunk_runs(pages, chunk_pages: int) -> list[torch.Tensor]:
+def chunk_runs(pages, chunk_pages: int, positions=None) -> list[torch.Tensor]:
     """The copies of each chunk of the sorted page ids `pages` (1-D, a CPU tensor or an array; chunk c:
     pages[c * chunk_pages:][:chunk_pages]) as (first page, first position in the chunk, pages) runs of
     consecutive ids, one int64 `[runs, 3]` CPU tensor per chunk (views of one contiguous tensor), the layout
-    copy_runs_packed reads by pointer. Array ops only: a Python loop over the runs cost ~5 ms per step at ~4000
-    runs (fragmented decode pages) before any copy began."""
+    copy_runs_packed reads by pointer. positions: each page's place in the chunked destination (sorted; default
+    0, 1, 2, ...), for a copy of some pages of a larger set (swap's staging, which leaves a step's new pages
+    uncopied): a run then also needs consecutive positions. Array ops only: a Python loop over the runs cost
+    ~5 ms per step at ~4000 runs (fragmented decode pages) before any copy began."""
     pages = np.asarray(pages, dtype=np.int64)
     n = len(pages)
     if n == 0:
         return []
-    index = np.arange(n)
+    index = np.arange(n) if positions is None else np.asarray(positions, dtype=np.int64)
     first = np.ones(n, dtype=bool)
-    first[1:] = (pages[1:] != pages[:-1] + 1) | (index[1:] % chunk_pages == 0)
+    first[1:] = (pages[1:] != pages[:-1] + 1) | (index[1:] != index[:-1] + 1) | (index[1:] % chunk_pages == 0)
     starts = np.flatnonzero(first)
-    runs = np.stack([pages[starts], starts % chunk_pages, np.diff(starts, append=n)], axis=1)
-    per_chunk = np.bincount(starts // chunk_pages, minlength=-(-n // chunk_pages))
+    runs = np.stack([pages[starts], index[starts] % chunk_pages, np.diff(starts, append=n)], axis=1)
+    per_chunk = np.bincount(index[starts] // chunk_pages, minlength=-(-(index[-1] + 1) // chunk_pages))
     return list(torch.split(torch.from_numpy(runs), per_chunk.tolist()))
 
 
