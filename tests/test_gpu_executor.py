@@ -364,7 +364,9 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, mon
     streamed too (with the default chunks and in-place rule, 2 MiB of K, they are read in place); with the
     default chunks each layer is one chunk, so the next layer's is copied while this one's is read. The prompt
     ring's first prefetch of a step waits for the main stream, the later ones only for their slots' readers.
-    With 4 decode ring slots (stream_slots) the copies run further ahead of the kernels. The check itself reads each output back (a sync per layer), so it cannot catch a copy racing a reader:
+    With 4 decode ring slots (stream_slots) the copies run further ahead of the kernels. A mixed step's two rings
+    share one copy stream. The check itself reads each output back (a sync per layer), so it cannot catch a copy
+    racing a reader:
     test_cuda_decode's lagging-reader tests do."""
     from functools import partial
 
@@ -385,6 +387,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, mon
                                               pre.prefetch_prefill_stream)
     issued, issued_chunk, errors, chunks = [], [], [], []  # chunks: (past_len, streamed) of each layer's
     many = []  # per decode plan: more than one ring chunk per layer
+    shared = []  # per step with both rings: do they share the path's one copy stream?
 
     def poisoned_init(self, kv, *args, **kwargs):
         init(self, kv, *args, **kwargs)
@@ -395,6 +398,8 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, mon
 
     def checked_attend(self, layer, q, k, v):
         chunks.extend((c.past_len, streamed) for c, streamed in zip(self.plan.chunks, self.chunk_streamed, strict=True))
+        if layer == 0 and self.decode_plan is not None and self.chunk_ring is not None:
+            shared.append(self.decode_plan.side is self.chunk_ring.side is self._side)
         out = attend(self, layer, q, k, v)
         k_pool, v_pool = self.kv.pools(layer, self.tier)
         self.variant = "tiled"
@@ -447,6 +452,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, mon
     if chunk_bytes:  # many decode chunks per layer; and prompt chunks' past, when it spans several ring chunks
         assert any(many) and max(issued_chunk) >= 1 and any(streamed for _, streamed in chunks)
         assert waits_chunk == [True, *[False] * (layers - 1)] * (len(waits_chunk) // layers), waits_chunk
+        assert shared and all(shared), shared  # mixed steps streamed both rings, through one copy stream
     else:  # a past of <= 2 MiB of K is read in place by the tiled kernel: no ring, nothing copied ahead
         assert not issued_chunk and not any(streamed for _, streamed in chunks)
     assert any(past > 0 for past, _ in chunks)  # chunks with a past were served, streamed or in place

@@ -165,14 +165,15 @@ class PrefillRing:
 
 
 def prefill_ring(plan: PrefillStreamPlan, pool: torch.Tensor, device: torch.device | str, *,
-                 reuse: PrefillRing | None = None, slots: int = STREAM_SLOTS) -> PrefillRing:
+                 reuse: PrefillRing | None = None, slots: int = STREAM_SLOTS,
+                 side: torch.cuda.Stream | None = None) -> PrefillRing:
     """A ring on `device` for the calls `plan` serves, over host pools shaped like `pool`
     `[num_pages, page_size, num_kv_heads, head_dim]`, of up to `slots` slots: one per ring chunk of the plan,
     at least STREAM_SLOTS (prefill_ring_slots), so prefetch_prefill_stream can copy up to `slots` chunks ahead.
     reuse: an earlier ring, returned as it is when it holds enough slots and pages per slot for the same page
     shape, else replaced by one with the slots needed (at least as many as it had, up to `slots`) and pages a
     quarter more at least (up to STREAM_CHUNK_BYTES per slot), so growing contexts do not allocate a ring of a
-    new size every step."""
+    new size every step. side: a new ring's copy stream (None: its own; plan_stream's side)."""
     check_stream_slots(slots)
     page_shape, device = tuple(pool.shape[1:]), torch.device(device)
     if device.type == "cuda" and device.index is None:  # "cuda" names the current device; tensors say cuda:N
@@ -189,7 +190,7 @@ def prefill_ring(plan: PrefillStreamPlan, pool: torch.Tensor, device: torch.devi
         pages = held if held >= pages else grown_pages(pages, held, STREAM_CHUNK_BYTES // plan.page_bytes)
     if reuse is not None:
         release_ring(reuse)
-    return PrefillRing(*new_ring((need, pages, *page_shape), pool.dtype, device, need))
+    return PrefillRing(*new_ring((need, pages, *page_shape), pool.dtype, device, need, side))
 
 
 def prefetch_prefill_stream(plan: PrefillStreamPlan, ring: PrefillRing, host_k: torch.Tensor,

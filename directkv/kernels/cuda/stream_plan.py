@@ -163,7 +163,8 @@ def host_pages(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
 def plan_stream(kv: PagedKV, *, chunk_bytes: int = STREAM_CHUNK_BYTES, num_slots: int = STREAM_SLOTS,
                 min_chunks: int = 1, min_chunk_bytes: int = STREAM_MIN_CHUNK_BYTES, ring_bytes: int = STREAM_RING_BYTES,
                 reuse: StreamPlan | None = None,
-                host_table: tuple[torch.Tensor, torch.Tensor] | None = None) -> StreamPlan:
+                host_table: tuple[torch.Tensor, torch.Tensor] | None = None,
+                side: torch.cuda.Stream | None = None) -> StreamPlan:
     """Plan the stream variant for `kv` (reads its block table once); the HBM ring is
     2 * num_slots * chunk_bytes (K and V), at most ring_bytes (64 MiB by default), and a new ring holds no more
     than the host pages the batch reads (or min_chunk_bytes per slot) need.
@@ -176,6 +177,9 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = STREAM_CHUNK_BYTES, num_slots
         kv's from the GPU is a device sync.
     ring_bytes : the most the ring (all slots, K and V) may hold; the kernel benchmarks' target keeps the default
         64 MiB, a serving path may allow more slots (ZeroCopyPath's stream_slots).
+    side : the copy stream of a new ring (None: a stream of its own; a ring taken over keeps its stream). A
+        serving path gives its decode and prompt rings one stream, so their copies run in the order it queues
+        them (ZeroCopyPath.copy_stream).
 
     Each ring slot holds min(chunk_bytes, max(read / min_chunks, min_chunk_bytes)) of K, and the pages read are cut
     into as few chunks of at most a slot as will do, all of one size (balanced_chunk_pages), so a chunk may be
@@ -207,7 +211,8 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = STREAM_CHUNK_BYTES, num_slots
         # grow: a ring of a new size every step would allocate (and fragment torch's cache) every step
         held = grown_pages(slot_pages, reuse.ring_k.shape[1] if fits else 0,
                            min(most, ring_bytes // (2 * num_slots * page_bytes)))
-        ring_k, ring_v, side, filled, freed = new_ring((num_slots, held, *page_shape), kv.dtype, device, num_slots)
+        ring_k, ring_v, side, filled, freed = new_ring((num_slots, held, *page_shape), kv.dtype, device, num_slots,
+                                                       side)
     if reuse is not None:
         release_ring(reuse)  # taken over or replaced: the earlier plan must not copy into this ring
     rows, at, chunk = _last_token_slots(hp, seq_lens, kv.page_size, chunk_pages)
@@ -249,11 +254,13 @@ def grown_pages(need: int, held: int, most: int) -> int:
     return max(need, min(most, held * 5 // 4))
 
 
-def new_ring(shape: tuple, dtype: torch.dtype, device: torch.device, slots: int):
-    """(ring_k, ring_v, copy stream, filled events, freed events) of a new ring. The rings are marked as used
-    by the copy stream, so when they are freed the caching allocator does not hand their memory out before
-    that stream's queued copies (a prefetch no call consumed) are done, whichever stream frees them."""
-    side = torch.cuda.Stream(device)
+def new_ring(shape: tuple, dtype: torch.dtype, device: torch.device, slots: int,
+             side: torch.cuda.Stream | None = None):
+    """(ring_k, ring_v, copy stream, filled events, freed events) of a new ring; side: its copy stream (None: a
+    new one). The rings are marked as used by the copy stream, so when they are freed the caching allocator does
+    not hand their memory out before that stream's queued copies (a prefetch no call consumed) are done,
+    whichever stream frees them."""
+    side = torch.cuda.Stream(device) if side is None else side
     rings = [torch.empty(shape, dtype=dtype, device=device) for _ in range(2)]
     for r in rings:
         r.record_stream(side)
