@@ -404,7 +404,7 @@ def test_plan_stream_on_the_cpu_with_a_stand_in_ring(monkeypatch, seed, hbm_frac
     entry names the sequence and, per ring slot, the flat ring row its page's copy lands on."""
     from directkv.kernels.cuda import stream_plan
 
-    monkeypatch.setattr(stream_plan, "new_ring", lambda shape, dtype, device, slots: (
+    monkeypatch.setattr(stream_plan, "new_ring", lambda shape, dtype, device, slots, side=None: (
         torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype), None, [None] * slots, [None] * slots))
     lens = [1, 15, 16, 17, 200, 64, 0, 333]
     kv = random_paged_kv(lens, page_size=16, num_kv_heads=1, head_dim=64, dtype=torch.float16,
