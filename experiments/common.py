@@ -10,7 +10,6 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from directkv.costmodel import CostModel, mode_for
-from directkv.engine.gpu.hbm_prefill import check_hbm_prefill
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig
 from directkv.engine.systems import (
@@ -19,6 +18,7 @@ from directkv.engine.systems import (
     NO_PIPELINING,
     Pipelining,
     SystemPolicy,
+    check_hbm_prefill,
 )
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES

@@ -45,14 +45,17 @@ def resimulate(run_dir: Path, manifest: dict | None = None) -> pd.DataFrame:
     before_the_key = OmegaConf.select(cfg, "executor.directkv_stream_slots") is None
     if before_the_key:
         OmegaConf.update(cfg, "executor.directkv_stream_slots", SLOTS_BEFORE_THE_KEY)
+    # runs from before executor.hbm_prefill attended HBM prompt chunks with the kernel, the default
+    before_hbm_prefill = OmegaConf.select(cfg, "executor.hbm_prefill") is None
     with tempfile.TemporaryDirectory() as tmp, _token_counter(manifest, run_dir / "schedules"):
         cfg.device, cfg.render, cfg.progress = "cpu", False, False
         cfg.results_root, cfg.run_id = tmp, "resimulated"
         path = run_experiment(cfg, Path(tmp) / "resimulated")
         _check_same_requests(run_dir / "schedules", Path(tmp) / "resimulated" / "schedules")
         rows = pd.read_parquet(path)
-    # the run's own rows carry no slot count, and plots.compare pairs rows by the options both carry
-    return rows.drop(columns="directkv_stream_slots", errors="ignore") if before_the_key else rows
+    # the run's own rows carry neither column then, and plots.compare pairs rows by the options both carry
+    drop = ["directkv_stream_slots"] * before_the_key + ["hbm_prefill"] * before_hbm_prefill
+    return rows.drop(columns=drop, errors="ignore")
 
 
 @contextmanager

@@ -23,12 +23,14 @@ METRIC_KEYS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", 
                "duration_s")
 
 
-# Whether this process has finished a serving on the GPU yet (a warm-up pass or a measured point). The first
-# system measured in a fresh process ran its first ~6 s of ShareGPT steps slower than a system measured after
-# it (prompt steps +39-54%, the host's own per-step work too), 8-30% on the whole run; a system served first only
-# to warm the process left the next two fast (H200, 2026-12-02, results/h200/README.md, eighteenth session). The
-# cause is not known; executor.warmup_pass pays most of it unmeasured (with it: +14% / -2% in those 6 s).
-_process = {"served": False}
+# The systems (policy labels) this process has finished a serving of on the GPU (a warm-up pass or a measured
+# point). The first system measured in a fresh process ran its first ~6 s of ShareGPT steps slower than a system
+# measured after it (prompt steps +39-54%, the host's own per-step work too), 8-30% on the whole run (H200,
+# 2026-12-02, results/h200/README.md, eighteenth session; cause not known). A system measured after another
+# still pays for its own first uses: at Llama-3.1-8B batch 4 32K swap measured second took 0.81-0.94 s on its
+# first step against 62 ms when warmed, and 50-70 ms more on each request's first step beside a decode
+# (twenty-first session). So executor.warmup_pass warms each system once per process, unmeasured.
+_process: dict[str, set[str]] = {"served": set()}
 
 
 def batch_fits(policy: SystemPolicy, s: Setup, requests: list[Request]) -> str:
@@ -67,17 +69,19 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
         if measure:
             if steps_path is not None:
                 steps_path.unlink(missing_ok=True)  # an earlier, cut attempt's series is not this run's
-            warm = _process["served"]
+            warm = policy.label in _process["served"]
             res, extra = _serve_gpu(policy, s, requests, warmup, steps_path)
             # warm only once a serving has finished: a point that failed (before its first step, or midway) may
-            # have warmed nothing, so the next point gets its pass (and says process_warm truthfully)
-            _process["served"] = True
+            # have warmed nothing, so the system's next point gets its pass (and says process_warm truthfully)
+            _process["served"].add(policy.label)
             return _fill(row, res, s, extra | {"process_warm": warm})
         res = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
-                       pipelining=s.pipelining, stream_slots=s.stream_slots)
+                       pipelining=s.pipelining, stream_slots=s.stream_slots, hbm_prefill=s.hbm_prefill)
         # a pipelined directkv row is simulated pipelined too, and says so like its measured row; a stream row
-        # says with how many decode ring slots it was simulated
-        extra = s.pipelining.row_columns(policy, measured=False) | stream_row_columns(policy, s.stream_slots)
+        # says with how many decode ring slots it was simulated; every row, with which prompt-chunk attention
+        # over HBM pages (as every measured row says)
+        extra = (s.pipelining.row_columns(policy, measured=False) | stream_row_columns(policy, s.stream_slots)
+                 | {"hbm_prefill": s.hbm_prefill})
         return _fill(row, res, s, extra)
     except KVCapacityError as e:
         return row | {"status": "oom", "error": str(e)}
@@ -100,9 +104,10 @@ def _serve_gpu(policy: SystemPolicy, s: Setup, requests: list[Request], warmup: 
 
 def warm_process(policy: SystemPolicy, s: Setup, requests: list[Request], *, warmup: int) -> bool:
     """The warm-up pass (executor.warmup_pass): serve `requests` once with `policy` on the GPU, unmeasured, if this
-    process has finished no serving yet. Returns whether it ran. A failing pass is reported on one line and the
-    point is measured anyway (its row's process_warm says false); the next point tries a pass again."""
-    if _process["served"]:
+    process has finished no serving of that system (its label: name and variant) yet. Returns whether it ran. A
+    failing pass is reported on one line and the point is measured anyway (its row's process_warm says false);
+    the system's next point tries a pass again."""
+    if policy.label in _process["served"]:
         return False
     t0 = time.perf_counter()
     try:
@@ -110,7 +115,7 @@ def warm_process(policy: SystemPolicy, s: Setup, requests: list[Request], *, war
     except Exception as e:  # noqa: BLE001 - the measured point that follows records its own failure, if any
         print(f"warm-up pass with {policy.label} failed ({type(e).__name__}: {str(e)[:200]}); measuring cold", flush=True)
         return False
-    _process["served"] = True
+    _process["served"].add(policy.label)
     print(f"warm-up pass: {policy.label}, {len(requests)} requests, {time.perf_counter() - t0:.1f} s, unmeasured "
           f"(executor.warmup_pass)", flush=True)
     return True

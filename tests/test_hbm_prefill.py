@@ -151,7 +151,7 @@ def test_the_other_hbm_page_systems_serve_with_sdpa_on_the_gpu(name, monkeypatch
 
 
 def test_sdpa_chunk_traffic_by_hand():
-    from directkv.engine.gpu.hbm_prefill import sdpa_chunk_traffic
+    from directkv.kernels.traffic_model import sdpa_chunk_traffic
 
     kv_tok, row = 2 * 8 * 128 * 2, 32 * 128 * 2  # Llama-3.1-8B heads, bf16
     t = sdpa_chunk_traffic(100, 1000, num_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2)

@@ -1,6 +1,6 @@
-"""executor.warmup_pass: before the first measured point of a process, that point's requests are served once,
-unmeasured, by its system; later points are not; a failing pass does not stop the point; measured rows say
-whether the process was warm (process_warm); the simulation never serves anything."""
+"""executor.warmup_pass: before each system's first measured point of a process, that point's requests are served
+once, unmeasured, by the system; its later points are not; a failing pass does not stop the point; measured rows
+say whether the process was warm for the system (process_warm); the simulation never serves anything."""
 
 import dataclasses
 
@@ -30,7 +30,7 @@ def calls(monkeypatch):
         return run_gpu(requests, policy, *args, **(kwargs | {"device": "cpu", "cuda_graphs": False}))
 
     monkeypatch.setattr(executor, "run_gpu", on_cpu)
-    monkeypatch.setattr(serving, "_process", {"served": False})
+    monkeypatch.setattr(serving, "_process", {"served": set()})
     return log
 
 
@@ -44,24 +44,26 @@ def measured_row(rows):
     return row
 
 
-def test_the_first_point_is_served_once_unmeasured_before_it_is_measured(calls, tmp_path, capsys):
+def test_each_systems_first_point_is_served_once_unmeasured_before_it_is_measured(calls, tmp_path, capsys):
     s, requests = measuring(), _requests()
     first = serve_point(SystemPolicy("swap"), s, requests, {}, whole_batch=False, steps_path=tmp_path / "a.parquet")
     second = serve_point(SystemPolicy("hbm"), s, requests, {}, whole_batch=False, steps_path=tmp_path / "b.parquet")
-    # the pass: the first point's system and requests, no step series; then each point measured once
-    assert calls == [("swap", None, 5), ("swap", tmp_path / "a.parquet", 5), ("hbm", tmp_path / "b.parquet", 5)]
-    assert measured_row(first)["process_warm"] and measured_row(second)["process_warm"]
+    again = serve_point(SystemPolicy("swap"), s, requests, {}, whole_batch=False, steps_path=tmp_path / "c.parquet")
+    # a pass per system (its first point's requests, no step series), then each point measured once
+    assert calls == [("swap", None, 5), ("swap", tmp_path / "a.parquet", 5), ("hbm", None, 5),
+                     ("hbm", tmp_path / "b.parquet", 5), ("swap", tmp_path / "c.parquet", 5)]
+    assert all(measured_row(r)["process_warm"] for r in (first, second, again))
     assert measured_row(first)["status"] == "ok" and measured_row(first)["completed"] == 5
-    assert "warm-up pass: swap, 5 requests" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "warm-up pass: swap, 5 requests" in out and "warm-up pass: hbm, 5 requests" in out
 
 
-def test_without_the_pass_the_first_row_says_the_process_was_cold(calls):
+def test_without_the_pass_each_systems_first_row_says_it_was_cold(calls):
     s = measuring("executor.warmup_pass=false")
     assert not s.warmup_pass
-    first = serve_point(SystemPolicy("swap"), s, _requests(), {}, whole_batch=False)
-    second = serve_point(SystemPolicy("hbm"), s, _requests(), {}, whole_batch=False)
-    assert [c[0] for c in calls] == ["swap", "hbm"]
-    assert not measured_row(first)["process_warm"] and measured_row(second)["process_warm"]
+    rows = [serve_point(SystemPolicy(name), s, _requests(), {}, whole_batch=False) for name in ("swap", "hbm", "swap")]
+    assert [c[0] for c in calls] == ["swap", "hbm", "swap"]
+    assert [measured_row(r)["process_warm"] for r in rows] == [False, False, True]
 
 
 def test_a_failing_pass_is_reported_and_the_point_measured_cold(calls, monkeypatch, capsys, tmp_path):
@@ -112,7 +114,7 @@ def test_a_point_that_fails_leaves_the_process_cold_for_the_next(calls, monkeypa
     good = serve_point(SystemPolicy("swap"), s, _requests(), {}, whole_batch=False, steps_path=tmp_path / "b.parquet")
     # hbm's pass and its point failed (no run_gpu call); swap got its own pass, then its measurement
     assert calls == [("swap", None, 5), ("swap", tmp_path / "b.parquet", 5)]
-    assert measured_row(good)["process_warm"] and serving._process["served"]
+    assert measured_row(good)["process_warm"] and serving._process["served"] == {"swap"}
 
 
 def test_a_rerun_serves_again_a_point_whose_measurement_failed(tmp_path):

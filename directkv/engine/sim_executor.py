@@ -18,6 +18,7 @@ from directkv.engine.systems import (
     Pipelining,
     StepCost,
     SystemPolicy,
+    check_hbm_prefill,
     gpu_memory_bytes,
     step_cost,
 )
@@ -56,10 +57,11 @@ class CostModelStepper:
     page_size: int = 16
     on_step: Callable[[Step, StepCost], None] | None = None  # sees every step and its cost (profile's comparison)
     stream_slots: int = SERVING_STREAM_SLOTS  # directkv stream's decode ring
+    hbm_prefill: str = "kernel"  # what attends prompt chunks over HBM pages (hbm and the staged systems)
 
     def run_step(self, step: Step) -> StepCost:
         cost = step_cost(self.policy, step, self.model, self.cm, self.pipelining, page_size=self.page_size,
-                         stream_slots=self.stream_slots)
+                         stream_slots=self.stream_slots, hbm_prefill=self.hbm_prefill)
         if self.on_step is not None:
             self.on_step(step, cost)
         return cost
@@ -69,17 +71,19 @@ def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm
              mem: MemoryConfig, sched_cfg: SchedulerConfig | None = None, warmup: int = 0,
              pipelining: Pipelining = NO_PIPELINING,
              on_step: Callable[[Step, StepCost], None] | None = None,
-             stream_slots: int = SERVING_STREAM_SLOTS) -> ServeResult:
+             stream_slots: int = SERVING_STREAM_SLOTS, hbm_prefill: str = "kernel") -> ServeResult:
     """Serve `requests` with `policy` on the cost model; raises KVCapacityError if weights alone don't fit.
     pipelining: directkv's two-part steps as the measured executor would run them (systems.pipelined_step_cost).
-    on_step: called with every step and its simulated cost. stream_slots: directkv stream's decode ring slots."""
+    on_step: called with every step and its simulated cost. stream_slots: directkv stream's decode ring slots.
+    hbm_prefill: our tiled kernel or SDPA for prompt chunks over HBM pages (executor.hbm_prefill)."""
     pipelining.check_system(policy)
     check_stream_slots(stream_slots)
+    check_hbm_prefill(hbm_prefill)
     sched_cfg = sched_cfg or SchedulerConfig()
     hbm_kv, host_kv = kv_budgets(policy, model, mem, sched_cfg)
     kv = KVCacheManager(model, page_size=mem.page_size, hbm_budget_bytes=hbm_kv, host_budget_bytes=host_kv,
                         bytes_per_token=policy.kv_bytes_per_token(model))
-    stepper = CostModelStepper(policy, model, cm, pipelining, mem.page_size, on_step, stream_slots)
+    stepper = CostModelStepper(policy, model, cm, pipelining, mem.page_size, on_step, stream_slots, hbm_prefill)
     res = serve(requests, stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg, warmup=warmup)
     res.gpu_mem_bytes = gpu_memory_bytes(model, kv_hbm_peak=res.kv_hbm_peak_bytes,
                                          staging_peak=res.staging_peak_bytes,

@@ -31,6 +31,7 @@ from directkv.kernels.traffic_model import (
     SERVING_STREAM_SLOTS,
     STREAM_CHUNK_BYTES,
     prefill_ring_slots,
+    sdpa_chunk_traffic,
     stream_reads_in_place,
     stream_ring_bytes,
 )
@@ -47,6 +48,9 @@ FLEXGEN_BITS, FLEXGEN_GROUP = 4, 64
 # default: on the H200 host it served Alpaca at 30 req/s at 71 ms per token against flash's 604 (2026-11-29).
 CPU_ATTN_KERNELS = ("native", "flash")
 DEFAULT_CPU_ATTN_KERNEL = "native"
+# a prompt chunk over HBM pages (hbm's cache; the staged systems' staging pool): our tiled kernel, or torch SDPA
+# (executor.hbm_prefill; engine.gpu.hbm_prefill), measured and simulated alike (hbm_attention)
+HBM_PREFILLS = ("kernel", "sdpa")
 # CTAs of directkv's side-stream decode kernel when pipelined: fewer leave SMs to the other part's dense
 # layers (H200, 4K x 4: 32 CTAs 53.9 ms per token, 64 53.1, 128 57.0, uncapped 60.4)
 DEFAULT_DIRECTKV_SIDE_CTAS = 64
@@ -152,6 +156,35 @@ def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: S
     return t, sum(sizes)
 
 
+def check_hbm_prefill(name: object) -> str:
+    """`name` if it is one of HBM_PREFILLS, else the one-line ConfigError naming the valid ones."""
+    if name not in HBM_PREFILLS:
+        raise unknown_name("executor.hbm_prefill", name, HBM_PREFILLS)
+    return str(name)
+
+
+def hbm_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPolicy,
+                  hbm_prefill: str = "kernel", *, store_bytes: int = 0) -> tuple[Traffic, float]:
+    """(traffic, seconds) of one layer's attention over HBM pages (hbm's cache, the staged systems' staging pool),
+    as the GPU executor runs it: our tiled kernel; with hbm_prefill "sdpa" the prompt chunks by one SDPA call
+    each (sdpa_chunk_traffic, at FlashAttention's fitted efficiency) beside the decodes' kernel. store_bytes: HBM
+    written by the store of the step's new K/V (hbm), charged with the kernel (with the decodes' under sdpa)."""
+    store = Traffic(hbm_write_bytes=store_bytes)
+    if hbm_prefill == "kernel" or not step.prefills:
+        attn = st.to_hbm(st.attention_traffic(step, model, "tiled", policy)) + store
+        return attn, cm.time(attn)
+    dec = store
+    if step.decodes:
+        dec = dec + st.to_hbm(st.attention_traffic(Step(step.decodes, ()), model, "tiled", policy))
+    t = cm.time(dec) if step.decodes or store_bytes else 0.0
+    shape = dict(num_heads=model.num_heads, num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
+                 dtype_bytes=model.dtype_bytes)
+    for c in step.prefills:
+        chunk = sdpa_chunk_traffic(c.chunk_len, c.past_len, **shape)
+        dec, t = dec + chunk, t + cm.time(chunk, flops_kind="flash_attention")
+    return dec, t
+
+
 def stream_row_columns(policy: SystemPolicy, stream_slots: int) -> dict:
     """The column a result row of directkv `stream` carries, measured or simulated: its decode ring's slots."""
     return {"directkv_stream_slots": stream_slots} if policy.name == "directkv" and policy.variant == "stream" else {}
@@ -166,12 +199,13 @@ class StepCost:
 
 def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
               pipelining: Pipelining | None = None, *, page_size: int = 16,
-              stream_slots: int = SERVING_STREAM_SLOTS) -> StepCost:
+              stream_slots: int = SERVING_STREAM_SLOTS, hbm_prefill: str = "kernel") -> StepCost:
     """Time of one engine step for `policy`, by layer: linear work + the system's attention path. With
     `pipelining` enabled, directkv's steps that the measured executor cuts run as two parts
     (pipelined_step_cost). page_size: tokens per KV page (directkv stream's in-place rule counts pages).
     stream_slots: directkv stream's decode ring slots (executor.directkv_stream_slots), which bound how much of a
-    layer's decode K/V is copied while the GPU does other work (stream_attention_time)."""
+    layer's decode K/V is copied while the GPU does other work (stream_attention_time). hbm_prefill: what attends
+    prompt chunks over HBM pages in hbm, swap, flexgen and cpu_attn (executor.hbm_prefill; hbm_attention)."""
     if pipelining is not None and policy.name == "directkv":
         cut = pipelining.cut(policy, step, model.kv_bytes_per_token_per_layer())
         if cut is not None:
@@ -187,9 +221,8 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
 
     name = policy.name
     if name == "hbm":
-        attn = st.to_hbm(st.attention_traffic(step, model, "tiled", policy))
-        attn.hbm_write_bytes += new_kv
-        layer_t, layer_traffic, staging = t_lin + cm.time(attn), lin + attn, 0
+        attn, t_attn = hbm_attention(step, model, cm, policy, hbm_prefill, store_bytes=new_kv)
+        layer_t, layer_traffic, staging = t_lin + t_attn, lin + attn, 0
     elif name == "directkv":
         if policy.variant == "stream":  # the chunks it reads in place move tiled's bytes, not a ring's
             streamed, in_place = stream_parts(step, model, page_size)
@@ -207,8 +240,8 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
         ratio = policy.kv_bytes_per_token(model) / model.kv_bytes_per_token()  # < 1 for FlexGen's 4-bit KV
         stored, new_stored = int(past * ratio), int(new_kv * ratio)
         copy_in, copy_out = cm.copy_time(stored, "h2d"), cm.copy_time(new_stored, "d2h")
-        attn = st.to_hbm(st.attention_traffic(step, model, "tiled", policy))
-        t_gpu = t_lin + cm.time(attn)
+        attn, t_attn = hbm_attention(step, model, cm, policy, hbm_prefill)
+        t_gpu = t_lin + t_attn
         if name == "flexgen":  # unfused dequantisation: read codes, write bf16, in HBM
             t_gpu += cm.time(Traffic(hbm_read_bytes=stored, hbm_write_bytes=past), hbm_eff=cm.eff.dequant_hbm)
             t_gpu += cm.layer_overhead("flexgen")
@@ -219,10 +252,10 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
         dec_tokens = sum(step.decode_kv_lens)
         t_cpu = cm.cpu_attention_time(dec_tokens * kvl, dec_tokens * model.num_heads)
         # prefill attention stays on the GPU with its past copied in; Q and O of decodes cross the link
-        pre = st.to_hbm(st.attention_traffic(st.only_prefills(step), model, "tiled", policy))
+        pre, t_pre = hbm_attention(st.only_prefills(step), model, cm, policy, hbm_prefill)
         pre_past = st.past_kv_tokens(st.only_prefills(step)) * kvl
         qo = len(step.decodes) * 2 * model.q_dim * model.dtype_bytes
-        t_gpu = t_lin + cm.time(pre) + cm.copy_time(qo)
+        t_gpu = t_lin + t_pre + cm.copy_time(qo)
         layer_t = max(t_gpu, t_cpu, cm.copy_time(pre_past, "h2d"), cm.copy_time(new_kv, "d2h"))
         if step.decodes:  # the handoffs to and from the CPU sit on the layer's critical path
             layer_t += cm.layer_overhead("cpu_attn")

@@ -316,6 +316,20 @@ def stream_prefill_traffic(
     )
 
 
+def sdpa_chunk_traffic(q_len: int, past_len: int, *, num_heads: int, num_kv_heads: int, head_dim: int,
+                       dtype_bytes: int) -> Traffic:
+    """HBM bytes and FLOPs of one serving prompt chunk attended by torch SDPA over HBM pages
+    (engine.gpu.hbm_prefill.sdpa_chunk; none on the link): with a past, the buffer's fill reads the past and
+    the new K/V and writes them (none without: the new K/V are attended where they are); the call reads Q and
+    all K/V once and writes O (FlashAttention's schedule, K/V re-reads from L2 not counted); the FLOPs of the past
+    and of the new tokens' causal triangle."""
+    kv_tok, row = 2 * num_kv_heads * head_dim * dtype_bytes, num_heads * head_dim * dtype_bytes
+    keys = past_len + q_len
+    fill = keys * kv_tok if past_len else 0
+    return Traffic(hbm_read_bytes=fill + keys * kv_tok + q_len * row, hbm_write_bytes=fill + q_len * row,
+                   flops=4 * head_dim * num_heads * (q_len * past_len + q_len * (q_len + 1) // 2))
+
+
 def proj_attention_traffic(
     q_len: int,
     past_len: int,

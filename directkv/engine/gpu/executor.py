@@ -15,7 +15,6 @@ import pandas as pd
 import torch
 
 from directkv.engine.gpu.gc_guard import GcGuard
-from directkv.engine.gpu.hbm_prefill import check_hbm_prefill
 from directkv.engine.gpu.stepper import GPUStepper
 from directkv.engine.loop import ServeResult, serve
 from directkv.engine.scheduler import SchedulerConfig
@@ -25,6 +24,7 @@ from directkv.engine.systems import (
     NO_PIPELINING,
     Pipelining,
     SystemPolicy,
+    check_hbm_prefill,
     stream_row_columns,
 )
 from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS, check_stream_slots

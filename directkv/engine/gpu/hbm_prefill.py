@@ -16,10 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from directkv.errors import ConfigError, unknown_name
-from directkv.kernels.traffic import Traffic
-
-HBM_PREFILLS = ("kernel", "sdpa")
+from directkv.errors import ConfigError
 
 
 def gather_past(pool: torch.Tensor, table: torch.Tensor, past_len: int, page_size: int,
@@ -60,19 +57,6 @@ def sdpa_chunk(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_pool
     return o[0].transpose(0, 1)
 
 
-def sdpa_chunk_traffic(q_len: int, past_len: int, *, num_heads: int, num_kv_heads: int, head_dim: int,
-                       dtype_bytes: int) -> Traffic:
-    """HBM bytes and FLOPs of one sdpa_chunk (none on the link): with a past, the buffer's fill reads the past and
-    the new K/V and writes them (none without: the new K/V are attended where they are); the call reads Q and
-    all K/V once and writes O (FlashAttention's schedule, K/V re-reads from L2 not counted); the FLOPs of the past
-    and of the new tokens' causal triangle."""
-    kv_tok, row = 2 * num_kv_heads * head_dim * dtype_bytes, num_heads * head_dim * dtype_bytes
-    keys = past_len + q_len
-    fill = keys * kv_tok if past_len else 0
-    return Traffic(hbm_read_bytes=fill + keys * kv_tok + q_len * row, hbm_write_bytes=fill + q_len * row,
-                   flops=4 * head_dim * num_heads * (q_len * past_len + q_len * (q_len + 1) // 2))
-
-
 def _check_flash(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, gqa: bool) -> None:
     """On a GPU the call must be one FlashAttention can run, so that the option measures the kernel it names: torch's
     lower-right causal bias would otherwise take its memory-efficient kernel, or, where that cannot run either (it
@@ -84,10 +68,3 @@ def _check_flash(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, gqa: bool
     if not can_use_flash_attention(SDPAParams(q4, k4, v4, None, 0.0, False, gqa)):
         raise ConfigError(f"executor.hbm_prefill=sdpa: torch's FlashAttention cannot run a chunk of q {tuple(q4.shape)} "
                           f"{q4.dtype} over K {tuple(k4.shape)} on this GPU; valid here: kernel")
-
-
-def check_hbm_prefill(name: object) -> str:
-    """`name` if it is one of HBM_PREFILLS, else the one-line ConfigError naming the valid ones."""
-    if name not in HBM_PREFILLS:
-        raise unknown_name("executor.hbm_prefill", name, HBM_PREFILLS)
-    return str(name)

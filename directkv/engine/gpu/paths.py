@@ -33,7 +33,7 @@ import math
 import numpy as np
 import torch
 
-from directkv.engine.gpu.hbm_prefill import sdpa_chunk, sdpa_chunk_traffic
+from directkv.engine.gpu.hbm_prefill import sdpa_chunk
 from directkv.engine.gpu.plan import StepPlan
 from directkv.errors import ConfigError, check
 from directkv.kernels import get_op
@@ -47,6 +47,7 @@ from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import (
     SERVING_STREAM_SLOTS,
     check_stream_slots,
+    sdpa_chunk_traffic,
     stream_reads_in_place,
     stream_ring_bytes,
 )

@@ -34,13 +34,13 @@ import torch
 
 from directkv.costmodel import CostModel
 from directkv.engine.gpu.executor import run_gpu
-from directkv.engine.gpu.hbm_prefill import HBM_PREFILLS
 from directkv.engine.gpu.stepper import GPUStepper
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig, simulate
 from directkv.engine.systems import (
     DEFAULT_DIRECTKV_SIDE_CTAS,
     DEFAULT_PIPELINE_MIN_KV_MB,
+    HBM_PREFILLS,
     NO_PIPELINING,
     SYSTEMS,
     Pipelining,
@@ -272,7 +272,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         # the cost model's run of the same requests, per class: where the simulation beside a row is optimistic
         sim: list[tuple[str, float]] = []
         res_sim = simulate(requests, policy, spec, cost_model, mem=mem,
-                           sched_cfg=sched, pipelining=pipelining, stream_slots=stream_slots,
+                           sched_cfg=sched, pipelining=pipelining, stream_slots=stream_slots, hbm_prefill=hbm_prefill,
                            on_step=lambda step, cost: sim.append((step_kind(step), cost.time_s)))
         print(f"simulated ({hardware} cost model, same requests): {res_sim.steps} steps, "
               f"{res_sim.duration_s:.2f} s engine time, TPOT {res_sim.metrics['mean_tpot_ms']:.1f} ms")

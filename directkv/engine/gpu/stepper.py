@@ -12,7 +12,6 @@ import torch
 
 from directkv.engine.gpu.cpu_attn_path import CpuAttnPath
 from directkv.engine.gpu.flexgen_path import FlexgenPath
-from directkv.engine.gpu.hbm_prefill import check_hbm_prefill
 from directkv.engine.gpu.paths import StagedPath, ZeroCopyPath, kernel_backend
 from directkv.engine.gpu.plan import plan_step
 from directkv.engine.state import Step
@@ -22,6 +21,7 @@ from directkv.engine.systems import (
     Pipelining,
     StepCost,
     SystemPolicy,
+    check_hbm_prefill,
 )
 from directkv.errors import ConfigError, unknown_name
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES

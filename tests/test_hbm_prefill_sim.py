@@ -1,0 +1,86 @@
+"""The simulation of executor.hbm_prefill: with `sdpa`, the prompt chunks of hbm and of the staged systems are charged
+as one SDPA call each (sdpa_chunk_traffic at FlashAttention's fitted efficiency), as the GPU executor runs them;
+the decodes keep the tiled kernel, and nothing changes on the link."""
+
+import pytest
+
+from directkv.costmodel import CostModel
+from directkv.engine import step_traffic as st
+from directkv.engine.sim_executor import MemoryConfig, simulate
+from directkv.engine.state import PrefillChunk, ReqState, Step
+from directkv.engine.systems import SystemPolicy, hbm_attention, step_cost
+from directkv.errors import ConfigError
+from directkv.kernels.traffic import Traffic
+from directkv.kernels.traffic_model import sdpa_chunk_traffic
+from directkv.specs import get_hardware, get_model
+from workloads.request import Request
+from workloads.synthetic import synthetic_workload
+
+LLAMA = get_model("llama-3.1-8b")
+CM = CostModel.for_hardware(get_hardware("h200-pcie5"))
+SHAPE = dict(num_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2)
+
+
+def _step(decodes: int, chunks: list[tuple[int, int]]) -> Step:
+    """`decodes` decodes at 4K and prompt chunks of (new tokens, past tokens)."""
+    dec = tuple(ReqState(Request(i, 4096, 8), prefilled=4096, generated=1) for i in range(decodes))
+    pre = tuple(PrefillChunk(ReqState(Request(100 + i, past + new, 8), prefilled=past), new, past)
+                for i, (new, past) in enumerate(chunks))
+    return Step(dec, pre)
+
+
+def test_sdpa_charges_each_chunk_as_one_flash_call_beside_the_decodes_kernel():
+    step, policy = _step(3, [(2048, 16384), (37, 0)]), SystemPolicy("swap")
+    traffic, t = hbm_attention(step, LLAMA, CM, policy, "sdpa", store_bytes=1000)
+    dec = st.to_hbm(st.attention_traffic(_step(3, []), LLAMA, "tiled", policy)) + Traffic(hbm_write_bytes=1000)
+    chunks = [sdpa_chunk_traffic(2048, 16384, **SHAPE), sdpa_chunk_traffic(37, 0, **SHAPE)]
+    assert traffic == dec + chunks[0] + chunks[1]
+    assert t == pytest.approx(CM.time(dec) + sum(CM.time(c, flops_kind="flash_attention") for c in chunks))
+    # no chunk, or the kernel: the tiled kernel's one roofline, the store inside it, as before the option
+    for step_, name in [(_step(3, []), "sdpa"), (step, "kernel")]:
+        whole = st.to_hbm(st.attention_traffic(step_, LLAMA, "tiled", policy)) + Traffic(hbm_write_bytes=1000)
+        assert hbm_attention(step_, LLAMA, CM, policy, name, store_bytes=1000) == (whole, CM.time(whole))
+    # a prompt-only step has no decode kernel to charge
+    alone, t_alone = hbm_attention(_step(0, [(2048, 16384)]), LLAMA, CM, policy, "sdpa")
+    assert alone == chunks[0] and t_alone == pytest.approx(CM.time(chunks[0], flops_kind="flash_attention"))
+
+
+@pytest.mark.parametrize("name", ["hbm", "swap", "flexgen", "cpu_attn"])
+def test_the_option_reaches_every_system_with_hbm_prompt_chunks(name):
+    """A 2,048-token chunk over a 16K past: the measured SDPA path is faster than the kernel there (H200,
+    2026-12-02, swap at Llama-3.1-8B 32K: prompt steps ~10% shorter), and the model says so; link bytes equal."""
+    step, policy = _step(2, [(2048, 16384)]), SystemPolicy(name)
+    kernel, sdpa = (step_cost(policy, step, LLAMA, CM, hbm_prefill=h) for h in ("kernel", "sdpa"))
+    assert sdpa.time_s < kernel.time_s
+    assert (sdpa.traffic.link_read_bytes, sdpa.traffic.link_write_bytes) == (
+        kernel.traffic.link_read_bytes, kernel.traffic.link_write_bytes)
+    assert sdpa.staging_bytes == kernel.staging_bytes
+    # directkv's chunks never take the path: its cost does not move
+    dkv = SystemPolicy("directkv", "stream")
+    assert step_cost(dkv, step, LLAMA, CM, hbm_prefill="sdpa") == step_cost(dkv, step, LLAMA, CM)
+
+
+def test_simulate_takes_and_checks_the_option():
+    reqs = synthetic_workload(2, 4096, 4).requests
+    mem = MemoryConfig(hbm_budget_bytes=96e9, host_budget_bytes=400e9)
+    kernel, sdpa = (simulate(reqs, SystemPolicy("swap"), LLAMA, CM, mem=mem, hbm_prefill=h) for h in ("kernel", "sdpa"))
+    assert sdpa.duration_s != kernel.duration_s  # the prompt steps were charged differently
+    assert sdpa.traffic.link_read_bytes == kernel.traffic.link_read_bytes
+    with pytest.raises(ConfigError, match=r"unknown executor.hbm_prefill 'flash'; valid: kernel, sdpa"):
+        simulate(reqs, SystemPolicy("swap"), LLAMA, CM, mem=mem, hbm_prefill="flash")
+
+
+def test_simulated_rows_say_which_prompt_attention_they_model(tmp_path):
+    import pandas as pd
+
+    from experiments.run import run_experiment
+    from tests.test_experiments import _compose
+
+    rows = {}
+    for h in ("kernel", "sdpa"):
+        cfg = _compose(["+exp=context_sweep", "run_id=t", "progress=false", "render=false", "device=cpu",
+                        "contexts=[4096]", "batch_size=2", "output_len=4", "system.names=[swap]",
+                        f"executor.hbm_prefill={h}"])
+        rows[h] = pd.read_parquet(run_experiment(cfg, tmp_path / h)).iloc[0]
+    assert (rows["kernel"]["hbm_prefill"], rows["sdpa"]["hbm_prefill"]) == ("kernel", "sdpa")
+    assert rows["sdpa"]["tpot_ms"] != rows["kernel"]["tpot_ms"]
