@@ -28,7 +28,7 @@ METRIC_KEYS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", 
 # measured after it (prompt steps +39-54%, the host's own per-step work too), 8-30% on the whole run (H200,
 # 2026-12-02, results/h200/README.md, eighteenth session; cause not known). A system measured after another
 # still pays for its own first uses: at Llama-3.1-8B batch 4 32K swap measured second took 0.81-0.94 s on its
-# first step against 62 ms when warmed, and 50-70 ms more on each request's first step beside a decode
+# first step against 62 ms when warmed, and 47-74 ms more on each request's first step beside a decode
 # (twenty-first session). So executor.warmup_pass warms each system once per process, unmeasured.
 _process: dict[str, set[str]] = {"served": set()}
 
