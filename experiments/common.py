@@ -42,8 +42,8 @@ class Setup:
     pipelining: Pipelining = NO_PIPELINING  # directkv: steps as two parts, one part's attention on a side stream (simulated too)
     prefill_new_pass: str = "kernel"  # measured serving: a prompt chunk's new tokens by the tiled kernel or by flash
     stream_slots: int = SERVING_STREAM_SLOTS  # directkv stream, measured and simulated: its decode ring's slots (32 MiB each)
-    warmup_pass: bool = True  # measured serving: the first point of a process served once, unmeasured, before its measurement
-    hbm_prefill: str = "kernel"  # measured serving: a prompt chunk over HBM pages by our tiled kernel or by SDPA
+    warmup_pass: bool = True  # measured serving: each system's first point of a process served once, unmeasured, first
+    hbm_prefill: str = "kernel"  # measured and simulated: a prompt chunk over HBM pages by our tiled kernel or by SDPA
 
 
 def resolve_device(requested: str) -> str:

@@ -57,10 +57,17 @@ def compare_table(df: pd.DataFrame, exp: str, metric: str = "tpot_ms") -> str:
     return "\n".join(lines)
 
 
+# Options the simulation modelled at one value before its rows carried them, and the systems they change: a
+# simulated row without the column modelled that value (until 2026-12-02 it charged every HBM prompt chunk as our
+# tiled kernel), so it is no twin of a measured row of those systems run with another.
+MODELLED_BEFORE = {"hbm_prefill": ("kernel", ("hbm", "swap", "cpu_attn", "flexgen"))}
+
+
 def _twin(sims: pd.DataFrame, measured: pd.Series | None) -> pd.DataFrame:
     """The simulated row of a point that ran the measured row's options: of those whose executor options (the
     ones a simulated row carries, e.g. directkv's pipelining; never graphs) all equal the measured row's, the
-    one carrying the most; rows from before the simulation knew an option carry none and match anything."""
+    one carrying the most; rows from before the simulation knew an option carry none and match anything, except
+    an option it modelled at one value then (MODELLED_BEFORE)."""
     if measured is None or sims.empty:
         return sims.iloc[:1]
     cols = [c for c in EXECUTOR_OPTIONS if c in sims.columns]
@@ -68,7 +75,10 @@ def _twin(sims: pd.DataFrame, measured: pd.Series | None) -> pd.DataFrame:
     for i in range(len(sims)):
         row = sims.iloc[i]
         carried = [c for c in cols if not pd.isna(row[c])]
-        if all(c in measured.index and measured[c] == row[c] for c in carried) and len(carried) > best_n:
+        implied = [c for c, (v, systems) in MODELLED_BEFORE.items() if c not in carried and c in measured.index
+                   and measured.get("system") in systems and not pd.isna(measured[c]) and measured[c] != v]
+        if (all(c in measured.index and measured[c] == row[c] for c in carried) and not implied
+                and len(carried) > best_n):
             best, best_n = sims.iloc[i : i + 1], len(carried)
     return best
 

@@ -2,6 +2,8 @@
 as one SDPA call each (sdpa_chunk_traffic at FlashAttention's fitted efficiency), as the GPU executor runs them;
 the decodes keep the tiled kernel, and nothing changes on the link."""
 
+from pathlib import Path
+
 import pytest
 
 from directkv.costmodel import CostModel
@@ -33,7 +35,9 @@ def test_sdpa_charges_each_chunk_as_one_flash_call_beside_the_decodes_kernel():
     step, policy = _step(3, [(2048, 16384), (37, 0)]), SystemPolicy("swap")
     traffic, t = hbm_attention(step, LLAMA, CM, policy, "sdpa", store_bytes=1000)
     dec = st.to_hbm(st.attention_traffic(_step(3, []), LLAMA, "tiled", policy)) + Traffic(hbm_write_bytes=1000)
-    chunks = [sdpa_chunk_traffic(2048, 16384, **SHAPE), sdpa_chunk_traffic(37, 0, **SHAPE)]
+    # each chunk: SDPA's bytes and FLOPs, and the store of its new K/V into HBM pages (K and V, 4 KiB a token)
+    chunks = [sdpa_chunk_traffic(2048, 16384, **SHAPE) + Traffic(hbm_write_bytes=2048 * 4096),
+              sdpa_chunk_traffic(37, 0, **SHAPE) + Traffic(hbm_write_bytes=37 * 4096)]
     assert traffic == dec + chunks[0] + chunks[1]
     assert t == pytest.approx(CM.time(dec) + sum(CM.time(c, flops_kind="flash_attention") for c in chunks))
     # no chunk, or the kernel: the tiled kernel's one roofline, the store inside it, as before the option
@@ -43,7 +47,32 @@ def test_sdpa_charges_each_chunk_as_one_flash_call_beside_the_decodes_kernel():
     # a prompt-only step has no decode kernel to charge
     alone, t_alone = hbm_attention(_step(0, [(2048, 16384)]), LLAMA, CM, policy, "sdpa")
     assert alone == chunks[0] and t_alone == pytest.approx(CM.time(chunks[0], flops_kind="flash_attention"))
+    # the kernel's traffic of a chunk holds the same store: only the attention's bytes and FLOPs differ
+    kernel_chunk = st.to_hbm(st.attention_traffic(_step(0, [(2048, 16384)]), LLAMA, "tiled", policy))
+    assert kernel_chunk.hbm_write_bytes >= 2048 * 4096
+    with pytest.raises(ConfigError, match=r"unknown executor.hbm_prefill 'Kernel'; valid: kernel, sdpa"):
+        hbm_attention(step, LLAMA, CM, policy, "Kernel")
 
+
+@pytest.mark.parametrize("name", ["hbm", "swap"])
+def test_the_kernel_path_costs_what_it_did_before_the_option(name):
+    """The default: the tiled kernel's one roofline per layer; hbm's store of the new K/V charged on top of the
+    kernel's traffic (as step_cost did before hbm_attention), swap's layer the longest of its copies and its GPU work."""
+    step, policy = _step(2, [(2048, 16384)]), SystemPolicy(name)
+    cost = step_cost(policy, step, LLAMA, CM)
+    lin = st.linear_layer_traffic(LLAMA, step.num_tokens)
+    head = st.lm_head_traffic(LLAMA, step.num_logits)
+    attn = st.to_hbm(st.attention_traffic(step, LLAMA, "tiled", policy))
+    kvl = LLAMA.kv_bytes_per_token_per_layer()
+    if name == "hbm":
+        attn.hbm_write_bytes += step.num_tokens * kvl
+        layer_t = CM.dense_time(lin) + CM.time(attn)
+    else:
+        past = st.past_kv_tokens(step) * kvl
+        layer_t = max(CM.copy_time(past, "h2d"), CM.copy_time(step.num_tokens * kvl, "d2h"),
+                      CM.dense_time(lin) + CM.time(attn))
+    assert cost.time_s == pytest.approx(LLAMA.num_layers * layer_t + CM.time(head, flops_kind="matmul"))
+    assert cost.traffic.hbm_write_bytes == (lin + attn).scaled(LLAMA.num_layers).hbm_write_bytes + head.hbm_write_bytes
 
 @pytest.mark.parametrize("name", ["hbm", "swap", "flexgen", "cpu_attn"])
 def test_the_option_reaches_every_system_with_hbm_prompt_chunks(name):
@@ -52,29 +81,22 @@ def test_the_option_reaches_every_system_with_hbm_prompt_chunks(name):
     step, policy = _step(2, [(2048, 16384)]), SystemPolicy(name)
     kernel, sdpa = (step_cost(policy, step, LLAMA, CM, hbm_prefill=h) for h in ("kernel", "sdpa"))
     assert sdpa.time_s < kernel.time_s
-    assert (sdpa.traffic.link_read_bytes, sdpa.traffic.link_write_bytes) == (
-        kernel.traffic.link_read_bytes, kernel.traffic.link_write_bytes)
-    assert sdpa.staging_bytes == kernel.staging_bytes
-    # directkv's chunks never take the path: its cost does not move
-    dkv = SystemPolicy("directkv", "stream")
-    assert step_cost(dkv, step, LLAMA, CM, hbm_prefill="sdpa") == step_cost(dkv, step, LLAMA, CM)
 
 
 def test_simulate_takes_and_checks_the_option():
     reqs = synthetic_workload(2, 4096, 4).requests
     mem = MemoryConfig(hbm_budget_bytes=96e9, host_budget_bytes=400e9)
     kernel, sdpa = (simulate(reqs, SystemPolicy("swap"), LLAMA, CM, mem=mem, hbm_prefill=h) for h in ("kernel", "sdpa"))
-    assert sdpa.duration_s != kernel.duration_s  # the prompt steps were charged differently
-    assert sdpa.traffic.link_read_bytes == kernel.traffic.link_read_bytes
+    assert sdpa.duration_s < kernel.duration_s  # the prompt steps over a past: FlashAttention's fitted rate
     with pytest.raises(ConfigError, match=r"unknown executor.hbm_prefill 'flash'; valid: kernel, sdpa"):
         simulate(reqs, SystemPolicy("swap"), LLAMA, CM, mem=mem, hbm_prefill="flash")
 
 
 def test_simulated_rows_say_which_prompt_attention_they_model(tmp_path):
     import pandas as pd
+    from test_experiments import _compose
 
     from experiments.run import run_experiment
-    from tests.test_experiments import _compose
 
     rows = {}
     for h in ("kernel", "sdpa"):
@@ -83,4 +105,32 @@ def test_simulated_rows_say_which_prompt_attention_they_model(tmp_path):
                         f"executor.hbm_prefill={h}"])
         rows[h] = pd.read_parquet(run_experiment(cfg, tmp_path / h)).iloc[0]
     assert (rows["kernel"]["hbm_prefill"], rows["sdpa"]["hbm_prefill"]) == ("kernel", "sdpa")
-    assert rows["sdpa"]["tpot_ms"] != rows["kernel"]["tpot_ms"]
+    assert rows["sdpa"]["tpot_ms"] < rows["kernel"]["tpot_ms"]
+
+
+def test_a_measured_sdpa_row_has_no_twin_in_a_simulation_that_modelled_the_kernel():
+    """plots.compare pairs a measured row with the simulated row of its options; simulated rows from before they
+    said hbm_prefill modelled the kernel, so they pair with kernel rows of the HBM-page systems only."""
+    import pandas as pd
+
+    from plots.compare import _twin
+
+    old_sim = pd.DataFrame([{"system": "swap", "mode": "simulated", "tpot_ms": 1.0}])
+    new_sim = pd.DataFrame([{"system": "swap", "mode": "simulated", "tpot_ms": 2.0, "hbm_prefill": "sdpa"}])
+    sdpa = pd.Series({"system": "swap", "mode": "measured", "hbm_prefill": "sdpa"})
+    kernel = pd.Series({"system": "swap", "mode": "measured", "hbm_prefill": "kernel"})
+    assert _twin(old_sim, sdpa).empty and _twin(old_sim, kernel)["tpot_ms"].tolist() == [1.0]
+    assert _twin(new_sim, sdpa)["tpot_ms"].tolist() == [2.0] and _twin(new_sim, kernel).empty
+    # directkv's numbers never depended on it
+    dkv = pd.Series({"system": "directkv", "mode": "measured", "hbm_prefill": "sdpa"})
+    assert _twin(old_sim.assign(system="directkv"), dkv)["tpot_ms"].tolist() == [1.0]
+
+
+def test_resimulate_leaves_the_column_out_for_a_run_from_before_the_key():
+    from experiments.resimulate import resimulate
+
+    runs = Path(__file__).resolve().parents[1] / "results" / "h200" / "context_sweep"
+    old = resimulate(runs / "20261201-213142")  # before executor.hbm_prefill: the kernel, no column
+    assert "hbm_prefill" not in old.columns
+    new = resimulate(runs / "20261202-051145")  # OPT-13B 16K with hbm_prefill=sdpa
+    assert set(new["hbm_prefill"]) == {"sdpa"}

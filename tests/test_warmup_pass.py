@@ -115,6 +115,23 @@ def test_a_point_that_fails_leaves_the_process_cold_for_the_next(calls, monkeypa
     # hbm's pass and its point failed (no run_gpu call); swap got its own pass, then its measurement
     assert calls == [("swap", None, 5), ("swap", tmp_path / "b.parquet", 5)]
     assert measured_row(good)["process_warm"] and serving._process["served"] == {"swap"}
+    # hbm's next point, now able to serve, gets the pass its failed one could not give it
+    failing.clear()
+    calls.clear()
+    again = serve_point(SystemPolicy("hbm"), s, _requests(), {}, whole_batch=False, steps_path=tmp_path / "c.parquet")
+    assert calls == [("hbm", None, 5), ("hbm", tmp_path / "c.parquet", 5)] and measured_row(again)["process_warm"]
+
+
+def test_two_variants_of_a_system_are_two_systems(calls, tmp_path):
+    """The pass is per label: directkv tiled and directkv stream run different kernels."""
+    s = measuring()
+    for i, variant in enumerate(("tiled", "naive", "tiled")):
+        serve_point(SystemPolicy("directkv", variant), s, _requests(), {}, whole_batch=False,
+                    steps_path=tmp_path / f"{i}.parquet")
+    assert [(name, path is None) for name, path, _ in calls] == [("directkv", True), ("directkv", False),
+                                                                 ("directkv", True), ("directkv", False),
+                                                                 ("directkv", False)]
+    assert serving._process["served"] == {"directkv-tiled", "directkv-naive"}
 
 
 def test_a_rerun_serves_again_a_point_whose_measurement_failed(tmp_path):

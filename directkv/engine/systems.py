@@ -167,8 +167,10 @@ def hbm_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPol
                   hbm_prefill: str = "kernel", *, store_bytes: int = 0) -> tuple[Traffic, float]:
     """(traffic, seconds) of one layer's attention over HBM pages (hbm's cache, the staged systems' staging pool),
     as the GPU executor runs it: our tiled kernel; with hbm_prefill "sdpa" the prompt chunks by one SDPA call
-    each (sdpa_chunk_traffic, at FlashAttention's fitted efficiency) beside the decodes' kernel. store_bytes: HBM
-    written by the store of the step's new K/V (hbm), charged with the kernel (with the decodes' under sdpa)."""
+    each (sdpa_chunk_traffic, at FlashAttention's fitted efficiency, with the store of the chunk's new K/V that
+    the kernel's traffic holds) beside the decodes' kernel. store_bytes: more HBM written by the store of the
+    step's new K/V (hbm), charged with the kernel (with the decodes' under sdpa)."""
+    check_hbm_prefill(hbm_prefill)
     store = Traffic(hbm_write_bytes=store_bytes)
     if hbm_prefill == "kernel" or not step.prefills:
         attn = st.to_hbm(st.attention_traffic(step, model, "tiled", policy)) + store
@@ -179,8 +181,9 @@ def hbm_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPol
     t = cm.time(dec) if step.decodes or store_bytes else 0.0
     shape = dict(num_heads=model.num_heads, num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
                  dtype_bytes=model.dtype_bytes)
+    kvl = model.kv_bytes_per_token_per_layer()
     for c in step.prefills:
-        chunk = sdpa_chunk_traffic(c.chunk_len, c.past_len, **shape)
+        chunk = sdpa_chunk_traffic(c.chunk_len, c.past_len, **shape) + Traffic(hbm_write_bytes=c.chunk_len * kvl)
         dec, t = dec + chunk, t + cm.time(chunk, flops_kind="flash_attention")
     return dec, t
 
