@@ -151,14 +151,14 @@ def _decodes(n: int, context: int) -> tuple:
 @pytest.mark.parametrize("context", [256, 1024, 2048, 32768])
 @pytest.mark.parametrize("chunk", [False, True])
 def test_directkv_stream_layer_is_bounded_by_its_link_and_its_work(context, chunk):
-    """stream's per-layer time is the dense work plus stream_attention_time: never below the link time of its
+    """stream's per-layer time is the dense work plus stream_attention: never below the link time of its
     streamed bytes nor below the dense work + the kernels' math; a short read is copied entirely while the GPU
     does the dense work, so its link costs nothing; more decode ring slots never make a step slower. A prompt
     chunk of a past of <= 2 MiB of K (here 256 and 1024 tokens) is read in place at the SM rate and has no ring,
     its time added to the streamed decodes'; 2,048 tokens (4 MiB of K) are streamed."""
     from directkv.engine import step_traffic as st
     from directkv.engine.state import PrefillChunk, Step
-    from directkv.engine.systems import step_cost, stream_attention_time
+    from directkv.engine.systems import step_cost, stream_attention
     from directkv.kernels.traffic import Traffic
     from directkv.kernels.traffic_model import stream_reads_in_place
     from workloads.request import Request
@@ -171,7 +171,7 @@ def test_directkv_stream_layer_is_bounded_by_its_link_and_its_work(context, chun
     in_place = chunk and stream_reads_in_place(context, 256, 16, 16 * kvl // 2)  # MemoryConfig's 16-token pages
     assert in_place == (chunk and context <= 1024)
     launch = CM.hw.launch_us * 1e-6
-    t_attn, staging = stream_attention_time(step, LLAMA, CM, policy, t_lin, 16, 8)
+    t_attn, staging, _ = stream_attention(step, LLAMA, CM, policy, t_lin, 16, 8)
     streamed = Step(step.decodes, () if in_place else prompt)
     # the streamed part's new K/V are stored (SM writes) before its kernels; an in-place chunk is timed as tiled
     store = CM.terms(Traffic(link_write_bytes=st.attention_traffic(streamed, LLAMA, "stream", policy)
@@ -185,7 +185,7 @@ def test_directkv_stream_layer_is_bounded_by_its_link_and_its_work(context, chun
         assert terms["link_read"] < t_lin and t_attn == pytest.approx(store + math_t + launch, rel=1e-9)
     if context == 32768:  # 512 MiB of decode K/V, twice the ring: the link bounds the layer
         assert t_attn == pytest.approx(terms["link_read"] - t_lin + kernels * launch, rel=1e-9)
-    times = [stream_attention_time(step, LLAMA, CM, policy, t_lin, 16, n)[0] for n in (2, 4, 8)]
+    times = [stream_attention(step, LLAMA, CM, policy, t_lin, 16, n)[0] for n in (2, 4, 8)]
     assert times[0] >= times[1] >= times[2] == pytest.approx(t_attn)
     # the chunk's ring: a slot per 16 MiB of its past's K, at least 2 (32K past: 64 MiB of K, 4 slots)
     chunk_slots = 4 if context == 32768 else 2
@@ -240,18 +240,18 @@ def test_stream_reads_a_prompt_tail_in_place_in_the_simulation(tail, past):
     read, with no chunk ring in its staging, and streams the rest through a ring."""
     from directkv.engine import step_traffic as st
     from directkv.engine.state import PrefillChunk, Step
-    from directkv.engine.systems import stream_attention_time
+    from directkv.engine.systems import stream_attention
     from workloads.request import Request
 
     policy = SystemPolicy("directkv", "stream")
     step = Step(_decodes(3, 2048), (PrefillChunk(ReqState(Request(9, past + tail, 8), prefilled=past), tail, past),))
     t_lin = CM.dense_time(st.linear_layer_traffic(LLAMA, step.num_tokens))
-    t_attn, staging = stream_attention_time(step, LLAMA, CM, policy, t_lin, 16, 8)
+    t_attn, staging, _ = stream_attention(step, LLAMA, CM, policy, t_lin, 16, 8)
     kvl = LLAMA.kv_bytes_per_token_per_layer()
     decode_ring = stream_ring_bytes(8, sum(step.decode_kv_lens) * kvl)
     if tail <= 16 and past == 2044:
         assert staging == decode_ring
-        t_decodes, _ = stream_attention_time(Step(step.decodes, ()), LLAMA, CM, policy, t_lin, 16, 8)
+        t_decodes, _, _ = stream_attention(Step(step.decodes, ()), LLAMA, CM, policy, t_lin, 16, 8)
         in_place = CM.time(st.attention_traffic(Step((), step.prefills), LLAMA, "tiled", policy), link="sm")
         assert t_attn == pytest.approx(t_decodes + in_place, rel=1e-9)
     else:

@@ -44,6 +44,12 @@ def to_hbm(t: Traffic) -> Traffic:
                    hbm_write_bytes=t.hbm_write_bytes + t.link_write_bytes)
 
 
+def head_shape(model: ModelSpec) -> dict[str, int]:
+    """The attention head sizes the traffic_model closed forms take as keywords."""
+    return dict(num_heads=model.num_heads, num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
+                dtype_bytes=model.dtype_bytes)
+
+
 def attention_traffic(step: Step, model: ModelSpec, variant: str, policy) -> Traffic:
     """One layer's attention over host-resident KV, including writing the step's new K/V to the host tier.
 
@@ -54,8 +60,7 @@ def attention_traffic(step: Step, model: ModelSpec, variant: str, policy) -> Tra
     back across the link as the paper's separate kernels would, a chunk's size per layer more than the
     executor's kernels read (their closed forms, the measured rows' link bytes).
     """
-    shape = dict(num_heads=model.num_heads, num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
-                 dtype_bytes=model.dtype_bytes)
+    shape = head_shape(model)
     kvl = model.kv_bytes_per_token_per_layer()
     total = Traffic()
     if step.decodes:

@@ -8,7 +8,7 @@ the same policies for real.
 * ``directkv`` KV in pinned host memory, attention kernels read it zero-copy (variant naive | tiled | fused),
   or (variant stream, beyond the paper) through small HBM rings filled by the copy engine (the decodes'
   12 x 32 MiB at most by default, the first prompt chunk's up to as many), filled ahead of their readers while the GPU does
-  the dense work and other attention math (stream_attention_time).
+  the dense work and other attention math (stream_attention).
 * ``swap``     Pie-like: KV in host memory; each layer's KV is copied by the copy engine into an HBM staging
                buffer (double-buffered) while the previous layer computes.
 * ``cpu_attn`` Neo-like: decode attention runs on the CPU over host KV, overlapped with the GPU's linear
@@ -101,9 +101,10 @@ def stream_parts(step: Step, model: ModelSpec, page_size: int) -> tuple[Step, St
             Step((), tuple(c for c, s in zip(step.prefills, small, strict=True) if s)))
 
 
-def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPolicy, t_lin: float,
-                          page_size: int, stream_slots: int) -> tuple[float, int]:
-    """(seconds of one layer's attention, HBM its rings hold) for directkv `stream`, as the executor runs a layer:
+def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPolicy, t_lin: float,
+                     page_size: int, stream_slots: int) -> tuple[float, int, Traffic]:
+    """(seconds of one layer's attention, HBM its rings hold, its traffic) for directkv `stream`, as the executor
+    runs a layer:
     dense work (`t_lin`), the new K/V stored to host by SM writes, the decodes' kernel, then the prompt chunks'.
     The copy engine moves the tiled kernel's bytes into rings of bounded size, ahead of their readers by at most
     what a ring holds: the first prompt chunk's ring fills during the dense work and the store (its slots are
@@ -127,7 +128,7 @@ def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: S
     first_chunks = ceil_div(ceil_div(chunks[0].past_len, page_size), chunk_pages) if first else 0
     sizes = [stream_ring_bytes(stream_slots, reads[0]),
              stream_ring_bytes(prefill_ring_slots(first_chunks, stream_slots), first, floor=0)]
-    t = 0.0  # a part with no kernel to run is charged nothing
+    t, traffic = 0.0, Traffic()  # a part with no kernel to run is charged nothing
     if step.decodes or chunks:
         decode_traffic = st.attention_traffic(Step(step.decodes, ()), model, "stream", policy)
         chunk_traffic = st.attention_traffic(Step((), chunks), model, "stream", policy)
@@ -152,8 +153,10 @@ def stream_attention_time(step: Step, model: ModelSpec, cm: CostModel, policy: S
     if in_place.prefills:
         # timed as directkv tiled times it, its store inside the roofline (so a step of in-place chunks costs
         # what tiled's does), though the executor stores before the kernel as for the streamed part
-        t += cm.time(st.attention_traffic(in_place, model, "tiled", policy), link="sm")
-    return t, sum(sizes)
+        in_place_traffic = st.attention_traffic(in_place, model, "tiled", policy)
+        t += cm.time(in_place_traffic, link="sm")
+        traffic = traffic + in_place_traffic  # the chunks it reads in place move tiled's bytes, not a ring's
+    return t, sum(sizes), traffic
 
 
 def check_hbm_prefill(name: object) -> str:
@@ -179,9 +182,7 @@ def hbm_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPol
     if step.decodes:
         dec = dec + st.to_hbm(st.attention_traffic(Step(step.decodes, ()), model, "tiled", policy))
     t = cm.time(dec) if step.decodes or store_bytes else 0.0
-    shape = dict(num_heads=model.num_heads, num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
-                 dtype_bytes=model.dtype_bytes)
-    kvl = model.kv_bytes_per_token_per_layer()
+    shape, kvl = st.head_shape(model), model.kv_bytes_per_token_per_layer()
     for c in step.prefills:
         chunk = sdpa_chunk_traffic(c.chunk_len, c.past_len, **shape) + Traffic(hbm_write_bytes=c.chunk_len * kvl)
         dec, t = dec + chunk, t + cm.time(chunk, flops_kind="flash_attention")
@@ -207,7 +208,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
     `pipelining` enabled, directkv's steps that the measured executor cuts run as two parts
     (pipelined_step_cost). page_size: tokens per KV page (directkv stream's in-place rule counts pages).
     stream_slots: directkv stream's decode ring slots (executor.directkv_stream_slots), which bound how much of a
-    layer's decode K/V is copied while the GPU does other work (stream_attention_time). hbm_prefill: what attends
+    layer's decode K/V is copied while the GPU does other work (stream_attention). hbm_prefill: what attends
     prompt chunks over HBM pages in hbm, swap, flexgen and cpu_attn (executor.hbm_prefill; hbm_attention)."""
     if pipelining is not None and policy.name == "directkv":
         cut = pipelining.cut(policy, step, model.kv_bytes_per_token_per_layer())
@@ -227,18 +228,12 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
         attn, t_attn = hbm_attention(step, model, cm, policy, hbm_prefill, store_bytes=new_kv)
         layer_t, layer_traffic, staging = t_lin + t_attn, lin + attn, 0
     elif name == "directkv":
-        if policy.variant == "stream":  # the chunks it reads in place move tiled's bytes, not a ring's
-            streamed, in_place = stream_parts(step, model, page_size)
-            attn = (st.attention_traffic(streamed, model, "stream", policy)
-                    + st.attention_traffic(in_place, model, "tiled", policy))
+        if policy.variant == "stream":
+            attn_t, staging, attn = stream_attention(step, model, cm, policy, t_lin, page_size, stream_slots)
         else:
             attn = st.attention_traffic(step, model, policy.variant, policy)
-        layer_traffic, staging = lin + attn, 0
-        if policy.variant != "stream":
-            layer_t = t_lin + cm.time(attn, link="sm")
-        else:
-            attn_t, staging = stream_attention_time(step, model, cm, policy, t_lin, page_size, stream_slots)
-            layer_t = t_lin + attn_t
+            attn_t, staging = cm.time(attn, link="sm"), 0
+        layer_t, layer_traffic = t_lin + attn_t, lin + attn
     elif name in ("swap", "flexgen"):
         ratio = policy.kv_bytes_per_token(model) / model.kv_bytes_per_token()  # < 1 for FlexGen's 4-bit KV
         stored, new_stored = int(past * ratio), int(new_kv * ratio)

@@ -323,8 +323,9 @@ def sdpa_chunk_traffic(q_len: int, past_len: int, *, num_heads: int, num_kv_head
     the new K/V and writes them (none without: the new K/V are attended where they are); the call reads Q and
     all K/V once and writes O (FlashAttention's schedule, K/V re-reads from L2 not counted); the FLOPs of the past
     and of the new tokens' causal triangle."""
-    kv_tok, row = 2 * num_kv_heads * head_dim * dtype_bytes, num_heads * head_dim * dtype_bytes
-    keys = past_len + q_len
+    heads = _Heads(num_heads, num_kv_heads, head_dim, dtype_bytes)
+    check(q_len >= 1 and past_len >= 0, f"need q_len >= 1 and past_len >= 0; got {q_len}, {past_len}")
+    kv_tok, row, keys = heads.kv_tok, heads.row, past_len + q_len
     fill = keys * kv_tok if past_len else 0
     return Traffic(hbm_read_bytes=fill + keys * kv_tok + q_len * row, hbm_write_bytes=fill + q_len * row,
                    flops=4 * head_dim * num_heads * (q_len * past_len + q_len * (q_len + 1) // 2))
