@@ -88,7 +88,7 @@ def test_naive_directkv_reads_more_than_tiled():
 def test_directkv_stream_moves_tiled_bytes_by_copy_engine_into_a_small_ring():
     """stream's bytes are tiled's, timed at the copy engine's rate (faster than SM loads on PCIe), and its
     GPU memory holds two rings on top of tiled's (the decodes' 384 MiB, 12 slots by default, and the first prompt
-    chunk's, 128 MiB at the peak here: two slots per 16 MiB chunk of its past's K, at least 2, in the steps where a
+    chunk's, 64 MiB at the peak here: a slot per 16 MiB chunk of its past's K, at least 2, in the steps where a
     request decodes beside another's later chunk whose past is streamed)."""
     reqs = synthetic_workload(4, 16384, 8).requests
     tiled = simulate(reqs, SystemPolicy("directkv", "tiled"), LLAMA, CM, mem=MEM)
@@ -96,7 +96,7 @@ def test_directkv_stream_moves_tiled_bytes_by_copy_engine_into_a_small_ring():
     assert stream.traffic.link_read_bytes == tiled.traffic.link_read_bytes
     assert CM.hw.link_ce_h2d_gbps > CM.hw.link_sm_read_gbps
     assert stream.metrics["mean_tpot_ms"] < tiled.metrics["mean_tpot_ms"]
-    assert stream.gpu_mem_bytes - tiled.gpu_mem_bytes == (384 << 20) + (128 << 20)
+    assert stream.gpu_mem_bytes - tiled.gpu_mem_bytes == (384 << 20) + (64 << 20)
 
 
 def test_directkv_stream_reads_a_small_past_in_place():
@@ -187,8 +187,8 @@ def test_directkv_stream_layer_is_bounded_by_its_link_and_its_work(context, chun
         assert t_attn == pytest.approx(terms["link_read"] - t_lin + kernels * launch, rel=1e-9)
     times = [stream_attention(step, LLAMA, CM, policy, t_lin, 16, n)[0] for n in (2, 4, 8)]
     assert times[0] >= times[1] >= times[2] == pytest.approx(t_attn)
-    # the chunk's ring: two slots per 16 MiB of its past's K, at least 2, at most 8 (32K past: 64 MiB of K, 8 slots)
-    chunk_slots = 8 if context == 32768 else 2
+    # the chunk's ring: a slot per 16 MiB of its past's K, at least 2 (32K past: 64 MiB of K, 4 slots)
+    chunk_slots = 4 if context == 32768 else 2
     assert staging == stream_ring_bytes(8, sum(step.decode_kv_lens) * kvl) + stream_ring_bytes(
         chunk_slots, 0 if in_place or not chunk else context * kvl, floor=0)
     t_head = CM.time(st.lm_head_traffic(LLAMA, step.num_logits), flops_kind="matmul")

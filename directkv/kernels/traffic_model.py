@@ -55,14 +55,12 @@ def stream_ring_bytes(slots: int, read_bytes: int | None = None, *, floor: int =
 
 def prefill_ring_slots(chunks: int, slots: int) -> int:
     """Slots of a prompt chunk's prefill ring for a past cut into `chunks` ring chunks when the ring may hold
-    `slots` (serving's executor.directkv_stream_slots): two per chunk up to `slots`, never below STREAM_SLOTS.
-    With a slot per chunk, a past of up to `slots` chunks is copied ahead of its attention whole, during the
-    dense work before it, as swap stages a whole layer (H200, 2026-12-02, OPT-13B 3 x 16K: with 2 slots the step of
-    a prompt's tail over a 16K past, 11 chunks per layer, copied 9 of them inside the attention and took ~1,075 ms
-    against swap's ~715). With two, the next layer's chunks go to slots this layer's attention does not read
-    (PrefillRing's slots are used in turn), so their copy overlaps that attention too, as swap's double-buffered
-    staging does. A new ring allocates no slot no chunk would use (a kept ring keeps its slots)."""
-    return max(STREAM_SLOTS, min(slots, 2 * chunks))
+    `slots` (serving's executor.directkv_stream_slots): one per chunk up to `slots`, never below STREAM_SLOTS.
+    Each slot holds a chunk, so a past of up to `slots` chunks is copied ahead of its attention whole, during the
+    dense work before it, as swap stages a whole layer; a new ring allocates no slot no chunk would use (a kept
+    ring keeps its slots). H200, 2026-12-02, OPT-13B 3 x 16K: with 2 slots the step of a prompt's tail over a 16K
+    past (11 chunks per layer) copied 9 of them inside the attention and took ~1,075 ms against swap's ~715."""
+    return max(STREAM_SLOTS, min(slots, chunks))
 
 
 def check_stream_slots(slots, name: str = "stream_slots") -> int:

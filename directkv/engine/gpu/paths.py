@@ -11,9 +11,7 @@ so the same code runs in the CPU tests at toy sizes.
   copies of all the step's layers are queued at its start (prefetch_stream): each is issued as soon as the
   kernel that last reads its ring slot is, so the next layers' chunks are copied during the dense work before
   their attention, as swap's copies overlap compute, but into the small ring instead of a whole layer's
-  staging. The first prompt chunk's ring is prefetched one layer ahead, as many chunks as it has slots, two per
-  chunk of its past (prefill_ring_slots) used in turn, so the next layer's copies need not wait for this layer's
-  attention to finish reading; both
+  staging. The first prompt chunk's ring is prefetched one layer ahead, as many chunks as it has slots; both
   rings' copies go through one copy stream, in the order they are queued (ZeroCopyPath.copy_stream). A
   prompt chunk of a small past (<= 2 MiB of K) is read in place by the tiled kernel instead.
   With ``executor.directkv_pipelined`` a step runs as two parts (``attend_async``): halves of a decode-only
@@ -70,8 +68,7 @@ class ZeroCopyPath:
         which fills every SM and leaves none to the other half's dense layers). stream_slots: slots of the stream
         variant's decode ring, 16 MiB of K and of V each: how many chunks the copy engine may run ahead of the
         kernels (and so of the host, which queues a slot's next copy after its reader); executor.directkv_stream_slots.
-        The first prompt chunk's ring holds up to as many (two per chunk of its past: prefill_ring_slots),
-        prefetched a layer ahead.
+        The first prompt chunk's ring holds up to as many (prefill_ring_slots), prefetched a layer ahead.
         The default, 12, lets the copy engine stage the next layer's decode K/V during a prompt chunk's attention
         and dense work:
         with 2, Llama 16K steps of 2 decodes + a 2,046-token chunk took 1.10-1.36x swap's time (H200, 2026-12-01)."""

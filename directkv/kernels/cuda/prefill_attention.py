@@ -433,7 +433,7 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
         parts.append((o, lse))
 
     main = torch.cuda.current_stream(q.device)
-    skip = base = 0  # ring passes a prefetch already copied from these pools; the slot of ring pass 0
+    skip = 0  # ring passes a prefetch already copied from these pools
     if any(p.ring for p in passes):
         if ring is None:
             ring_shape = (STREAM_SLOTS, chunk_pages, *kv.host_k.shape[1:])
@@ -448,10 +448,8 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
                   f"{chunk_pages} of {tuple(kv.host_k.shape[1:])} {q.dtype} on {q.device}")
             ring_k, ring_v, side, filled, freed = ring.ring_k, ring.ring_v, ring.side, ring.filled, ring.freed
             ahead, ring.prefetched = ring.prefetched, None
-            base = ring.next
             if ahead is not None and ahead[0] is plan and ahead[1:3] == (kv.host_k.data_ptr(), kv.host_v.data_ptr()):
-                skip, base = ahead[3], ahead[4]  # a prefetch of other pools or for another plan is redone after it
-            ring.next = (base + sum(p.ring for p in passes)) % ring_k.shape[0]
+                skip = ahead[3]  # a prefetch of other pools or for another plan is redone after it (same stream)
         side.wait_stream(main)  # the ring's previous users and the pools' writers come first
         q_fold = _fold_gqa(q, kv.num_kv_heads) if flash else None
     # The new tokens' pass needs no ring, so it goes first (after side.wait_stream above, which must not wait
@@ -465,9 +463,9 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
         if not ps.ring:
             tiled_pass((kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), tables[c], ps.past_len, False)
             continue
-        slot = (base + c) % ring_k.shape[0]  # ring chunks come first in stream_passes, so c counts them
+        slot = c % ring_k.shape[0]  # ring chunks come first in stream_passes, so c counts them
         if c >= skip:
-            copy_pass(plan, ring_k, ring_v, side, filled, freed, kv.host_k, kv.host_v, c, base=base)
+            copy_pass(plan, ring_k, ring_v, side, filled, freed, kv.host_k, kv.host_v, c)
         rings = (ring_k[slot], ring_v[slot])
         main.wait_event(filled[slot])
         if flash:

@@ -145,18 +145,15 @@ def plan_prefill_stream(kv: PagedKV, *, chunk_bytes: int | None = None, min_chun
 class PrefillRing:
     """The stream variant's HBM ring kept across calls (every layer of a serving step), with its own copy stream
     and events: ring_k, ring_v `[slots, >= chunk_pages, page_size, num_kv_heads, head_dim]` (slots >=
-    STREAM_SLOTS). The slots are used in turn across calls: ring chunk c of a call goes to slot (base + c) % slots,
-    base being `next` when the call (or the prefetch it consumes) began, so with two layers' chunks of slots a
-    prefetch of the next layer fills slots the current layer's passes do not read. prefetched: (the plan, host K
-    pointer, host V pointer, passes, base) that prefetch_prefill_stream copied ahead; None when none."""
+    STREAM_SLOTS; chunk c of a call goes to slot c % slots). prefetched: (the plan, host K pointer, host V
+    pointer, passes) that prefetch_prefill_stream copied ahead; None when none."""
 
     ring_k: torch.Tensor
     ring_v: torch.Tensor
     side: torch.cuda.Stream
     filled: list[torch.cuda.Event]
     freed: list[torch.cuda.Event]
-    prefetched: tuple[PrefillStreamPlan, int, int, int, int] | None = None
-    next: int = 0  # the slot the next call's (or prefetch's) first ring chunk goes to
+    prefetched: tuple[PrefillStreamPlan, int, int, int] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -199,34 +196,32 @@ def prefill_ring(plan: PrefillStreamPlan, pool: torch.Tensor, device: torch.devi
 def prefetch_prefill_stream(plan: PrefillStreamPlan, ring: PrefillRing, host_k: torch.Tensor,
                             host_v: torch.Tensor, *, after_stream: bool = True) -> int:
     """Start copying the plan's first ring chunks of the pools (host_k, host_v) into `ring` now, on its copy
-    stream (one chunk per slot at most: ring.slots), into the slots from ring.next on; the next prefill_attention
-    call with this plan and ring over the same pools skips those copies (the decodes' prefetch_stream queues every
-    layer instead). The past pages a prompt chunk attends to are complete before its step, so any of them may be
-    copied early. Returns the chunks issued. after_stream: the copies wait for everything the current stream has
-    queued (the ring's readers and the pools' writers: a serving step's first prefetch); False: only for each
-    slot's last readers (its freed event), for the step's later layers, whose pools' writers the first prefetch
-    already waited for on this ring's copy stream."""
+    stream (one chunk per slot at most: ring.slots); the next prefill_attention call with this plan and ring over the same
+    pools skips those copies (the decodes' prefetch_stream queues every layer instead). The past pages a
+    prompt chunk attends to are complete before its step, so any of them may be copied early. Returns the
+    chunks issued. after_stream: the copies wait for everything the current stream has queued (the ring's
+    readers and the pools' writers: a serving step's first prefetch); False: only for each slot's last readers
+    (its freed event), for the step's later layers, whose pools' writers the first prefetch already waited for
+    on this ring's copy stream."""
     n = min(sum(p.ring for p in plan.passes), ring.slots)  # ring passes come first
     if after_stream:
         ring.side.wait_stream(torch.cuda.current_stream(ring.ring_k.device))  # the ring's readers, the pools' writers
-    base = ring.next
+    else:
+        for slot in range(n):
+            ring.side.wait_event(ring.freed[slot])
     for c in range(n):
-        copy_pass(plan, ring.ring_k, ring.ring_v, ring.side, ring.filled, ring.freed, host_k, host_v, c, base=base,
-                  wait=not after_stream)
-    ring.prefetched = (plan, host_k.data_ptr(), host_v.data_ptr(), n, base)
-    ring.next = (base + n) % ring.slots
+        copy_pass(plan, ring.ring_k, ring.ring_v, ring.side, ring.filled, ring.freed, host_k, host_v, c)
+    ring.prefetched = (plan, host_k.data_ptr(), host_v.data_ptr(), n)
     return n
 
 
-def copy_pass(plan: PrefillStreamPlan, ring_k, ring_v, side, filled, freed, host_k, host_v, c: int, *,
-              base: int = 0, wait: bool = False) -> None:
-    """Queue ring pass c's copies into slot (base + c) % slots on `side` (slots: the ring's, ring_k.shape[0]),
-    after the slot's last readers: those of pass c - slots of the same call, or with `wait` whichever recorded
-    the slot's freed event last (an earlier call's, which the copy stream has not otherwise waited for)."""
+def copy_pass(plan: PrefillStreamPlan, ring_k, ring_v, side, filled, freed, host_k, host_v, c: int) -> None:
+    """Queue ring pass c's copies into slot c % slots on `side` (slots: the ring's, ring_k.shape[0]), after the
+    passes of c - slots."""
     slots = ring_k.shape[0]
-    slot = (base + c) % slots
-    if wait or c >= slots:
-        side.wait_event(freed[slot])
+    slot = c % slots
+    if c >= slots:
+        side.wait_event(freed[slot])  # the passes of chunk c - slots are done with the slot
     slot_bytes = ring_k.stride(0) * ring_k.element_size()
     runs = plan.passes[c].copies
     copy_runs_packed([ring_k.data_ptr() + slot * slot_bytes, ring_v.data_ptr() + slot * slot_bytes],
