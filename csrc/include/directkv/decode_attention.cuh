@@ -297,23 +297,18 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  // The splits' maximum LSE first, then the weighted sums: no load waits for the one before, so a thread has
-  // several in flight. An online rescale per split chained every load to the previous one's result, a tail of
-  // ~80 us at 64 splits over HBM pages (H200, 2026-12-02: 8K tokens x 1 sequence took 113 us where SDPA took 34).
-  const int64_t split_stride = int64_t(p.batch) * p.num_heads;  // rows between split s and s + 1
   for (int e = tid; e < HPC * HD; e += C::kThreads) {
     const int h = e / HD, d = e % HD;
-    const int64_t row0 = int64_t(b) * p.num_heads + qh0 + h;
-    float mx = -INFINITY;
-#pragma unroll 8
-    for (int s = 0; s < n_active; ++s) mx = fmaxf(mx, __ldcg(p.part_lse + row0 + s * split_stride));
-    float sum = 0.f, acc = 0.f;  // every active split saw a key, so each LSE and mx are finite
-#pragma unroll 8
+    float mx = -INFINITY, sum = 0.f, acc = 0.f;
     for (int s = 0; s < n_active; ++s) {
-      const int64_t row = row0 + s * split_stride;
-      const float wt = exp2f(__ldcg(p.part_lse + row) - mx);
-      sum += wt;
-      acc = fmaf(__ldcg(p.part_o + row * HD + d), wt, acc);
+      const int64_t row = (int64_t(s) * p.batch + b) * p.num_heads + qh0 + h;
+      const float lse = __ldcg(p.part_lse + row);
+      const float val = __ldcg(p.part_o + row * HD + d);
+      const float m_new = fmaxf(mx, lse);
+      const float a = rescale(mx, m_new), wt = exp2f(lse - m_new);
+      sum = sum * a + wt;
+      acc = acc * a + val * wt;
+      mx = m_new;
     }
     store_final<T, HD>(p, b, qh0 + h, d, acc / sum, mx + log2f(sum));
   }
