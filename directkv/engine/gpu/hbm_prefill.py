@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from directkv.errors import ConfigError
@@ -51,9 +52,16 @@ def sdpa_chunk(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_pool
         k, v = k_new, v_new
     q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, tokens, head_dim]
     gqa = k.shape[1] != q.shape[1]
-    if q.is_cuda:
-        _check_flash(q4, k4, v4, gqa)
-    o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=causal_lower_right(q_len, k.shape[0]), enable_gqa=gqa)
+    mask = causal_lower_right(q_len, k.shape[0])
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=gqa)[0].transpose(0, 1)
+    _check_flash(q4, k4, v4, gqa)
+    # Flash only: a chunk with no past (q_len == kv_len) leaves torch's causal bias for its general dispatch, which
+    # on the H200 (torch 2.11) picked cuDNN attention, whose host built a plan per new shape: on ShareGPT, where the
+    # shapes vary, swap's steps stalled 100-340 ms on the host (H200, 2026-12-02: 1,632 of 1,632 calls in 20 replayed
+    # steps went to cuDNN, 2.4 s of host time; results/h200/README.md, twenty-second session)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=gqa)
     return o[0].transpose(0, 1)
 
 
