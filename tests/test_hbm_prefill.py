@@ -1,7 +1,8 @@
 """executor.hbm_prefill=sdpa: a prompt chunk over HBM pages gathered into contiguous K/V and attended by torch SDPA.
 Checked on the CPU against a float64 reference (shuffled pages, pasts that end inside a page, GQA 1 / 4 / 8, the
-pool's unused pages poisoned), in serving against the tiled kernel's outputs, and as a config value. Not yet run
-on a GPU, where it must reach FlashAttention (hbm_prefill._check_flash)."""
+pool's unused pages poisoned), in serving against the tiled kernel's outputs, and as a config value; on a GPU
+against float64 with the kernel that ran read from the profiler (FlashAttention only; the case of a chunk with no
+past and the profiler check were added after the last GPU run, 2026-12-02)."""
 
 import math
 from functools import partial

@@ -58,19 +58,20 @@ def sdpa_chunk(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_pool
     _check_flash(q4, k4, v4, gqa)
     # Flash only: a chunk with no past (q_len == kv_len) leaves torch's causal bias for its general dispatch, which
     # on the H200 (torch 2.11) picked cuDNN attention, whose host built a plan per new shape: on ShareGPT, where the
-    # shapes vary, swap's steps stalled 100-340 ms on the host (H200, 2026-12-02: 1,632 of 1,632 calls in 20 replayed
-    # steps went to cuDNN, 2.4 s of host time; results/h200/README.md, twenty-second session)
+    # shapes vary, swap's steps were host-bound for 100-340 ms, most likely from those plans (H200, 2026-12-02: 1,632
+    # of 1,632 calls in 20 replayed steps went to cuDNN, 2.4 s of host time; results/h200/README.md, twenty-second
+    # session)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=gqa)
     return o[0].transpose(0, 1)
 
 
 def _check_flash(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, gqa: bool) -> None:
-    """On a GPU the call must be one FlashAttention can run, so that the option measures the kernel it names: torch's
-    lower-right causal bias would otherwise take its memory-efficient kernel, or, where that cannot run either (it
-    has no GQA), a materialised mask and the math kernel, tens of GB of scores at a 16K past. The parameters are
-    the ones torch's CausalBias dispatch checks (is_causal False: the mask carries the causality; flash applies it
-    bottom-right)."""
+    """On a GPU the call must be one FlashAttention can run, so that the option measures the kernel it names. The
+    call runs with FlashAttention as the only backend (sdpa_chunk), so a chunk it cannot run would fail inside torch
+    with a message about backends; this check says instead, in one line, which shapes and which value to use. The
+    parameters are the ones torch's CausalBias dispatch checks (is_causal False: the mask carries the causality;
+    flash applies it bottom-right)."""
     from torch.backends.cuda import SDPAParams, can_use_flash_attention
 
     if not can_use_flash_attention(SDPAParams(q4, k4, v4, None, 0.0, False, gqa)):
