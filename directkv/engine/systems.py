@@ -7,8 +7,8 @@ the same policies for real.
 * ``hbm``      SGLang-like: all KV in HBM, attention from HBM.
 * ``directkv`` KV in pinned host memory, attention kernels read it zero-copy (variant naive | tiled | fused),
   or (variant stream, beyond the paper) through small HBM rings filled by the copy engine (the decodes'
-  12 x 32 MiB at most by default, the first prompt chunk's up to as many), filled ahead of their readers while the GPU does
-  the dense work and other attention math (stream_attention).
+  12 x 32 MiB at most by default, the first prompt chunk's up to as many), filled ahead of their readers while
+  the GPU does the dense work and other attention math (stream_attention).
 * ``swap``     Pie-like: KV in host memory; each layer's KV is copied by the copy engine into an HBM staging
                buffer (double-buffered) while the previous layer computes.
 * ``cpu_attn`` Neo-like: decode attention runs on the CPU over host KV, overlapped with the GPU's linear
@@ -178,15 +178,15 @@ def hbm_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPol
     if hbm_prefill == "kernel" or not step.prefills:
         attn = st.to_hbm(st.attention_traffic(step, model, "tiled", policy)) + store
         return attn, cm.time(attn)
-    dec = store
+    total = store  # the decodes' kernel, with the store
     if step.decodes:
-        dec = dec + st.to_hbm(st.attention_traffic(Step(step.decodes, ()), model, "tiled", policy))
-    t = cm.time(dec) if step.decodes or store_bytes else 0.0
+        total = total + st.to_hbm(st.attention_traffic(Step(step.decodes, ()), model, "tiled", policy))
+    t = cm.time(total) if step.decodes or store_bytes else 0.0
     shape, kvl = st.head_shape(model), model.kv_bytes_per_token_per_layer()
-    for c in step.prefills:
+    for c in step.prefills:  # one SDPA call per chunk, each timed alone
         chunk = sdpa_chunk_traffic(c.chunk_len, c.past_len, **shape) + Traffic(hbm_write_bytes=c.chunk_len * kvl)
-        dec, t = dec + chunk, t + cm.time(chunk, flops_kind="flash_attention")
-    return dec, t
+        total, t = total + chunk, t + cm.time(chunk, flops_kind="flash_attention")
+    return total, t
 
 
 def stream_row_columns(policy: SystemPolicy, stream_slots: int) -> dict:
