@@ -97,22 +97,17 @@ class ZeroCopyPath:
         self.plan = plan
         self._parts: dict[tuple[int, int], tuple] = {}  # attend_async: (block table, lens) of each half, per step
         if self.variant == "stream":
-            # the step's copy schedules, made once (one host read of each block table) and reused by every layer,
-            # whose pools differ but whose block tables do not. The rings share one copy stream (copy_stream), so
-            # what is queued first is copied first: the first prompt chunk's layer 0 before the decodes' first
-            # layers, which its attention would otherwise wait for. That prefetch is queued before the decodes
-            # are planned, so the copy engine works during their planning (plan_stream: ~3 ms of host time at
-            # Llama batch 4 x 32K on the H200, 2026-12-02) instead of idling at the step's start.
-            self._plan_chunks(plan)
+            self._plan_streams(plan)
+            # the rings share one copy stream (copy_stream), so what is queued first is copied first: the first
+            # prompt chunk's layer 0 before the decodes' first layers, which its attention would otherwise wait for
             self._prefetch_chunk(0)
-            self._plan_decodes(plan)
             if self.decode_plan is not None and self.tier == "host":
                 layers = range(self.kv.model.num_layers)
                 cuda_decode.prefetch_stream(self.decode_plan, [self.kv.pools(i, self.tier) for i in layers])
-            self._count_rings()
 
-    def _plan_decodes(self, p: StepPlan) -> None:
-        """stream: the decodes' copy schedule and ring."""
+    def _plan_streams(self, p: StepPlan) -> None:
+        """stream: the step's copy schedules, made once (one host read of each block table) and reused by every
+        layer, whose pools differ but whose block tables do not."""
         k0, v0 = self.kv.pools(0, self.tier)
         # the rings (and their copy streams) are kept from step to step (plan_stream / prefill_ring's reuse):
         # a ring of a new size every step cost a few ms per step on the H200 in the steps after a prompt
@@ -123,10 +118,6 @@ class ZeroCopyPath:
                 host_table=(p.decode_table_cpu, p.decode_lens_cpu), num_slots=self.stream_slots,
                 ring_bytes=stream_ring_bytes(self.stream_slots), side=self.copy_stream(k0.device))
             self._kept["decode"] = self.decode_plan
-
-    def _plan_chunks(self, p: StepPlan) -> None:
-        """stream: the prompt chunks' copy schedules, and the first chunk's ring."""
-        k0, v0 = self.kv.pools(0, self.tier)
         # A chunk of a small past (<= 2 MiB of K; <= 4 MiB for a prompt's tail of <= 16 tokens) is read in place
         # by the tiled kernel instead (decided before any planning; stream_reads_in_place): the passes and merge
         # around its ring cost more than the read (H200, 2026-12-01: ShareGPT-like steps of 35-43 decodes beside a
@@ -149,10 +140,7 @@ class ZeroCopyPath:
             self.chunk_ring = self._kept["chunk"] = prefill_stream.prefill_ring(
                 first, k0, p.chunk_tables[0].device, reuse=self._kept["chunk"], slots=self.stream_slots,
                 side=self.copy_stream(k0.device))
-
-    def _count_rings(self) -> None:
-        """stream: the most HBM its rings held at once, kept as staging_bytes: the kept decode and first-chunk
-        rings, and the largest per-call one."""
+        # HBM rings held at once: the kept decode and first-chunk rings, and the largest per-call one
         ring = [4 * cp.chunk_pages * cp.page_bytes if cp is not None else 0 for cp in self.chunk_plans]
         held = max(ring[1:], default=0)
         for kept in self._kept.values():
