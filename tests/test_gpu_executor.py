@@ -244,15 +244,6 @@ def test_stager_keeps_its_pool_across_steps_and_grows_by_a_quarter():
     assert stager.capacity == 10 and len(stager.buffers[1][0]) == 9
 
 
-def test_slot_runs_join_consecutive_pages_in_id_order():
-    from directkv.kernels.paged import slot_runs
-
-    assert slot_runs([2, 3, 4], [4, 4, 2], 4) == [(8, 10)]  # one run, last page half full
-    assert slot_runs([7, 8, 1, 4, 5], [4, 4, 4, 4, 3], 4) == [(4, 4), (16, 7), (28, 8)]
-    assert slot_runs([5, 4, 3], [4, 4, 1], 4) == [(12, 1), (16, 8)]  # descending ids; the partial page ends a run
-    assert slot_runs([5, 6, 9], [4, 4, 0], 4) == [(20, 8)]  # an empty page is not read
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group", [1, 4, 8])
 def test_torch_decode_attention_matches_float64(dtype, group):

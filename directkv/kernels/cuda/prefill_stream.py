@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from directkv.errors import check
@@ -136,7 +137,7 @@ def plan_prefill_stream(kv: PagedKV, *, chunk_bytes: int | None = None, min_chun
     passes = tuple(stream_passes(table, past_len, kv.page_size, chunk_pages, hp=hp))
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     tables = torch.stack([p.table for p in passes]).to(device) if passes else None
-    runs = tuple(tuple(sequence_runs((-(p.table[: -(-p.past_len // kv.page_size)].to(torch.int64) + 1)).tolist(),
+    runs = tuple(tuple(sequence_runs(-(p.table[: -(-p.past_len // kv.page_size)].numpy().astype(np.int64) + 1),
                                      p.past_len, kv.page_size)) if p.ring else () for p in passes)
     return PrefillStreamPlan(past_len, chunk_pages, page_bytes, passes, tables, runs)
 
