@@ -1,5 +1,5 @@
-"""slot_runs / sequence_runs: the contiguous stretches of valid slots that the stream prefill plan copies and
-cpu_attn attends, checked against a loop written from their definition."""
+"""slot_runs / sequence_runs: the contiguous stretches of valid slots that the stream prefill plan's passes and
+cpu_attn attend, checked against a loop written from their definition."""
 
 import random
 
@@ -50,6 +50,8 @@ def test_slot_runs_and_sequence_runs_match_the_definition(seed):
         assert sequence_runs(pages, n, ps) == _by_definition(pages, [min(ps, n - j * ps) for j in range(k)], ps)
 
 
-def test_slot_runs_wants_one_count_per_page():
+def test_slot_runs_wants_one_count_per_page_of_at_most_page_size():
     with pytest.raises(ConfigError, match="one token count per page; got 3 pages and 2 counts"):
         slot_runs([1, 2, 3], [4, 4], 4)
+    with pytest.raises(ConfigError, match="at most page_size = 4 tokens; got a count of 8"):
+        slot_runs([3, 5], [8, 4], 4)

@@ -8,7 +8,7 @@ on a GPU machine the host pools are zero-copy CUDA views of pinned memory, so no
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -77,7 +77,8 @@ class PagedKV:
         return torch.cat(ks)[:n], torch.cat(vs)[:n]
 
 
-def slot_runs(pages, tokens, page_size: int) -> list[tuple[int, int]]:
+def slot_runs(pages: Sequence[int] | np.ndarray, tokens: Sequence[int] | np.ndarray, page_size: int
+              ) -> list[tuple[int, int]]:
     """(first flat slot, slots) of each contiguous stretch of valid slots in a page pool.
 
     `pages[j]` holds `tokens[j]` valid slots (its first ones; 0 < tokens[j] <= page_size, or the page is not
@@ -89,6 +90,8 @@ def slot_runs(pages, tokens, page_size: int) -> list[tuple[int, int]]:
     """
     p, t = np.asarray(pages, dtype=np.int64).ravel(), np.asarray(tokens, dtype=np.int64).ravel()
     check(p.shape == t.shape, f"one token count per page; got {p.size} pages and {t.size} counts")
+    check(not t.size or int(t.max()) <= page_size,
+          f"a page holds at most page_size = {page_size} tokens; got a count of {int(t.max()) if t.size else 0}")
     order = np.lexsort((t, p))
     p, t = p[order], t[order]
     p, t = p[t > 0], t[t > 0]
@@ -100,7 +103,7 @@ def slot_runs(pages, tokens, page_size: int) -> list[tuple[int, int]]:
     return list(zip((p[first] * page_size).tolist(), np.add.reduceat(t, first).tolist(), strict=True))
 
 
-def sequence_runs(pages, n: int, page_size: int) -> list[tuple[int, int]]:
+def sequence_runs(pages: Sequence[int] | np.ndarray, n: int, page_size: int) -> list[tuple[int, int]]:
     """slot_runs of a sequence whose first n tokens sit in `pages` (logical order: only the last may be partial)."""
     return slot_runs(pages, np.minimum(page_size, n - np.arange(len(pages), dtype=np.int64) * page_size), page_size)
 
