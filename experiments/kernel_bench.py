@@ -33,15 +33,34 @@ def _label(cfg: DictConfig, s: Setup, rows: list[dict]) -> list[dict]:
 
 
 def _with_counters(cfg: DictConfig, rows: list[dict], args_of) -> list[dict]:
+    """With counters=ncu, Nsight Compute's counters on each row of NCU_VARIANTS, and beside them those of one
+    plain streaming read of the same host bytes (ncu_target's read_probe, profiled once per call of this): ncu's
+    PCIe byte counter read 1.09x the K/V bytes for the tiled kernels' .ca loads and 1.75x for their .cg ones, whose
+    schedules read each byte once (H200, 2026-11-29), as if it counted per-request overhead with the payload; the
+    probe's own factor is what a kernel reading each byte once shows, so ncu_read_x_probe (a row's bytes per K/V
+    byte over the probe's per byte read) is its re-read factor net of that counting."""
     mode = str(cfg.get("counters", "none"))
     check(mode in COUNTERS, f"unknown counters {mode!r}; valid: {', '.join(COUNTERS)}")
     if mode != "ncu":
         return rows
     from directkv.counters import profile
+    from experiments.ncu_target import host_bytes
 
+    probe: dict | None = None
     for r in rows:
         if r["variant"] in NCU_VARIANTS and r["status"] == "ok":
-            r.update(profile(args_of(r)))
+            args = args_of(r)
+            r.update(profile(args))
+            if probe is None:  # every row of a call has one shape: args are (op, variant, --context N, ...)
+                opts = dict(zip(args[2::2], args[3::2], strict=True))
+                nbytes = host_bytes(args[0], int(opts["--context"]), int(opts.get("--batch", 1)))
+                probe = {"ncu_probe_bytes": float(nbytes)} | {
+                    k.replace("ncu_", "ncu_probe_", 1): v for k, v in profile([args[0], "read_probe", *args[2:]]).items()
+                    if k in ("ncu_pcie_read_bytes", "ncu_error")}
+            r.update(probe)
+            read, kv, floor = (r.get("ncu_pcie_read_bytes"), r.get("kv_bytes"), probe.get("ncu_probe_pcie_read_bytes"))
+            if read and kv and floor:
+                r["ncu_read_x_probe"] = (read / kv) / (floor / probe["ncu_probe_bytes"])
     return rows
 
 

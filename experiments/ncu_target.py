@@ -3,6 +3,9 @@
 `python -m experiments.ncu_target OP VARIANT --context N [--batch B] [--q-len Q]`: builds host-resident
 inputs (pinned memory, zero-copy views), runs the call once to warm up, then once inside an NVTX range
 named `measure`, which is what ncu profiles. Llama-3.1-8B attention shapes (32/8 heads, head_dim 128, bf16).
+VARIANT `read_probe` is the ceilings' streaming-read kernel over as many pinned bytes as OP's host inputs hold
+(host_bytes): what ncu's PCIe byte counter reports for one plain read of those bytes, the yardstick of the
+kernels' re-read factors (kernel_bench adds it to every profiled row).
 """
 
 from __future__ import annotations
@@ -45,7 +48,32 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tor
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 
 
+def host_bytes(op: str, context: int, batch: int) -> int:
+    """Bytes of OP's host-resident inputs as call() builds them: the K and V pools of host_paged (every page
+    of every sequence), or the GEMM's B."""
+    if op == "gemm":
+        return context * context * torch.finfo(torch.float16).bits // 8
+    return 2 * batch * -(-context // PAGE) * PAGE * HKV * D * torch.finfo(DT).bits // 8
+
+
+def read_probe(nbytes: int):
+    """The SM zero-copy read ceiling's kernel (probe.stream_read) over `nbytes` of pinned memory."""
+    from directkv.kernels.cuda import build
+    from directkv.kernels.cuda.probe import BLOCKS_PER_SM, THREADS
+
+    host = pinned_empty((nbytes // 2,), DT)
+    host.copy_(torch.randn(host.shape, dtype=DT))
+    view = device_view(host)
+    mod = build.load("probe")
+    blocks = BLOCKS_PER_SM * mod.num_sms()
+    sink = torch.empty(blocks * THREADS, dtype=torch.float32, device="cuda")
+    return lambda: mod.stream_read(view.data_ptr(), nbytes, sink.data_ptr(), blocks, THREADS,
+                                   torch.cuda.current_stream().cuda_stream)
+
+
 def call(op: str, variant: str, context: int, batch: int, q_len: int):
+    if variant == "read_probe":
+        return read_probe(host_bytes(op, context, batch))
     variant, _, detail = variant.partition(":")
     opts = {"host_load": detail} if detail in ("ca", "cg") else {}  # prefill / GEMM host-load mode
     if op == "gemm":
