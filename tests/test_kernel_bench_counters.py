@@ -3,6 +3,7 @@
 here: its parsing is test_counters'."""
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 import directkv.counters as counters
@@ -67,11 +68,9 @@ def test_host_bytes_is_what_the_rows_count_as_kv():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_read_probe_target_runs_on_the_gpu():
     """ncu_target's read_probe call (what ncu profiles) runs over the op's host bytes."""
-    import torch
-
     from experiments.ncu_target import call
 
     fn = call("prefill", "read_probe", 1000, 1, 16)
