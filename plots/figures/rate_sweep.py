@@ -41,6 +41,9 @@ def fig10_rate_sweep(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
                 no_data(ax, "rows for this dataset")
                 continue
             failures |= draw_lines(ax, system_series(sub), "rate", "tpot_ms", yscale="auto")
+            # ticks at the rates served: matplotlib's own put 19.00, 19.25, ... around a run of one rate
+            rates = sorted(float(r) for r in pd.to_numeric(sub["rate"], errors="coerce").dropna().unique())
+            ax.set_xticks(rates, [f"{r:g}" for r in rates])
             ax.set_xlabel("Request rate (req/s)")
             ax.set_ylabel("Per-token latency (ms)")
     outside_legend(axes[0, -1], list(axes.flat), failure_handles(failures))
