@@ -20,6 +20,7 @@ from directkv.kernels.cuda.gemm_case_study import STREAM_SLOTS, stream_cut
 from directkv.kernels.traffic import Traffic
 from directkv.results import ResultsWriter
 from experiments.common import Setup, base_row, progress, setup
+from experiments.kernel_bench import check_counters
 
 VARIANTS = ("naive", "tiled", "pipelined", "stream", "stream:k")
 DTYPE_BYTES = 2  # fp16
@@ -82,6 +83,7 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
         check(v in VARIANTS, f"unknown gemm variant {v!r}; valid: {', '.join(VARIANTS)}")
     for n in cfg.sizes:
         check(int(n) >= 1, f"gemm size must be >= 1, got {n}")
+    check_counters(cfg)
     for n in progress(cfg, [int(n) for n in cfg.sizes], "gemm_case_study"):
         if writer.done(m=n):
             continue

@@ -32,6 +32,14 @@ def _label(cfg: DictConfig, s: Setup, rows: list[dict]) -> list[dict]:
     return out
 
 
+def check_counters(cfg: DictConfig) -> str:
+    """cfg.counters if it is one of COUNTERS, else the one-line ConfigError; the experiments check it before their
+    first point, simulated ones too (where ncu has nothing to count), so a typo is not silently dropped."""
+    mode = str(cfg.get("counters", "none"))
+    check(mode in COUNTERS, f"unknown counters {mode!r}; valid: {', '.join(COUNTERS)}")
+    return mode
+
+
 def _with_counters(cfg: DictConfig, rows: list[dict], args_of) -> list[dict]:
     """With counters=ncu, Nsight Compute's counters on each row of NCU_VARIANTS, and beside them those of one
     plain streaming read of the same host bytes (ncu_target's read_probe, profiled once per call of this): ncu's
@@ -39,9 +47,7 @@ def _with_counters(cfg: DictConfig, rows: list[dict], args_of) -> list[dict]:
     schedules read each byte once (H200, 2026-11-29), as if it counted per-request overhead with the payload; the
     probe's own factor is what a kernel reading each byte once shows, so ncu_read_x_probe (a row's bytes per K/V
     byte over the probe's per byte read) is its re-read factor net of that counting."""
-    mode = str(cfg.get("counters", "none"))
-    check(mode in COUNTERS, f"unknown counters {mode!r}; valid: {', '.join(COUNTERS)}")
-    if mode != "ncu":
+    if check_counters(cfg) != "ncu":
         return rows
     from directkv.counters import profile
     from experiments.ncu_target import host_bytes
