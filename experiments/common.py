@@ -137,7 +137,10 @@ def check_rate(rate: float) -> None:
 
 
 def progress(cfg: DictConfig, items: list, desc: str):
-    return tqdm(items, desc=desc, disable=not cfg.get("progress", True), unit="pt", dynamic_ncols=True)
+    """tqdm over the sweep's points, unless progress=false (checked here, before the first point)."""
+    show = cfg.get("progress", True)
+    check(isinstance(show, bool), f"progress must be true or false; got {show!r}")
+    return tqdm(items, desc=desc, disable=not show, unit="pt", dynamic_ncols=True)
 
 
 def base_row(cfg: DictConfig, s: Setup, *, system: str, variant: str = "", mode: str | None = None,

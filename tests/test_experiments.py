@@ -146,6 +146,7 @@ def _cli(*args, cwd):
     (["+exp=context_sweep", "executor.directkv_pipeline_min_kv_mb=lots"],
      "executor.directkv_pipeline_min_kv_mb must be a number >= 0; got 'lots'"),
     (["+exp=kernel_ablation", "counters=bogus"], "unknown counters 'bogus'; valid: none, ncu"),  # simulated too
+    (["+exp=interconnect_sweep", "progress=maybe"], "progress must be true or false; got 'maybe'"),
     (["+exp=gemm_case_study", "counters=ncux"], "unknown counters 'ncux'; valid: none, ncu"),
     (["+exp=cpu_attention", "kernels=[ispc]"], "unknown cpu_attention kernel 'ispc'; valid: flash, native"),
     (["+exp=cpu_attention", "points=[[0,100]]"], "decodes must be >= 1, got 0"),
