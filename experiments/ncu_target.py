@@ -52,8 +52,8 @@ def host_bytes(op: str, context: int, batch: int) -> int:
     """Bytes of OP's host-resident inputs as call() builds them: the K and V pools of host_paged (every page
     of every sequence), or the GEMM's B."""
     if op == "gemm":
-        return context * context * torch.finfo(torch.float16).bits // 8
-    return 2 * batch * -(-context // PAGE) * PAGE * HKV * D * torch.finfo(DT).bits // 8
+        return context * context * torch.float16.itemsize
+    return 2 * batch * -(-context // PAGE) * PAGE * HKV * D * DT.itemsize
 
 
 def read_probe(nbytes: int):

@@ -30,7 +30,7 @@ METRIC_KEYS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", 
 # still pays for its own first uses: at Llama-3.1-8B batch 4 32K swap measured second took 0.81-0.94 s on its
 # first step against 62 ms when warmed, and 47-74 ms more on each request's first step beside a decode
 # (twenty-first session). So executor.warmup_pass warms each system once per process, unmeasured.
-_process: dict[str, set[str]] = {"served": set()}
+_served: set[str] = set()
 
 
 def batch_fits(policy: SystemPolicy, s: Setup, requests: list[Request]) -> str:
@@ -69,11 +69,11 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
         if measure:
             if steps_path is not None:
                 steps_path.unlink(missing_ok=True)  # an earlier, cut attempt's series is not this run's
-            warm = policy.label in _process["served"]
+            warm = policy.label in _served
             res, extra = _serve_gpu(policy, s, requests, warmup, steps_path)
             # warm only once a serving has finished: a point that failed (before its first step, or midway) may
             # have warmed nothing, so the system's next point gets its pass (and says process_warm truthfully)
-            _process["served"].add(policy.label)
+            _served.add(policy.label)
             return _fill(row, res, s, extra | {"process_warm": warm})
         res = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
                        pipelining=s.pipelining, stream_slots=s.stream_slots, hbm_prefill=s.hbm_prefill)
@@ -107,7 +107,7 @@ def warm_process(policy: SystemPolicy, s: Setup, requests: list[Request], *, war
     process has finished no serving of that system (its label: name and variant) yet. Returns whether it ran. A
     failing pass is reported on one line and the point is measured anyway (its row's process_warm says false);
     the system's next point tries a pass again."""
-    if policy.label in _process["served"]:
+    if policy.label in _served:
         return False
     t0 = time.perf_counter()
     try:
@@ -115,7 +115,7 @@ def warm_process(policy: SystemPolicy, s: Setup, requests: list[Request], *, war
     except Exception as e:  # noqa: BLE001 - the measured point that follows records its own failure, if any
         print(f"warm-up pass with {policy.label} failed ({type(e).__name__}: {str(e)[:200]}); measuring cold", flush=True)
         return False
-    _process["served"].add(policy.label)
+    _served.add(policy.label)
     print(f"warm-up pass: {policy.label}, {len(requests)} requests, {time.perf_counter() - t0:.1f} s, unmeasured "
           f"(executor.warmup_pass)", flush=True)
     return True

@@ -30,7 +30,7 @@ def calls(monkeypatch):
         return run_gpu(requests, policy, *args, **(kwargs | {"device": "cpu", "cuda_graphs": False}))
 
     monkeypatch.setattr(executor, "run_gpu", on_cpu)
-    monkeypatch.setattr(serving, "_process", {"served": set()})
+    monkeypatch.setattr(serving, "_served", set())
     return log
 
 
@@ -110,11 +110,11 @@ def test_a_point_that_fails_leaves_the_process_cold_for_the_next(calls, monkeypa
     monkeypatch.setattr(serving, "_serve_gpu", serve)
     s = measuring()
     bad = serve_point(SystemPolicy("hbm"), s, _requests(), {}, whole_batch=False, steps_path=tmp_path / "a.parquet")
-    assert measured_row(bad)["status"] == "error" and not serving._process["served"]
+    assert measured_row(bad)["status"] == "error" and not serving._served
     good = serve_point(SystemPolicy("swap"), s, _requests(), {}, whole_batch=False, steps_path=tmp_path / "b.parquet")
     # hbm's pass and its point failed (no run_gpu call); swap got its own pass, then its measurement
     assert calls == [("swap", None, 5), ("swap", tmp_path / "b.parquet", 5)]
-    assert measured_row(good)["process_warm"] and serving._process["served"] == {"swap"}
+    assert measured_row(good)["process_warm"] and serving._served == {"swap"}
     # hbm's next point, now able to serve, gets the pass its failed one could not give it
     failing.clear()
     calls.clear()
@@ -131,7 +131,7 @@ def test_two_variants_of_a_system_are_two_systems(calls, tmp_path):
     assert [(name, path is None) for name, path, _ in calls] == [("directkv", True), ("directkv", False),
                                                                  ("directkv", True), ("directkv", False),
                                                                  ("directkv", False)]
-    assert serving._process["served"] == {"directkv-tiled", "directkv-naive"}
+    assert serving._served == {"directkv-tiled", "directkv-naive"}
 
 
 def test_a_rerun_serves_again_a_point_whose_measurement_failed(tmp_path):

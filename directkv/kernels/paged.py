@@ -90,8 +90,8 @@ def slot_runs(pages: Sequence[int] | np.ndarray, tokens: Sequence[int] | np.ndar
     """
     p, t = np.asarray(pages, dtype=np.int64).ravel(), np.asarray(tokens, dtype=np.int64).ravel()
     check(p.shape == t.shape, f"one token count per page; got {p.size} pages and {t.size} counts")
-    check(not t.size or int(t.max()) <= page_size,
-          f"a page holds at most page_size = {page_size} tokens; got a count of {int(t.max()) if t.size else 0}")
+    most = int(t.max()) if t.size else 0  # once: the message below is built on every call
+    check(most <= page_size, f"a page holds at most page_size = {page_size} tokens; got a count of {most}")
     order = np.lexsort((t, p))
     p, t = p[order], t[order]
     p, t = p[t > 0], t[t > 0]
