@@ -22,7 +22,12 @@ from directkv.engine.systems import (
 )
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES
-from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS, check_stream_slots
+from directkv.kernels.traffic_model import (
+    SERVING_STREAM_CHUNK_MIB,
+    SERVING_STREAM_SLOTS,
+    check_stream_chunk_mib,
+    check_stream_slots,
+)
 from directkv.specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -41,9 +46,10 @@ class Setup:
     cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL  # measured cpu_attn: one native OpenMP call, or torch's flash loop
     pipelining: Pipelining = NO_PIPELINING  # directkv: steps as two parts, one part's attention on a side stream (simulated too)
     prefill_new_pass: str = "kernel"  # measured serving: a prompt chunk's new tokens by the tiled kernel or by flash
-    stream_slots: int = SERVING_STREAM_SLOTS  # directkv stream, measured and simulated: its decode ring's slots (32 MiB each)
+    stream_slots: int = SERVING_STREAM_SLOTS  # directkv stream, measured and simulated: its rings' HBM in 32 MiB slots
     warmup_pass: bool = True  # measured serving: each system's first point of a process served once, unmeasured, first
     hbm_prefill: str = "kernel"  # measured and simulated: a prompt chunk over HBM pages by our tiled kernel or by SDPA
+    stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB  # directkv stream: the K per slot its decode ring cuts its HBM into
 
 
 def resolve_device(requested: str) -> str:
@@ -89,6 +95,8 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     if new_pass not in NEW_PASSES:
         raise unknown_name("executor.prefill_new_pass", new_pass, NEW_PASSES)
     slots = check_stream_slots(executor.get("directkv_stream_slots", SERVING_STREAM_SLOTS), "executor.directkv_stream_slots")
+    chunk_mib = check_stream_chunk_mib(executor.get("directkv_stream_chunk_mib", SERVING_STREAM_CHUNK_MIB), slots,
+                                       "executor.directkv_stream_chunk_mib")
     hbm_prefill = check_hbm_prefill(executor.get("hbm_prefill", "kernel"))
     warm = executor.get("warmup_pass", True)
     check(isinstance(warm, bool), f"executor.warmup_pass must be true or false; got {warm!r}")
@@ -97,7 +105,7 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     # graphs are a property of the measured executor (the simulation has no kernel launches); directkv's
     # pipelining is simulated too (systems.pipelined_step_cost)
     return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda",
-                 cpu_kernel, pipelining, new_pass, slots, warm, hbm_prefill)
+                 cpu_kernel, pipelining, new_pass, slots, warm, hbm_prefill, chunk_mib)
 
 
 def policies(cfg: DictConfig) -> list[SystemPolicy]:

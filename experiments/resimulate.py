@@ -27,6 +27,8 @@ SERVING = ("context_sweep", "rate_sweep")
 # Every run made before executor.directkv_stream_slots existed (6b39e3f) served directkv stream with 2 decode
 # ring slots; today's default (8) would simulate it with a larger ring than it measured with.
 SLOTS_BEFORE_THE_KEY = 2
+# and every run made before executor.directkv_stream_chunk_mib existed cut its decode ring into 16 MiB slots
+CHUNK_MIB_BEFORE_THE_KEY = 16
 
 
 def resimulate(run_dir: Path, manifest: dict | None = None) -> pd.DataFrame:
@@ -45,6 +47,9 @@ def resimulate(run_dir: Path, manifest: dict | None = None) -> pd.DataFrame:
     before_the_key = OmegaConf.select(cfg, "executor.directkv_stream_slots") is None
     if before_the_key:
         OmegaConf.update(cfg, "executor.directkv_stream_slots", SLOTS_BEFORE_THE_KEY)
+    before_chunk_mib = OmegaConf.select(cfg, "executor.directkv_stream_chunk_mib") is None
+    if before_chunk_mib:
+        OmegaConf.update(cfg, "executor.directkv_stream_chunk_mib", CHUNK_MIB_BEFORE_THE_KEY)
     # runs from before executor.hbm_prefill attended HBM prompt chunks with the kernel, the default
     before_hbm_prefill = OmegaConf.select(cfg, "executor.hbm_prefill") is None
     with tempfile.TemporaryDirectory() as tmp, _token_counter(manifest, run_dir / "schedules"):
@@ -54,7 +59,8 @@ def resimulate(run_dir: Path, manifest: dict | None = None) -> pd.DataFrame:
         _check_same_requests(run_dir / "schedules", Path(tmp) / "resimulated" / "schedules")
         rows = pd.read_parquet(path)
     # the run's own rows carry neither column then, and plots.compare pairs rows by the options both carry
-    drop = ["directkv_stream_slots"] * before_the_key + ["hbm_prefill"] * before_hbm_prefill
+    drop = (["directkv_stream_slots"] * before_the_key + ["directkv_stream_chunk_mib"] * before_chunk_mib
+            + ["hbm_prefill"] * before_hbm_prefill)
     return rows.drop(columns=drop, errors="ignore")
 
 

@@ -76,11 +76,12 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
             _served.add(policy.label)
             return _fill(row, res, s, extra | {"process_warm": warm})
         res = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
-                       pipelining=s.pipelining, stream_slots=s.stream_slots, hbm_prefill=s.hbm_prefill)
+                       pipelining=s.pipelining, stream_slots=s.stream_slots, stream_chunk_mib=s.stream_chunk_mib,
+                       hbm_prefill=s.hbm_prefill)
         # a pipelined directkv row is simulated pipelined too, and says so like its measured row; a stream row
-        # says with how many decode ring slots it was simulated; every row, with which prompt-chunk attention
+        # says with which decode ring it was simulated; every row, with which prompt-chunk attention
         # over HBM pages (as every measured row says)
-        extra = (s.pipelining.row_columns(policy, measured=False) | stream_row_columns(policy, s.stream_slots)
+        extra = (s.pipelining.row_columns(policy, measured=False) | stream_row_columns(policy, s.stream_slots, s.stream_chunk_mib)
                  | {"hbm_prefill": s.hbm_prefill})
         return _fill(row, res, s, extra)
     except KVCapacityError as e:
@@ -99,7 +100,8 @@ def _serve_gpu(policy: SystemPolicy, s: Setup, requests: list[Request], warmup: 
 
     return run_gpu(requests, policy, s.model, mem=s.mem, sched_cfg=s.sched, warmup=warmup, cuda_graphs=s.cuda_graphs,
                    cpu_attn_kernel=s.cpu_attn_kernel, pipelining=s.pipelining, prefill_new_pass=s.prefill_new_pass,
-                   stream_slots=s.stream_slots, hbm_prefill=s.hbm_prefill, steps_path=steps_path)
+                   stream_slots=s.stream_slots, stream_chunk_mib=s.stream_chunk_mib, hbm_prefill=s.hbm_prefill,
+                   steps_path=steps_path)
 
 
 def warm_process(policy: SystemPolicy, s: Setup, requests: list[Request], *, warmup: int) -> bool:

@@ -143,23 +143,26 @@ def test_resimulate_reads_the_token_counter_from_the_schedules_of_an_interrupted
 def test_resimulate_gives_a_stream_run_the_ring_it_was_measured_with(monkeypatch, capsys):
     """A run from before executor.directkv_stream_slots served stream with 2 slots: it is simulated so, and its
     rows (which carry no slot count) still pair with the new simulated ones; a later run is simulated with the
-    slots its config names (8 here, by override)."""
+    slots its config names (8 here, by override). Both predate executor.directkv_stream_chunk_mib: their decode
+    rings are simulated in 16 MiB slots, as they were measured, and no row of theirs carries the column."""
     import experiments.serving as serving
     from experiments.resimulate import resimulate
 
     simulate, slots = serving.simulate, []
 
     def recording(*args, **kwargs):
-        slots.append(kwargs["stream_slots"])
+        slots.append((kwargs["stream_slots"], kwargs["stream_chunk_mib"]))
         return simulate(*args, **kwargs)
 
     monkeypatch.setattr(serving, "simulate", recording)
     runs = H200.parent / "context_sweep"
     old = resimulate(runs / "20261201-213142")
-    assert set(slots) == {2} and "directkv_stream_slots" not in old.columns
+    assert set(slots) == {(2, 16)} and "directkv_stream_slots" not in old.columns
+    assert "directkv_stream_chunk_mib" not in old.columns
     slots.clear()
     new = resimulate(runs / "20261201-222311")
-    assert set(slots) == {8} and new.set_index("system").loc["directkv", "directkv_stream_slots"].tolist() == [8] * 3
+    assert set(slots) == {(8, 16)} and new.set_index("system").loc["directkv", "directkv_stream_slots"].tolist() == [8] * 3
+    assert "directkv_stream_chunk_mib" not in new.columns
     assert main([str(runs / "20261201-213142"), "--resimulate"]) == 0
     rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| llama-3.1-8b") and "directkv" in ln]
     assert len(rows) == 3 and all(ln.split("|")[6].strip() not in ("", "-") for ln in rows)

@@ -127,6 +127,18 @@ def test_repeated_calls_reuse_counters_and_stream_ring():
     assert all(not torch.isnan(o).any() for o in outs)
 
 
+@pytest.mark.gpu
+@needs_gpu
+def test_stream_through_serving_default_decode_ring_of_64_mib_slots():
+    # Llama-3.1-8B's page shape; 2,506 host pages (78 MiB of K) through serving's decode ring, 3 slots of 64 MiB
+    # (2,048 pages) of K: two balanced chunks of 1,253 pages, each far past a 16 MiB slot's 512
+    kv = make_kv([40001, 7, 63], page_size=16, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16, hbm_fraction=0.0)
+    plan = plan_stream(kv, chunk_bytes=64 << 20, num_slots=3, ring_bytes=3 * 2 * (64 << 20))
+    assert len(plan.copies) == 2 and plan.ring_k.shape[:2] == (3, 2048)
+    for _ in range(2):  # fresh queries, the same ring
+        run_and_check(kv, 32, "stream", plan=plan)
+
+
 def _last_page_lowest(kv: PagedKV, seq: int) -> PagedKV:
     """The same cache with the block-table entries of `seq`'s last page and of the lowest host page swapped, so
     that sequence's last page sorts first (stream copies host pages in id order)."""

@@ -87,22 +87,27 @@ def test_naive_directkv_reads_more_than_tiled():
 
 def test_directkv_stream_moves_tiled_bytes_by_copy_engine_into_a_small_ring():
     """stream's bytes are tiled's, timed at the copy engine's rate (faster than SM loads on PCIe), and its
-    GPU memory holds two rings on top of tiled's (the decodes' 384 MiB, 12 slots by default, and the first prompt
-    chunk's, 64 MiB at the peak here: a slot per 16 MiB chunk of its past's K, at least 2, in the steps where a
-    request decodes beside another's later chunk whose past is streamed)."""
+    GPU memory holds two rings on top of tiled's at the peak: the decodes' and the first prompt chunk's (64 MiB: a
+    slot per 16 MiB chunk of its past's K, at least 2), in the steps where one request decodes beside another's
+    later chunk whose past is streamed. The decodes' ring is sized to their read: by default 3 slots of up to
+    64 MiB of K, so ~32 MiB each for one 16K decode; cut into 16 MiB slots, 12 full ones (384 MiB)."""
     reqs = synthetic_workload(4, 16384, 8).requests
     tiled = simulate(reqs, SystemPolicy("directkv", "tiled"), LLAMA, CM, mem=MEM)
     stream = simulate(reqs, SystemPolicy("directkv", "stream"), LLAMA, CM, mem=MEM)
     assert stream.traffic.link_read_bytes == tiled.traffic.link_read_bytes
     assert CM.hw.link_ce_h2d_gbps > CM.hw.link_sm_read_gbps
     assert stream.metrics["mean_tpot_ms"] < tiled.metrics["mean_tpot_ms"]
-    assert stream.gpu_mem_bytes - tiled.gpu_mem_bytes == (384 << 20) + (64 << 20)
+    kvl = LLAMA.kv_bytes_per_token_per_layer()
+    one_decode = {stream_ring_bytes(3, (16384 + k) * kvl, chunk_bytes=64 << 20) + (64 << 20) for k in range(1, 9)}
+    assert stream.gpu_mem_bytes - tiled.gpu_mem_bytes in one_decode
+    sixteen = simulate(reqs, SystemPolicy("directkv", "stream"), LLAMA, CM, mem=MEM, stream_chunk_mib=16)
+    assert sixteen.gpu_mem_bytes - tiled.gpu_mem_bytes == (384 << 20) + (64 << 20)
 
 
 def test_directkv_stream_reads_a_small_past_in_place():
     """A prompt chunk of a small past (<= 2 MiB of K) is read by the tiled kernel (SM rate, no ring): with
     1,024-token prompts and 2,048 tokens a step a split prompt's past is < 1,024 tokens (< 2 MiB of K per layer),
-    so only the decodes' ring is held: 12 slots of each decode step's K and V (~8 MiB of K; slots are sized to the
+    so only the decodes' ring is held: 3 slots of each decode step's K and V (~8 MiB of K; slots are sized to the
     read, as plan_stream sizes them)."""
     reqs = synthetic_workload(4, 1024, 8).requests
     tiled = simulate(reqs, SystemPolicy("directkv", "tiled"), LLAMA, CM, mem=MEM)
@@ -110,7 +115,8 @@ def test_directkv_stream_reads_a_small_past_in_place():
     assert stream.traffic.link_read_bytes == tiled.traffic.link_read_bytes
     kvl = LLAMA.kv_bytes_per_token_per_layer()
     ring = stream.gpu_mem_bytes - tiled.gpu_mem_bytes
-    assert stream_ring_bytes(12, 4 * 1024 * kvl) <= ring <= stream_ring_bytes(12, 4 * (1024 + 8) * kvl) < 384 << 20
+    low, high = (stream_ring_bytes(3, 4 * n * kvl, chunk_bytes=64 << 20) for n in (1024, 1024 + 8))
+    assert low <= ring <= high < 384 << 20
 
 
 def test_stream_step_of_in_place_chunks_costs_what_tiled_does(monkeypatch):
@@ -171,7 +177,7 @@ def test_directkv_stream_layer_is_bounded_by_its_link_and_its_work(context, chun
     in_place = chunk and stream_reads_in_place(context, 256, 16, 16 * kvl // 2)  # MemoryConfig's 16-token pages
     assert in_place == (chunk and context <= 1024)
     launch = CM.hw.launch_us * 1e-6
-    t_attn, staging, _ = stream_attention(step, LLAMA, CM, policy, t_lin, 16, 8)
+    t_attn, staging, _ = stream_attention(step, LLAMA, CM, policy, t_lin, 16, 8, 16)
     streamed = Step(step.decodes, () if in_place else prompt)
     # the streamed part's new K/V are stored (SM writes) before its kernels; an in-place chunk is timed as tiled
     store = CM.terms(Traffic(link_write_bytes=st.attention_traffic(streamed, LLAMA, "stream", policy)
@@ -185,7 +191,7 @@ def test_directkv_stream_layer_is_bounded_by_its_link_and_its_work(context, chun
         assert terms["link_read"] < t_lin and t_attn == pytest.approx(store + math_t + launch, rel=1e-9)
     if context == 32768:  # 512 MiB of decode K/V, twice the ring: the link bounds the layer
         assert t_attn == pytest.approx(terms["link_read"] - t_lin + kernels * launch, rel=1e-9)
-    times = [stream_attention(step, LLAMA, CM, policy, t_lin, 16, n)[0] for n in (2, 4, 8)]
+    times = [stream_attention(step, LLAMA, CM, policy, t_lin, 16, n, 16)[0] for n in (2, 4, 8)]
     assert times[0] >= times[1] >= times[2] == pytest.approx(t_attn)
     # the chunk's ring: a slot per 16 MiB of its past's K, at least 2 (32K past: 64 MiB of K, 4 slots)
     chunk_slots = 4 if context == 32768 else 2
@@ -193,7 +199,7 @@ def test_directkv_stream_layer_is_bounded_by_its_link_and_its_work(context, chun
         chunk_slots, 0 if in_place or not chunk else context * kvl, floor=0)
     t_head = CM.time(st.lm_head_traffic(LLAMA, step.num_logits), flops_kind="matmul")
     want = LLAMA.num_layers * (t_lin + times[2]) + t_head
-    assert step_cost(policy, step, LLAMA, CM).time_s == pytest.approx(want, rel=1e-9)
+    assert step_cost(policy, step, LLAMA, CM, stream_chunk_mib=16).time_s == pytest.approx(want, rel=1e-9)
 
 
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "opt-13b", "opt-30b"])
@@ -246,12 +252,12 @@ def test_stream_reads_a_prompt_tail_in_place_in_the_simulation(tail, past):
     policy = SystemPolicy("directkv", "stream")
     step = Step(_decodes(3, 2048), (PrefillChunk(ReqState(Request(9, past + tail, 8), prefilled=past), tail, past),))
     t_lin = CM.dense_time(st.linear_layer_traffic(LLAMA, step.num_tokens))
-    t_attn, staging, _ = stream_attention(step, LLAMA, CM, policy, t_lin, 16, 8)
+    t_attn, staging, _ = stream_attention(step, LLAMA, CM, policy, t_lin, 16, 8, 16)
     kvl = LLAMA.kv_bytes_per_token_per_layer()
     decode_ring = stream_ring_bytes(8, sum(step.decode_kv_lens) * kvl)
     if tail <= 16 and past == 2044:
         assert staging == decode_ring
-        t_decodes, _, _ = stream_attention(Step(step.decodes, ()), LLAMA, CM, policy, t_lin, 16, 8)
+        t_decodes, _, _ = stream_attention(Step(step.decodes, ()), LLAMA, CM, policy, t_lin, 16, 8, 16)
         in_place = CM.time(st.attention_traffic(Step((), step.prefills), LLAMA, "tiled", policy), link="sm")
         assert t_attn == pytest.approx(t_decodes + in_place, rel=1e-9)
     else:

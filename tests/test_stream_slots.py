@@ -1,4 +1,5 @@
-"""executor.directkv_stream_slots: validated at setup and by the simulation (CPU), carried to directkv's path,
+"""executor.directkv_stream_slots (here with 16 MiB decode ring slots, executor.directkv_stream_chunk_mib=16, so
+the decode ring has that many slots): validated at setup and by the simulation (CPU), carried to directkv's path,
 simulated (the ring bounds what is copied while the GPU does other work, and is held as staging memory) and recorded on
 simulated rows; on the GPU a stream decode ring of that many slots serves the toy requests and is recorded."""
 
@@ -23,7 +24,8 @@ from workloads.request import Request
 
 def test_setup_takes_the_slots_and_refuses_fewer_than_two():
     assert setup(_compose(["run_id=t", "device=cpu"])).stream_slots == SERVING_STREAM_SLOTS == 12
-    assert setup(_compose(["run_id=t", "device=cpu", "executor.directkv_stream_slots=4"])).stream_slots == 4
+    four = ["run_id=t", "device=cpu", "executor.directkv_stream_slots=4", "executor.directkv_stream_chunk_mib=16"]
+    assert setup(_compose(four)).stream_slots == 4
     for bad in ("1", "true", "2.5", "four"):
         with pytest.raises(ConfigError, match=r"executor.directkv_stream_slots must be an int >= 2 \(.*\); got "):
             setup(_compose(["run_id=t", "device=cpu", f"executor.directkv_stream_slots={bad}"]))
@@ -33,8 +35,9 @@ def test_make_path_gives_directkv_its_slots():
     from directkv.engine.gpu.stepper import make_path
 
     policy = SystemPolicy("directkv", "tiled")
-    path = make_path(policy, _kv(policy, _requests()), torch.device("cpu"), directkv_side_ctas=None, stream_slots=4)
-    assert path.stream_slots == 4
+    path = make_path(policy, _kv(policy, _requests()), torch.device("cpu"), directkv_side_ctas=None, stream_slots=4,
+                     stream_chunk_mib=16)
+    assert path.stream_slots == path.decode_slots == 4
 
 
 def test_run_gpu_refuses_bad_slots_before_any_work():
@@ -60,7 +63,7 @@ def test_a_four_slot_ring_serves_and_is_recorded(monkeypatch):
     mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
     try:
         res, extra = run_gpu(_requests(), SystemPolicy("directkv", "stream"), SPEC, mem=mem, sched_cfg=SCHED,
-                             device="cuda", cuda_graphs=True, stream_slots=4)
+                             device="cuda", cuda_graphs=True, stream_slots=4, stream_chunk_mib=16)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert res.metrics["completed"] == 5 and extra["directkv_stream_slots"] == 4
@@ -76,7 +79,7 @@ def test_the_simulation_prefetches_as_much_as_the_decode_ring_holds():
     decodes = tuple(ReqState(Request(i, 16384, 8), prefilled=16384, generated=1) for i in range(2))
     step = Step(decodes, (PrefillChunk(ReqState(Request(2, 16384, 8), prefilled=12288), 2046, 12288),))
     policy = SystemPolicy("directkv", "stream")
-    two, four, eight = (step_cost(policy, step, model, cm, stream_slots=n) for n in (2, 4, 8))
+    two, four, eight = (step_cost(policy, step, model, cm, stream_slots=n, stream_chunk_mib=16) for n in (2, 4, 8))
     swap = step_cost(SystemPolicy("swap"), step, model, cm)
     assert eight.time_s <= four.time_s < 0.8 * two.time_s  # 4 slots hold all but the two new tokens' K/V
     assert two.time_s > 1.1 * swap.time_s and eight.time_s < 1.05 * swap.time_s
@@ -108,7 +111,8 @@ def test_the_simulation_copies_a_long_past_ahead_into_a_deeper_chunk_ring():
     tail = PrefillChunk(ReqState(Request(0, 16384, 8), prefilled=16381), 3, 16381)
     first = PrefillChunk(ReqState(Request(1, 16384, 8), prefilled=0), 8189, 0)
     step = Step((), (tail, first))
-    two, four, eight = (step_cost(SystemPolicy("directkv", "stream"), step, model, cm, stream_slots=n) for n in (2, 4, 8))
+    two, four, eight = (step_cost(SystemPolicy("directkv", "stream"), step, model, cm, stream_slots=n,
+                                  stream_chunk_mib=16) for n in (2, 4, 8))
     assert two.time_s > four.time_s > eight.time_s
     # no decodes: the staging is the chunk's ring alone, 16 MiB of K and of V per slot
     assert [c.staging_bytes for c in (two, four, eight)] == [n * 2 * (16 << 20) for n in (2, 4, 8)]
@@ -118,7 +122,8 @@ def test_simulated_stream_rows_say_how_many_slots_and_hold_their_ring(tmp_path):
     def row(slots: int):
         cfg = _compose(["+exp=context_sweep", f"run_id=s{slots}", "progress=false", "render=false", "device=cpu",
                         "contexts=[16384]", "batch_size=4", "output_len=4", "system.names=[directkv,hbm]",
-                        "system.directkv_variant=stream", f"executor.directkv_stream_slots={slots}"])
+                        "system.directkv_variant=stream", f"executor.directkv_stream_slots={slots}",
+                        "executor.directkv_stream_chunk_mib=16"])
         return pd.read_parquet(run_experiment(cfg, tmp_path / str(slots))).set_index("system")
 
     two, eight = row(2), row(8)

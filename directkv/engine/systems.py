@@ -28,8 +28,10 @@ from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.reference.common import ceil_div
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import (
+    SERVING_STREAM_CHUNK_MIB,
     SERVING_STREAM_SLOTS,
     STREAM_CHUNK_BYTES,
+    decode_ring,
     prefill_ring_slots,
     sdpa_chunk_traffic,
     stream_reads_in_place,
@@ -102,7 +104,8 @@ def stream_parts(step: Step, model: ModelSpec, page_size: int) -> tuple[Step, St
 
 
 def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPolicy, t_lin: float,
-                     page_size: int, stream_slots: int) -> tuple[float, int, Traffic]:
+                     page_size: int, stream_slots: int,
+                     stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB) -> tuple[float, int, Traffic]:
     """(seconds of one layer's attention, HBM its rings hold, its traffic) for directkv `stream`, as the executor
     runs a layer:
     dense work (`t_lin`), the new K/V stored to host by SM writes, the decodes' kernel, then the prompt chunks'.
@@ -116,7 +119,8 @@ def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: System
     first chunk's ring, of as many slots up to one per 16 MiB chunk of its past's K (prefill_ring_slots), one
     whose past is long beside a large chunk's dense work (OPT-13B 3 x 16K). A prompt
     chunk of a small past (twice as long for a prompt's short tail) is read in place by the tiled kernel at the SM
-    rate (stream_reads_in_place)."""
+    rate (stream_reads_in_place). The decode ring holds stream_slots x 16 MiB of K in slots of stream_chunk_mib
+    (decode_ring); fewer, larger slots cost fewer kernels on the GPU, which this model does not count per chunk."""
     kvl = model.kv_bytes_per_token_per_layer()
     streamed, in_place = stream_parts(step, model, page_size)
     chunks = streamed.prefills
@@ -126,7 +130,8 @@ def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: System
     # prefill_stream cuts them), up to the decode ring's count, so that many are copied ahead of the attention
     chunk_pages = STREAM_CHUNK_BYTES // (page_size * kvl // 2)
     first_chunks = ceil_div(ceil_div(chunks[0].past_len, page_size), chunk_pages) if first else 0
-    sizes = [stream_ring_bytes(stream_slots, reads[0]),
+    decode_slots, decode_chunk = decode_ring(stream_slots, stream_chunk_mib)
+    sizes = [stream_ring_bytes(decode_slots, reads[0], chunk_bytes=decode_chunk),
              stream_ring_bytes(prefill_ring_slots(first_chunks, stream_slots), first, floor=0)]
     t, traffic = 0.0, Traffic()  # a part with no kernel to run is charged nothing
     if step.decodes or chunks:
@@ -189,9 +194,12 @@ def hbm_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPol
     return total, t
 
 
-def stream_row_columns(policy: SystemPolicy, stream_slots: int) -> dict:
-    """The column a result row of directkv `stream` carries, measured or simulated: its decode ring's slots."""
-    return {"directkv_stream_slots": stream_slots} if policy.name == "directkv" and policy.variant == "stream" else {}
+def stream_row_columns(policy: SystemPolicy, stream_slots: int, stream_chunk_mib: int) -> dict:
+    """The columns a result row of directkv `stream` carries, measured or simulated: the slots its rings' HBM is
+    counted in and the K per decode ring slot."""
+    if policy.name == "directkv" and policy.variant == "stream":
+        return {"directkv_stream_slots": stream_slots, "directkv_stream_chunk_mib": stream_chunk_mib}
+    return {}
 
 
 @dataclass(frozen=True)
@@ -203,12 +211,14 @@ class StepCost:
 
 def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
               pipelining: Pipelining | None = None, *, page_size: int = 16,
-              stream_slots: int = SERVING_STREAM_SLOTS, hbm_prefill: str = "kernel") -> StepCost:
+              stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
+              hbm_prefill: str = "kernel") -> StepCost:
     """Time of one engine step for `policy`, by layer: linear work + the system's attention path. With
     `pipelining` enabled, directkv's steps that the measured executor cuts run as two parts
     (pipelined_step_cost). page_size: tokens per KV page (directkv stream's in-place rule counts pages).
     stream_slots: directkv stream's decode ring slots (executor.directkv_stream_slots), which bound how much of a
-    layer's decode K/V is copied while the GPU does other work (stream_attention). hbm_prefill: what attends
+    layer's decode K/V is copied while the GPU does other work (stream_attention), cut into slots of
+    stream_chunk_mib MiB of K (executor.directkv_stream_chunk_mib; decode_ring). hbm_prefill: what attends
     prompt chunks over HBM pages in hbm, swap, flexgen and cpu_attn (executor.hbm_prefill; hbm_attention)."""
     if pipelining is not None and policy.name == "directkv":
         cut = pipelining.cut(policy, step, model.kv_bytes_per_token_per_layer())
@@ -229,7 +239,8 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
         layer_t, layer_traffic, staging = t_lin + t_attn, lin + attn, 0
     elif name == "directkv":
         if policy.variant == "stream":
-            attn_t, staging, attn = stream_attention(step, model, cm, policy, t_lin, page_size, stream_slots)
+            attn_t, staging, attn = stream_attention(step, model, cm, policy, t_lin, page_size, stream_slots,
+                                                      stream_chunk_mib)
         else:
             attn = st.attention_traffic(step, model, policy.variant, policy)
             attn_t, staging = cm.time(attn, link="sm"), 0

@@ -38,19 +38,35 @@ STREAM_CHUNK_BYTES = STREAM_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (
 # TPOT with 8 / 12 slots: OPT-13B 3 x 16K 1.009-1.012 / 0.969-0.971 (both orders each), Llama batch 4 16K 0.994-1.000
 # / 0.999, 32K 0.978-0.983 (nineteenth session) / 0.934; GPU memory the same within 0.1 GB (twentieth session).
 SERVING_STREAM_SLOTS = 12
+# The decode ring keeps that HBM (slots x 32 MiB) but is cut into fewer, larger slots
+# (executor.directkv_stream_chunk_mib of K each): a layer's decode read then takes fewer ring chunks, each with its
+# own kernel, copy event and merge part. H200, 2026-12-02, stream / swap TPOT (sdpa prompt chunks) with 3 x 64 MiB
+# against 12 x 16 MiB: Llama batch 4 32K 0.981 / 0.983 (both orders) against 1.015 in the same call; 16K 1.024 /
+# 1.012 (1.031 / 1.032 a session earlier); OPT-13B 3 x 16K 1.053 / 1.049 (1.042 / 1.053); ShareGPT 10 req/s 0.882
+# (twenty-fourth session).
+SERVING_STREAM_CHUNK_MIB = 64
 # A min_chunks cut stops at ring slots this small (each chunk costs launches; decode's equal chunks may come out
 # smaller, prefill's do not); serving also reads a prompt chunk's past this small in place (stream_reads_in_place).
 STREAM_MIN_CHUNK_BYTES = 2 << 20
 
 
-def stream_ring_bytes(slots: int, read_bytes: int | None = None, *, floor: int = STREAM_MIN_CHUNK_BYTES) -> int:
+def stream_ring_bytes(slots: int, read_bytes: int | None = None, *, floor: int = STREAM_MIN_CHUNK_BYTES,
+                      chunk_bytes: int = STREAM_CHUNK_BYTES) -> int:
     """HBM a stream ring of `slots` slots holds, K and V: with `read_bytes` (a layer's K and V read through it)
-    each slot holds min(STREAM_CHUNK_BYTES, max(the read's K, floor)) of K and as much of V, as plan_stream sizes
+    each slot holds min(chunk_bytes, max(the read's K, floor)) of K and as much of V, as plan_stream sizes
     a decode ring (a prefill ring's floor is 0), before a ring's growth by a quarter; 0 for no read. Without
     `read_bytes`: the most it may hold, plan_stream's cap."""
     if read_bytes is None:
-        return 2 * slots * STREAM_CHUNK_BYTES
-    return 2 * slots * min(STREAM_CHUNK_BYTES, max(read_bytes // 2, floor)) if read_bytes > 0 else 0
+        return 2 * slots * chunk_bytes
+    return 2 * slots * min(chunk_bytes, max(read_bytes // 2, floor)) if read_bytes > 0 else 0
+
+
+def decode_ring(slots: int, chunk_mib: int) -> tuple[int, int]:
+    """(slots, K bytes per slot) of serving's stream decode ring: the HBM of `slots` 16 MiB slots
+    (executor.directkv_stream_slots) cut into slots of `chunk_mib` MiB (executor.directkv_stream_chunk_mib);
+    a ConfigError where that makes fewer than 2 (check_stream_chunk_mib)."""
+    check_stream_chunk_mib(chunk_mib, slots)
+    return slots * (STREAM_CHUNK_BYTES >> 20) // chunk_mib, chunk_mib << 20
 
 
 def prefill_ring_slots(chunks: int, slots: int) -> int:
@@ -69,6 +85,16 @@ def check_stream_slots(slots, name: str = "stream_slots") -> int:
     check(isinstance(slots, int) and not isinstance(slots, bool) and slots >= 2,
           f"{name} must be an int >= 2 (the copy engine fills one slot while a kernel reads another); got {slots!r}")
     return slots
+
+
+def check_stream_chunk_mib(chunk_mib, slots: int, name: str = "stream_chunk_mib") -> int:
+    """`chunk_mib` if the decode ring's `slots` x 16 MiB of K cut into slots of that many MiB make >= 2 slots of at
+    least STREAM_MIN_CHUNK_BYTES, else a ConfigError naming `name` and the allowed range."""
+    low, high = STREAM_MIN_CHUNK_BYTES >> 20, slots * (STREAM_CHUNK_BYTES >> 20) // 2
+    check(isinstance(chunk_mib, int) and not isinstance(chunk_mib, bool) and low <= chunk_mib <= high,
+          f"{name} must be an int in {low}..{high} (MiB of K per decode ring slot: the ring's {slots} x 16 MiB "
+          f"of K must make >= 2 slots); got {chunk_mib!r}")
+    return chunk_mib
 
 
 # A prompt's tail (a chunk of at most STREAM_TAIL_NEW_TOKENS new tokens, left by a step's token budget) is read in

@@ -27,7 +27,12 @@ from directkv.engine.systems import (
     check_hbm_prefill,
     stream_row_columns,
 )
-from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS, check_stream_slots
+from directkv.kernels.traffic_model import (
+    SERVING_STREAM_CHUNK_MIB,
+    SERVING_STREAM_SLOTS,
+    check_stream_chunk_mib,
+    check_stream_slots,
+)
 from directkv.memory import HostArena, KVCacheManager
 from directkv.model.runner import ModelRunner
 from directkv.model.weights import init_weights
@@ -100,8 +105,8 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
             sched_cfg: SchedulerConfig, device: str = "cuda", warmup: int = 0, seed: int = 0,
             cuda_graphs: bool = False, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
             pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel",
-            stream_slots: int = SERVING_STREAM_SLOTS, hbm_prefill: str = "kernel",
-            steps_path: Path | None = None) -> tuple[ServeResult, dict]:
+            stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
+            hbm_prefill: str = "kernel", steps_path: Path | None = None) -> tuple[ServeResult, dict]:
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
     steps_path: where to write the run's per-step times (write_step_series), if anywhere; a write that fails
     leaves the run's row, with steps_file_error saying why.
@@ -120,14 +125,18 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     tokens with the past in one tiled kernel) or "flash" (prefill_attention's new_pass: the new tokens by
     FlashAttention-2, merged with the past's tiled pass).
 
-    stream_slots: directkv variant stream only: slots of its decode ring (32 MiB of K and V each; 2 = the 64 MiB
-    of the kernel target, 12 by default), recorded on its rows as directkv_stream_slots.
+    stream_slots: directkv variant stream only: its rings' HBM in slots of 32 MiB of K and V (2 = the 64 MiB of
+    the kernel target, 12 by default); a prompt chunk's ring takes up to that many such slots.
+    stream_chunk_mib: the decode ring holds that HBM in slots of this many MiB of K (and as much V): 64 by
+    default, so 3 slots; 16 = stream_slots slots. Both recorded on its rows (directkv_stream_slots,
+    directkv_stream_chunk_mib).
 
     hbm_prefill: a prompt chunk over HBM pages (hbm, and the staging pools of swap, cpu_attn and flexgen):
     "kernel" (our tiled kernel) or "sdpa" (gathered into contiguous K/V, then torch SDPA; hbm_prefill.py)."""
     pipelining.check_system(policy)  # before pinning host memory and capturing graphs
     check_hbm_prefill(hbm_prefill)
     check_stream_slots(stream_slots, "stream_slots (executor.directkv_stream_slots)")  # before pinning, every system
+    check_stream_chunk_mib(stream_chunk_mib, stream_slots, "stream_chunk_mib (executor.directkv_stream_chunk_mib)")
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     if cuda and dev.index is None:  # memory-fraction and stats calls want an explicit index
@@ -165,10 +174,10 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     extra |= pipelining.row_columns(policy, measured=True)
     extra["prefill_new_pass"] = prefill_new_pass
     extra["hbm_prefill"] = hbm_prefill
-    extra |= stream_row_columns(policy, stream_slots)
+    extra |= stream_row_columns(policy, stream_slots, stream_chunk_mib)
     stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads, cpu_attn_kernel=cpu_attn_kernel,
                          pipelining=pipelining, prefill_new_pass=prefill_new_pass, stream_slots=stream_slots,
-                         hbm_prefill=hbm_prefill)
+                         stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill)
     # warm-up outside the measurement: kernel builds and first launches, library handles
     serve([Request(-1, 64, 3), Request(-2, 40, 3)], stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg)
     if cuda:

@@ -7,7 +7,8 @@ so the same code runs in the CPU tests at toy sizes.
 * ``ZeroCopyPath`` — directkv (KV in pinned host pages, read in place by the kernels) and hbm (pages in HBM).
   directkv's variant ``stream`` is the exception beyond the paper: its kernels' copy engine stages the
   pages through small rings on a side stream (decode and prefill ``stream`` variants; the decodes' ring and
-  the first prompt chunk's of 12 x 32 MiB at most each by default, executor.directkv_stream_slots). The decodes'
+  the first prompt chunk's of 384 MiB at most each by default, executor.directkv_stream_slots: the decodes' in 3
+  slots of 64 MiB of K and V, executor.directkv_stream_chunk_mib, the chunk's in up to 12 of 16 MiB). The decodes'
   copies of all the step's layers are queued at its start (prefetch_stream): each is issued as soon as the
   kernel that last reads its ring slot is, so the next layers' chunks are copied during the dense work before
   their attention, as swap's copies overlap compute, but into the small ring instead of a whole layer's
@@ -45,8 +46,10 @@ from directkv.kernels.cuda.stream_plan import chunk_runs, plan_stream
 from directkv.kernels.paged import PagedKV
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import (
+    SERVING_STREAM_CHUNK_MIB,
     SERVING_STREAM_SLOTS,
     check_stream_slots,
+    decode_ring,
     sdpa_chunk_traffic,
     stream_reads_in_place,
     stream_ring_bytes,
@@ -63,18 +66,20 @@ class ZeroCopyPath:
 
 
     def __init__(self, kv: KVCacheManager, tier: str, variant: str, *, side_ctas: int | None = None,
-                 stream_slots: int = SERVING_STREAM_SLOTS):
+                 stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB):
         """side_ctas: attend_async's kernels are split to about this many CTAs (None: the kernel's own plan,
-        which fills every SM and leaves none to the other half's dense layers). stream_slots: slots of the stream
-        variant's decode ring, 16 MiB of K and of V each: how many chunks the copy engine may run ahead of the
-        kernels (and so of the host, which queues a slot's next copy after its reader); executor.directkv_stream_slots.
-        The first prompt chunk's ring holds up to as many (prefill_ring_slots), prefetched a layer ahead.
-        The default, 12, lets the copy engine stage the next layer's decode K/V during a prompt chunk's attention
-        and dense work:
-        with 2, Llama 16K steps of 2 decodes + a 2,046-token chunk took 1.10-1.36x swap's time (H200, 2026-12-01)."""
+        which fills every SM and leaves none to the other half's dense layers). stream_slots: the stream
+        variant's rings' HBM, in slots of 16 MiB of K and of V (executor.directkv_stream_slots): how much the copy
+        engine may run ahead of the kernels (and so of the host, which queues a slot's next copy after its
+        reader). The decode ring holds it in slots of stream_chunk_mib MiB of K (executor.directkv_stream_chunk_mib;
+        decode_ring); the first prompt chunk's ring in up to stream_slots slots of 16 MiB (prefill_ring_slots),
+        prefetched a layer ahead. The default, 12, lets the copy engine stage the next layer's decode K/V during a
+        prompt chunk's attention and dense work: with 2, Llama 16K steps of 2 decodes + a 2,046-token chunk took
+        1.10-1.36x swap's time (H200, 2026-12-01)."""
         check_stream_slots(stream_slots)
         self.kv, self.tier, self.variant, self.side_ctas = kv, tier, variant, side_ctas
         self.stream_slots = stream_slots
+        self.decode_slots, self.decode_chunk_bytes = decode_ring(stream_slots, stream_chunk_mib)
         backend = kernel_backend()
         # the CUDA kernels write their rows of the step's output in place (out=): a copy after them was a
         # device-to-device cudaMemcpy on the main stream per layer, which seems to queue behind the ring's
@@ -115,8 +120,9 @@ class ZeroCopyPath:
         if p.num_decodes:
             self.decode_plan = plan_stream(
                 self._paged(self.tier, k0, v0, p.decode_table, p.decode_lens), reuse=self._kept["decode"],
-                host_table=(p.decode_table_cpu, p.decode_lens_cpu), num_slots=self.stream_slots,
-                ring_bytes=stream_ring_bytes(self.stream_slots), side=self.copy_stream(k0.device))
+                host_table=(p.decode_table_cpu, p.decode_lens_cpu), num_slots=self.decode_slots,
+                chunk_bytes=self.decode_chunk_bytes, ring_bytes=stream_ring_bytes(self.stream_slots),
+                side=self.copy_stream(k0.device))
             self._kept["decode"] = self.decode_plan
         # A chunk of a small past (<= 2 MiB of K; <= 4 MiB for a prompt's tail of <= 16 tokens) is read in place
         # by the tiled kernel instead (decided before any planning; stream_reads_in_place): the passes and merge

@@ -48,7 +48,7 @@ from directkv.engine.systems import (
 )
 from directkv.errors import ConfigError, check
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES
-from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS
+from directkv.kernels.traffic_model import SERVING_STREAM_CHUNK_MIB, SERVING_STREAM_SLOTS
 from directkv.specs import get_hardware, get_model
 from workloads import load_schedule, synthetic_workload
 
@@ -216,7 +216,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
             hbm_budget_gb: float = 96.0, skip: int = 8, count: int = 2, graphs: bool = False,
             pipelining: Pipelining = NO_PIPELINING, python: bool = False, stacks: bool = False,
             schedule: str | None = None, min_decodes: int = 0, hardware: str = "h200-pcie5",
-            prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS, hbm_prefill: str = "kernel") -> None:
+            prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS,
+            stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB, hbm_prefill: str = "kernel") -> None:
     check(not (python and stacks), "--stacks records torch.profiler stacks and --python runs cProfile instead; "
           "got both: pass one")
     check(all(isinstance(x, int) and x >= 0 for x in (skip, count, min_decodes)),
@@ -259,7 +260,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         res, extra = run_gpu(requests, policy, spec, mem=mem, sched_cfg=sched,
                              device="cuda" if torch.cuda.is_available() else "cpu", cuda_graphs=graphs,
                              pipelining=pipelining, prefill_new_pass=prefill_new_pass, stream_slots=stream_slots,
-                             hbm_prefill=hbm_prefill)
+                             stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill)
     finally:
         GPUStepper.run_step = inner
     what = f"schedule {schedule} ({len(requests)} requests)" if schedule else f"context {context} batch {batch} output {output}"
@@ -272,7 +273,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         # the cost model's run of the same requests, per class: where the simulation beside a row is optimistic
         sim: list[tuple[str, float]] = []
         res_sim = simulate(requests, policy, spec, cost_model, mem=mem,
-                           sched_cfg=sched, pipelining=pipelining, stream_slots=stream_slots, hbm_prefill=hbm_prefill,
+                           sched_cfg=sched, pipelining=pipelining, stream_slots=stream_slots,
+                           stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill,
                            on_step=lambda step, cost: sim.append((step_kind(step), cost.time_s)))
         print(f"simulated ({hardware} cost model, same requests): {res_sim.steps} steps, "
               f"{res_sim.duration_s:.2f} s engine time, TPOT {res_sim.metrics['mean_tpot_ms']:.1f} ms")
@@ -348,7 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-new-pass", choices=NEW_PASSES, default="kernel",
                     help="a tiled prompt chunk's new tokens: our kernel or FlashAttention-2 (executor.prefill_new_pass)")
     ap.add_argument("--stream-slots", type=int, default=SERVING_STREAM_SLOTS,
-                    help="slots of directkv stream's decode ring, 32 MiB each (executor.directkv_stream_slots)")
+                    help="directkv stream's rings' HBM in slots of 32 MiB (executor.directkv_stream_slots)")
+    ap.add_argument("--stream-chunk-mib", type=int, default=SERVING_STREAM_CHUNK_MIB,
+                    help="MiB of K per slot of its decode ring (executor.directkv_stream_chunk_mib)")
     ap.add_argument("--hbm-prefill", choices=HBM_PREFILLS, default="kernel",
                     help="a prompt chunk over HBM pages (hbm, the staged systems): our tiled kernel or SDPA "
                          "(executor.hbm_prefill)")
@@ -358,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                 max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
                 pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python,
                 stacks=a.stacks, schedule=a.schedule, min_decodes=a.min_decodes, hardware=a.hardware,
-                prefill_new_pass=a.prefill_new_pass, stream_slots=a.stream_slots, hbm_prefill=a.hbm_prefill)
+                prefill_new_pass=a.prefill_new_pass, stream_slots=a.stream_slots,
+                stream_chunk_mib=a.stream_chunk_mib, hbm_prefill=a.hbm_prefill)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -25,26 +25,29 @@ from directkv.engine.systems import (
 )
 from directkv.errors import ConfigError, unknown_name
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES
-from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS
+from directkv.kernels.traffic_model import SERVING_STREAM_CHUNK_MIB, SERVING_STREAM_SLOTS
 from directkv.memory import KVCacheManager
 from directkv.model.runner import ModelRunner
 
 
 def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None = None,
               cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL, directkv_side_ctas: int | None,
-              prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS, hbm_prefill: str = "kernel"):
+              prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS,
+              stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB, hbm_prefill: str = "kernel"):
     if prefill_new_pass not in NEW_PASSES:  # before anything is pinned or captured, not at the first prompt
         raise unknown_name("prefill_new_pass", prefill_new_pass, NEW_PASSES)
     check_hbm_prefill(hbm_prefill)
     path = _system_path(policy, kv, device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
-                        directkv_side_ctas=directkv_side_ctas, stream_slots=stream_slots)
+                        directkv_side_ctas=directkv_side_ctas, stream_slots=stream_slots,
+                        stream_chunk_mib=stream_chunk_mib)
     path.prefill_new_pass = prefill_new_pass  # every path is a ZeroCopyPath: its _chunks reads both
     path.hbm_prefill = hbm_prefill
     return path
 
 
 def _system_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None,
-                 cpu_attn_kernel: str, directkv_side_ctas: int | None, stream_slots: int = SERVING_STREAM_SLOTS):
+                 cpu_attn_kernel: str, directkv_side_ctas: int | None, stream_slots: int = SERVING_STREAM_SLOTS,
+                 stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB):
     if policy.name in ("directkv", "hbm"):
         if policy.variant == "fused":
             raise ConfigError("directkv variant 'fused' is not served by the GPU executor (its kernel, proj_attention, "
@@ -52,7 +55,7 @@ def _system_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device,
         if policy.variant == "stream" and kernel_backend() != "cuda":
             raise ConfigError("directkv variant 'stream' needs the CUDA kernels (a GPU); valid without one: naive, tiled")
         return ZeroCopyPath(kv, policy.kv_tier, policy.variant or "tiled", side_ctas=directkv_side_ctas,
-                            stream_slots=stream_slots)
+                            stream_slots=stream_slots, stream_chunk_mib=stream_chunk_mib)
     if policy.name == "swap":
         return StagedPath(kv)
     if policy.name == "cpu_attn":
@@ -64,13 +67,14 @@ class GPUStepper:
     def __init__(self, policy: SystemPolicy, runner: ModelRunner, kv: KVCacheManager, device: torch.device, *,
                  seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
                  pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel",
-                 stream_slots: int = SERVING_STREAM_SLOTS, hbm_prefill: str = "kernel"):
+                 stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
+                 hbm_prefill: str = "kernel"):
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
         pipelining.check_system(policy)
         self.pipelining = pipelining
         self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
                               directkv_side_ctas=pipelining.side_ctas, prefill_new_pass=prefill_new_pass,
-                              stream_slots=stream_slots, hbm_prefill=hbm_prefill)
+                              stream_slots=stream_slots, stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill)
         self.gen = torch.Generator().manual_seed(seed)
         self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
         self.outputs: dict[int, list[int]] = {}  # request -> generated ids (tests compare systems on them)
