@@ -364,11 +364,9 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, mon
     import directkv.engine.gpu.paths as paths
     import directkv.kernels.cuda.decode_attention as dec
     import directkv.kernels.cuda.prefill_stream as pre
-    import directkv.kernels.cuda.stream_plan as sp
     from directkv.engine.gpu.paths import ZeroCopyPath
 
-    if chunk_bytes is not None:  # the serving path's plan_stream: paths imports it from stream_plan
-        monkeypatch.setattr(paths, "plan_stream", partial(sp.plan_stream, chunk_bytes=chunk_bytes))
+    if chunk_bytes is not None:  # the decode ring's chunks are set on the path (poisoned_init), the prompt ring's here
         monkeypatch.setattr(pre, "plan_prefill_stream", partial(pre.plan_prefill_stream, chunk_bytes=chunk_bytes))
         # the in-place rule at the same chunk size: pasts of more than two toy pages are streamed, whatever the
         # chunk's new tokens (the toy prompts' tails are short)
@@ -382,7 +380,9 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, mon
 
     def poisoned_init(self, kv, *args, **kwargs):
         init(self, kv, *args, **kwargs)
-        self.stream_slots = slots
+        self.stream_slots = self.decode_slots = slots  # both rings' slots
+        if chunk_bytes is not None:
+            self.decode_chunk_bytes = chunk_bytes
         if kv.arena is not None:
             for t in (*kv.arena.k, *kv.arena.v):
                 t.fill_(float("nan"))
