@@ -40,10 +40,11 @@ STREAM_CHUNK_BYTES = STREAM_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (
 SERVING_STREAM_SLOTS = 12
 # The decode ring keeps that HBM (slots x 32 MiB) but is cut into fewer, larger slots
 # (executor.directkv_stream_chunk_mib of K each): a layer's decode read then takes fewer ring chunks, each with its
-# own kernel, copy event and merge part. H200, 2026-12-02, stream / swap TPOT (sdpa prompt chunks) with 3 x 64 MiB
-# against 12 x 16 MiB: Llama batch 4 32K 0.981 / 0.983 (both orders) against 1.015 in the same call; 16K 1.024 /
-# 1.012 (1.031 / 1.032 a session earlier); OPT-13B 3 x 16K 1.053 / 1.049 (1.042 / 1.053); ShareGPT 10 req/s 0.882
-# (twenty-fourth session).
+# own kernel, copy event and merge part; and a small read takes 3 slots of HBM, not 12. H200, 2026-12-02, stream /
+# swap TPOT (sdpa prompt chunks), 64 against 16 MiB slots in one process (a Hydra multirun): ShareGPT 10 req/s
+# 0.868 against 0.989 (stream 15% faster, swap 3%; 0.84 GB less GPU memory), Llama batch 4 32K 0.997 against 1.025;
+# in earlier calls of the day 32K 0.981 / 0.983 (both orders) against 1.015, 16K 1.024 / 1.012 (1.031 / 1.032 a
+# session earlier), OPT-13B 3 x 16K 1.053 / 1.049 (1.042 / 1.053): no better there (twenty-fourth session).
 SERVING_STREAM_CHUNK_MIB = 64
 # A min_chunks cut stops at ring slots this small (each chunk costs launches; decode's equal chunks may come out
 # smaller, prefill's do not); serving also reads a prompt chunk's past this small in place (stream_reads_in_place).

@@ -12,6 +12,8 @@
 # The tool also returns at most 8 files: the test step writes two logs and the profile step one per system,
 # so send other output to one log file (a call that left 10 files in $OUT lost its results.tar.gz). PROFILE_TAG=x
 # names the profile step's files profile_x<system>.txt, so a second profile step does not overwrite the first's.
+# A Hydra multirun in one process: put -m LAST in *_ARGS (CONTEXT_ARGS="... key=a,b -m"); before the overrides the
+# device's Python 3.12 argparse refused them (2026-12-02).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
