@@ -50,6 +50,9 @@ def resimulate(run_dir: Path, manifest: dict | None = None) -> pd.DataFrame:
     before_chunk_mib = OmegaConf.select(cfg, "executor.directkv_stream_chunk_mib") is None
     if before_chunk_mib:
         OmegaConf.update(cfg, "executor.directkv_stream_chunk_mib", CHUNK_MIB_BEFORE_THE_KEY)
+    # a run whose device copy was edited to do what a later option does says so as overrides (key=value, as on
+    # the command line): it is simulated as it ran, though its own rows carry no column for them
+    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(manifest.get("device_copy_equivalent_overrides", [])))
     # runs from before executor.hbm_prefill attended HBM prompt chunks with the kernel, the default
     before_hbm_prefill = OmegaConf.select(cfg, "executor.hbm_prefill") is None
     with tempfile.TemporaryDirectory() as tmp, _token_counter(manifest, run_dir / "schedules"):

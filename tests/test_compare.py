@@ -163,6 +163,14 @@ def test_resimulate_gives_a_stream_run_the_ring_it_was_measured_with(monkeypatch
     new = resimulate(runs / "20261201-222311")
     assert set(slots) == {(8, 16)} and new.set_index("system").loc["directkv", "directkv_stream_slots"].tolist() == [8] * 3
     assert "directkv_stream_chunk_mib" not in new.columns
+    # a run with the key keeps its value and column; a run whose device copy was edited to the same cut
+    # (device_copy_equivalent_overrides) is simulated with it, its rows (like the run's own) without the column
+    slots.clear()
+    keyed = resimulate(runs / "20261202-150851-1").set_index("system")
+    assert set(slots) == {(12, 64)} and keyed.loc["directkv", "directkv_stream_chunk_mib"] == 64
+    slots.clear()
+    edited = resimulate(runs / "20261202-143151")
+    assert set(slots) == {(12, 64)} and "directkv_stream_chunk_mib" not in edited.columns
     assert main([str(runs / "20261201-213142"), "--resimulate"]) == 0
     rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| llama-3.1-8b") and "directkv" in ln]
     assert len(rows) == 3 and all(ln.split("|")[6].strip() not in ("", "-") for ln in rows)

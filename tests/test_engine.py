@@ -183,7 +183,11 @@ def test_directkv_stream_layer_is_bounded_by_its_link_and_its_work(context, chun
     store = CM.terms(Traffic(link_write_bytes=st.attention_traffic(streamed, LLAMA, "stream", policy)
                              .link_write_bytes), link="sm")["link_write"]
     t_tiled = CM.time(st.attention_traffic(Step((), prompt), LLAMA, "tiled", policy), link="sm") if in_place else 0.0
-    kernels = 1 + (chunk and not in_place)  # the decodes', and a streamed chunk's
+    # the decodes' kernel per 16 MiB ring chunk of their K (four reads of context + 1 tokens: 17 chunks at 32K, 2 at
+    # 2K, as plan_stream cuts 8,196 and 516 pages of 32 KiB), a streamed chunk's
+    decode_k = sum(step.decode_kv_lens) * kvl // 2
+    kernels = -(-decode_k // min(16 << 20, max(decode_k, 2 << 20))) + (chunk and not in_place)
+    assert kernels - (chunk and not in_place) == {32768: 17, 2048: 2}.get(context, 1)
     terms = CM.terms(st.attention_traffic(streamed, LLAMA, "stream", policy), link="ce")
     math_t = max(terms["compute"], terms["hbm"])
     assert t_attn - t_tiled >= max(terms["link_read"] - t_lin, store + math_t) + kernels * launch - 1e-12

@@ -355,7 +355,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, mon
     streamed too (with the default chunks and in-place rule, 2 MiB of K, they are read in place); with the
     default chunks each layer is one chunk, so the next layer's is copied while this one's is read. The prompt
     ring's first prefetch of a step waits for the main stream, the later ones only for their slots' readers.
-    With 4 decode ring slots (stream_slots) the copies run further ahead of the kernels. A mixed step's two rings
+    With 4 decode ring slots the copies run further ahead of the kernels (16 MiB slots, or the small chunks). A mixed step's two rings
     share one copy stream. The check itself reads each output back (a sync per layer), so it cannot catch a copy
     racing a reader:
     test_cuda_decode's lagging-reader tests do."""
@@ -365,6 +365,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, mon
     import directkv.kernels.cuda.decode_attention as dec
     import directkv.kernels.cuda.prefill_stream as pre
     from directkv.engine.gpu.paths import ZeroCopyPath
+    from directkv.kernels.traffic_model import STREAM_CHUNK_BYTES
 
     if chunk_bytes is not None:  # the decode ring's chunks are set on the path (poisoned_init), the prompt ring's here
         monkeypatch.setattr(pre, "plan_prefill_stream", partial(pre.plan_prefill_stream, chunk_bytes=chunk_bytes))
@@ -381,8 +382,7 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, mon
     def poisoned_init(self, kv, *args, **kwargs):
         init(self, kv, *args, **kwargs)
         self.stream_slots = self.decode_slots = slots  # both rings' slots
-        if chunk_bytes is not None:
-            self.decode_chunk_bytes = chunk_bytes
+        self.decode_chunk_bytes = chunk_bytes or STREAM_CHUNK_BYTES  # 2 x 16 MiB: the decode ring of 2 slots
         if kv.arena is not None:
             for t in (*kv.arena.k, *kv.arena.v):
                 t.fill_(float("nan"))

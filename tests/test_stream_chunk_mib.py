@@ -36,15 +36,21 @@ def test_setup_takes_the_chunk_and_refuses_what_leaves_fewer_than_two_slots():
     assert setup(_compose(["run_id=t", "device=cpu"])).stream_chunk_mib == 64
     cfg = ["run_id=t", "device=cpu", "executor.directkv_stream_slots=4", "executor.directkv_stream_chunk_mib=32"]
     assert setup(_compose(cfg)).stream_chunk_mib == 32
-    for slots, bad, high in ((12, "97", 96), (12, "1", 96), (12, "true", 96), (12, "2.5", 96), (4, "64", 32),
-                             (2, "17", 16)):
+    for slots, bad, high in ((12, "97", 96), (12, "1", 96), (12, "true", 96), (12, "2.5", 96), (12, "null", 96),
+                             (12, "four", 96), (4, "64", 32), (2, "17", 16)):
         with pytest.raises(ConfigError, match=rf"executor.directkv_stream_chunk_mib must be an int in 2\.\.{high} "
                                               rf"\(.*\); got "):
             setup(_compose(["run_id=t", "device=cpu", f"executor.directkv_stream_slots={slots}",
                             f"executor.directkv_stream_chunk_mib={bad}"]))
 
 
-def test_the_simulation_and_the_gpu_executor_refuse_a_bad_chunk_before_any_work():
+def test_the_simulation_and_the_gpu_executor_refuse_a_bad_chunk_before_any_work(monkeypatch):
+    import directkv.engine.gpu.executor as executor
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the model runner was built before the chunk was checked")
+
+    monkeypatch.setattr(executor, "runner_for", no_work)  # the executor's first work: the runner, then pinning
     cm = CostModel.for_hardware(get_hardware("h200-pcie5"))
     with pytest.raises(ConfigError, match=r"stream_chunk_mib must be an int in 2\.\.16 \(.*\); got 64"):
         simulate(_requests(), SystemPolicy("directkv", "stream"), SPEC, cm, mem=MEM, sched_cfg=SCHED, stream_slots=2)
@@ -66,8 +72,10 @@ def test_make_path_cuts_the_decode_ring_as_asked():
 
 
 def test_the_simulated_ring_holds_the_cut_slots():
-    # Llama-3.1-8B, four decodes: at 256 tokens (4 MiB of K per layer) each slot holds the read, so 3 slots hold a
-    # quarter of what 12 did; at 32K (256 MiB of K) every slot is full and both cuts hold the same 384 MiB
+    # Llama-3.1-8B, four decodes: at 256 tokens (2 MiB of K per layer) each slot holds the read, so 3 slots hold a
+    # quarter of what 12 did; at 32K (256 MiB of K) every slot is full and both cuts hold the same 384 MiB. The
+    # time differs only by the launches of the decodes' kernel per ring chunk: one chunk either way at 256, 5
+    # against 17 per layer at 32K (H200, 2026-12-02: stream's step 2.7 ms shorter with 64 MiB slots there)
     model, cm = get_model("llama-3.1-8b"), CostModel.for_hardware(get_hardware("h200-pcie5"))
     kvl = model.kv_bytes_per_token_per_layer()
     policy = SystemPolicy("directkv", "stream")
@@ -77,6 +85,8 @@ def test_the_simulated_ring_holds_the_cut_slots():
         read = sum(step.decode_kv_lens) * kvl
         assert three.staging_bytes == stream_ring_bytes(3, read, chunk_bytes=64 * MIB)
         assert twelve.staging_bytes == stream_ring_bytes(12, read)
+        launches = 0 if context == 256 else (17 - 5) * model.num_layers * cm.hw.launch_us * 1e-6
+        assert twelve.time_s - three.time_s == pytest.approx(launches, abs=1e-12)
         if context == 256:
             assert 4 * three.staging_bytes == twelve.staging_bytes
         else:

@@ -62,8 +62,8 @@ class CostModelStepper:
     page_size: int = 16
     on_step: Callable[[Step, StepCost], None] | None = None  # sees every step and its cost (profile's comparison)
     stream_slots: int = SERVING_STREAM_SLOTS  # directkv stream's rings' HBM, in 16 MiB slots of K
-    stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB  # K per slot of its decode ring
     hbm_prefill: str = "kernel"  # what attends prompt chunks over HBM pages (hbm and the staged systems)
+    stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB  # K per slot of its decode ring
 
     def run_step(self, step: Step) -> StepCost:
         cost = step_cost(self.policy, step, self.model, self.cm, self.pipelining, page_size=self.page_size,
@@ -82,8 +82,9 @@ def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm
              hbm_prefill: str = "kernel") -> ServeResult:
     """Serve `requests` with `policy` on the cost model; raises KVCapacityError if weights alone don't fit.
     pipelining: directkv's two-part steps as the measured executor would run them (systems.pipelined_step_cost).
-    on_step: called with every step and its simulated cost. stream_slots, stream_chunk_mib: directkv stream's
-    decode ring (executor.directkv_stream_slots and directkv_stream_chunk_mib).
+    on_step: called with every step and its simulated cost. stream_slots: directkv stream's rings' HBM, in 16 MiB
+    slots of K (executor.directkv_stream_slots; the prompt chunk's ring takes up to that many); stream_chunk_mib:
+    the K per slot of its decode ring (executor.directkv_stream_chunk_mib).
     hbm_prefill: our tiled kernel or SDPA for prompt chunks over HBM pages (executor.hbm_prefill)."""
     pipelining.check_system(policy)
     check_stream_slots(stream_slots)

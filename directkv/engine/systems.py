@@ -6,8 +6,9 @@ the same policies for real.
 
 * ``hbm``      SGLang-like: all KV in HBM, attention from HBM.
 * ``directkv`` KV in pinned host memory, attention kernels read it zero-copy (variant naive | tiled | fused),
-  or (variant stream, beyond the paper) through small HBM rings filled by the copy engine (the decodes'
-  12 x 32 MiB at most by default, the first prompt chunk's up to as many), filled ahead of their readers while
+  or (variant stream, beyond the paper) through small HBM rings filled by the copy engine (the decodes' 384 MiB
+  at most by default, in 3 slots of 64 MiB of K and as much V; the first prompt chunk's in up to 12 slots of 16
+  MiB), filled ahead of their readers while
   the GPU does the dense work and other attention math (stream_attention).
 * ``swap``     Pie-like: KV in host memory; each layer's KV is copied by the copy engine into an HBM staging
                buffer (double-buffered) while the previous layer computes.
@@ -31,6 +32,7 @@ from directkv.kernels.traffic_model import (
     SERVING_STREAM_CHUNK_MIB,
     SERVING_STREAM_SLOTS,
     STREAM_CHUNK_BYTES,
+    STREAM_MIN_CHUNK_BYTES,
     decode_ring,
     prefill_ring_slots,
     sdpa_chunk_traffic,
@@ -120,14 +122,17 @@ def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: System
     whose past is long beside a large chunk's dense work (OPT-13B 3 x 16K). A prompt
     chunk of a small past (twice as long for a prompt's short tail) is read in place by the tiled kernel at the SM
     rate (stream_reads_in_place). The decode ring holds stream_slots x 16 MiB of K in slots of stream_chunk_mib
-    (decode_ring); fewer, larger slots cost fewer kernels on the GPU, which this model does not count per chunk."""
+    (decode_ring); each ring chunk of a layer's decode read is a kernel of its own, charged a launch, so fewer,
+    larger slots cost less (H200, 2026-12-02, Llama batch 4 32K: stream's step 121.0 ms with 16 MiB slots, 16
+    chunks per layer, 118.3 with 64 MiB, 4; 12 launches x 32 layers at 5 us are 1.9 ms of that). The host time
+    each chunk also costs (most of the ShareGPT gain of the same change) is not modelled."""
     kvl = model.kv_bytes_per_token_per_layer()
     streamed, in_place = stream_parts(step, model, page_size)
     chunks = streamed.prefills
     first = chunks[0].past_len * kvl if chunks and chunks[0] is step.prefills[0] else 0  # the kept ring's chunk
     reads = [sum(step.decode_kv_lens) * kvl, first]
     # the kept ring holds a slot per ring chunk of that past (whole pages of up to 16 MiB of K, as
-    # prefill_stream cuts them), up to the decode ring's count, so that many are copied ahead of the attention
+    # prefill_stream cuts them), up to stream_slots, so that many are copied ahead of the attention
     chunk_pages = STREAM_CHUNK_BYTES // (page_size * kvl // 2)
     first_chunks = ceil_div(ceil_div(chunks[0].past_len, page_size), chunk_pages) if first else 0
     decode_slots, decode_chunk = decode_ring(stream_slots, stream_chunk_mib)
@@ -153,7 +158,10 @@ def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: System
         # and the store, and during the chunks' math once their remaining past is copied
         free = t_lin + store - ahead_chunk + max(0.0, math_t - left_chunks)
         left_decodes = max(0.0, link - link_chunks - min(free, cm.copy_time(min(reads[0], sizes[0]), launch=False)))
-        kernels = bool(step.decodes) + len(chunks)
+        # the decodes' kernel per ring chunk of their read (slots sized as plan_stream sizes them), a chunk's one
+        decode_k = reads[0] // 2
+        decode_chunks = ceil_div(decode_k, min(decode_chunk, max(decode_k, STREAM_MIN_CHUNK_BYTES))) if decode_k else 0
+        kernels = decode_chunks + len(chunks)
         t = max(store + left_decodes + max(math_t, left_chunks), link - t_lin) + kernels * cm.hw.launch_us * 1e-6
     if in_place.prefills:
         # timed as directkv tiled times it, its store inside the roofline (so a step of in-place chunks costs
@@ -216,9 +224,9 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
     """Time of one engine step for `policy`, by layer: linear work + the system's attention path. With
     `pipelining` enabled, directkv's steps that the measured executor cuts run as two parts
     (pipelined_step_cost). page_size: tokens per KV page (directkv stream's in-place rule counts pages).
-    stream_slots: directkv stream's decode ring slots (executor.directkv_stream_slots), which bound how much of a
-    layer's decode K/V is copied while the GPU does other work (stream_attention), cut into slots of
-    stream_chunk_mib MiB of K (executor.directkv_stream_chunk_mib; decode_ring). hbm_prefill: what attends
+    stream_slots: directkv stream's rings' HBM in 16 MiB slots of K (executor.directkv_stream_slots), which bounds
+    how much of a layer's decode K/V is copied while the GPU does other work (stream_attention); the decode ring
+    holds it in slots of stream_chunk_mib MiB of K (executor.directkv_stream_chunk_mib; decode_ring). hbm_prefill: what attends
     prompt chunks over HBM pages in hbm, swap, flexgen and cpu_attn (executor.hbm_prefill; hbm_attention)."""
     if pipelining is not None and policy.name == "directkv":
         cut = pipelining.cut(policy, step, model.kv_bytes_per_token_per_layer())

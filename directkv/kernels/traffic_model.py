@@ -30,7 +30,8 @@ from directkv.kernels.traffic import TIERS, Traffic
 STREAM_RING_BYTES = 64 << 20
 STREAM_SLOTS = 2  # ring slots: one is filled by the copy engine while the kernel reads the other
 STREAM_CHUNK_BYTES = STREAM_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (V the same): 16 MiB
-# Serving's decode ring (executor.directkv_stream_slots) holds more slots of that size, up to 384 MiB: in a step
+# Serving's rings (executor.directkv_stream_slots) hold more, up to 12 slots of that size (384 MiB; the decode ring
+# was cut into slots of that size until 2026-12-02, so the numbers here are of that cut): in a step
 # mixing decodes with a prompt chunk the copy engine then stages the next layer's decode K/V during the chunk's
 # attention and dense work, as swap stages whole layers. H200, 2026-12-01, Llama-3.1-8B batch 4 at 16K: 2 slots
 # 1.13x swap's TPOT, 4 slots 0.99x, 8 slots 0.97x (results/h200/README.md, seventeenth session). 12 slots hold a
@@ -43,8 +44,9 @@ SERVING_STREAM_SLOTS = 12
 # own kernel, copy event and merge part; and a small read takes 3 slots of HBM, not 12. H200, 2026-12-02, stream /
 # swap TPOT (sdpa prompt chunks), 64 against 16 MiB slots in one process (a Hydra multirun): ShareGPT 10 req/s
 # 0.868 against 0.989 (stream 15% faster, swap 3%; 0.84 GB less GPU memory), Llama batch 4 32K 0.997 against 1.025;
-# in earlier calls of the day 32K 0.981 / 0.983 (both orders) against 1.015, 16K 1.024 / 1.012 (1.031 / 1.032 a
-# session earlier), OPT-13B 3 x 16K 1.053 / 1.049 (1.042 / 1.053): no better there (twenty-fourth session).
+# in earlier calls of the day 32K 0.981 / 0.983 (both orders) against 1.015, 16K 1.024 / 1.012 (1.031 / 1.032 in
+# the twenty-second session), OPT-13B 3 x 16K 1.053 / 1.049 (1.042 / 1.053 in the twenty-first): no better there
+# (twenty-fourth session; the ShareGPT and 32K pairs ran swap first, and in the one process 64 after 16).
 SERVING_STREAM_CHUNK_MIB = 64
 # A min_chunks cut stops at ring slots this small (each chunk costs launches; decode's equal chunks may come out
 # smaller, prefill's do not); serving also reads a prompt chunk's past this small in place (stream_reads_in_place).
@@ -94,7 +96,7 @@ def check_stream_chunk_mib(chunk_mib, slots: int, name: str = "stream_chunk_mib"
     low, high = STREAM_MIN_CHUNK_BYTES >> 20, slots * (STREAM_CHUNK_BYTES >> 20) // 2
     check(isinstance(chunk_mib, int) and not isinstance(chunk_mib, bool) and low <= chunk_mib <= high,
           f"{name} must be an int in {low}..{high} (MiB of K per decode ring slot: the ring's {slots} x 16 MiB "
-          f"of K must make >= 2 slots); got {chunk_mib!r}")
+          f"of K, from the stream slots, must make >= 2 slots; fewer slots need a smaller chunk); got {chunk_mib!r}")
     return chunk_mib
 
 

@@ -126,7 +126,8 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     FlashAttention-2, merged with the past's tiled pass).
 
     stream_slots: directkv variant stream only: its rings' HBM in slots of 32 MiB of K and V (2 = the 64 MiB of
-    the kernel target, 12 by default); a prompt chunk's ring takes up to that many such slots.
+    the kernel target, with stream_chunk_mib <= 16; 12 by default); a prompt chunk's ring takes up to that many
+    such slots.
     stream_chunk_mib: the decode ring holds that HBM in slots of this many MiB of K (and as much V): 64 by
     default, so 3 slots; 16 = stream_slots slots. Both recorded on its rows (directkv_stream_slots,
     directkv_stream_chunk_mib).

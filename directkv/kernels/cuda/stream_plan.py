@@ -176,7 +176,7 @@ def plan_stream(kv: PagedKV, *, chunk_bytes: int = STREAM_CHUNK_BYTES, num_slots
     host_table : (block table, seq_lens) as CPU tensors equal to kv's, where the caller has them: reading
         kv's from the GPU is a device sync.
     ring_bytes : the most the ring (all slots, K and V) may hold; the kernel benchmarks' target keeps the default
-        64 MiB, a serving path may allow more slots (ZeroCopyPath's stream_slots).
+        64 MiB, a serving path may allow more (ZeroCopyPath's decode_slots of decode_chunk_bytes).
     side : the copy stream of a new ring (None: a stream of its own; a ring taken over keeps its stream). A
         serving path gives its decode and prompt rings one stream, so their copies run in the order it queues
         them (ZeroCopyPath.copy_stream).
