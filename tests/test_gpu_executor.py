@@ -355,8 +355,8 @@ def test_directkv_stream_prefetch_reads_what_tiled_reads(chunk_bytes, slots, mon
     streamed too (with the default chunks and in-place rule, 2 MiB of K, they are read in place); with the
     default chunks each layer is one chunk, so the next layer's is copied while this one's is read. The prompt
     ring's first prefetch of a step waits for the main stream, the later ones only for their slots' readers.
-    With 4 decode ring slots the copies run further ahead of the kernels (16 MiB slots, or the small chunks). A mixed step's two rings
-    share one copy stream. The check itself reads each output back (a sync per layer), so it cannot catch a copy
+    With 4 decode ring slots the copies run further ahead of the kernels (16 MiB slots, or the small chunks). A
+    mixed step's two rings share one copy stream. The check itself reads each output back (a sync per layer), so it cannot catch a copy
     racing a reader:
     test_cuda_decode's lagging-reader tests do."""
     from functools import partial

@@ -123,9 +123,10 @@ def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: System
     chunk of a small past (twice as long for a prompt's short tail) is read in place by the tiled kernel at the SM
     rate (stream_reads_in_place). The decode ring holds stream_slots x 16 MiB of K in slots of stream_chunk_mib
     (decode_ring); each ring chunk of a layer's decode read is a kernel of its own, charged a launch, so fewer,
-    larger slots cost less (H200, 2026-12-02, Llama batch 4 32K: stream's step 121.0 ms with 16 MiB slots, 16
-    chunks per layer, 118.3 with 64 MiB, 4; 12 launches x 32 layers at 5 us are 1.9 ms of that). The host time
-    each chunk also costs (most of the ShareGPT gain of the same change) is not modelled."""
+    larger slots cost less (H200, 2026-12-02, Llama batch 4 32K: stream's step 121.0 ms with 16 MiB slots, 16-17
+    chunks per layer, 118.3 with 64 MiB, 4-5; 12 launches x 32 layers at 5 us are 1.9 ms of that). The host time
+    each chunk also costs (on ShareGPT the host's queueing per step fell 4.9 ms with the same change) is not
+    modelled."""
     kvl = model.kv_bytes_per_token_per_layer()
     streamed, in_place = stream_parts(step, model, page_size)
     chunks = streamed.prefills
