@@ -19,6 +19,7 @@ from directkv.engine.systems import (
     Pipelining,
     SystemPolicy,
     check_hbm_prefill,
+    check_no_past_prefill,
 )
 from directkv.errors import ConfigError, check, unknown_name
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES
@@ -50,6 +51,7 @@ class Setup:
     warmup_pass: bool = True  # measured serving: each system's first point of a process served once, unmeasured, first
     hbm_prefill: str = "kernel"  # measured and simulated: a prompt chunk over HBM pages by our tiled kernel or by SDPA
     stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB  # directkv stream: the K per slot its decode ring cuts its HBM into
+    no_past_prefill: str = "kernel"  # measured and simulated: directkv's prompt chunks with no past by its kernel or SDPA
 
 
 def resolve_device(requested: str) -> str:
@@ -98,6 +100,7 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     chunk_mib = check_stream_chunk_mib(executor.get("directkv_stream_chunk_mib", SERVING_STREAM_CHUNK_MIB), slots,
                                        "executor.directkv_stream_chunk_mib")
     hbm_prefill = check_hbm_prefill(executor.get("hbm_prefill", "kernel"))
+    no_past_prefill = check_no_past_prefill(executor.get("directkv_no_past_prefill", "kernel"))
     warm = executor.get("warmup_pass", True)
     check(isinstance(warm, bool), f"executor.warmup_pass must be true or false; got {warm!r}")
     pipelining = Pipelining.from_config(executor)
@@ -105,7 +108,7 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     # graphs are a property of the measured executor (the simulation has no kernel launches); directkv's
     # pipelining is simulated too (systems.pipelined_step_cost)
     return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda",
-                 cpu_kernel, pipelining, new_pass, slots, warm, hbm_prefill, chunk_mib)
+                 cpu_kernel, pipelining, new_pass, slots, warm, hbm_prefill, chunk_mib, no_past_prefill)
 
 
 def policies(cfg: DictConfig) -> list[SystemPolicy]:

@@ -53,8 +53,10 @@ def resimulate(run_dir: Path, manifest: dict | None = None) -> pd.DataFrame:
     # a run whose device copy was edited to do what a later option does says so as overrides (key=value, as on
     # the command line): it is simulated as it ran, though its own rows carry no column for them
     cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(manifest.get("device_copy_equivalent_overrides", [])))
-    # runs from before executor.hbm_prefill attended HBM prompt chunks with the kernel, the default
+    # runs from before executor.hbm_prefill attended HBM prompt chunks with the kernel, the default; and before
+    # executor.directkv_no_past_prefill directkv's chunks with no past too, the default
     before_hbm_prefill = OmegaConf.select(cfg, "executor.hbm_prefill") is None
+    before_no_past = OmegaConf.select(cfg, "executor.directkv_no_past_prefill") is None
     with tempfile.TemporaryDirectory() as tmp, _token_counter(manifest, run_dir / "schedules"):
         cfg.device, cfg.render, cfg.progress = "cpu", False, False
         cfg.results_root, cfg.run_id = tmp, "resimulated"
@@ -63,7 +65,7 @@ def resimulate(run_dir: Path, manifest: dict | None = None) -> pd.DataFrame:
         rows = pd.read_parquet(path)
     # the run's own rows carry neither column then, and plots.compare pairs rows by the options both carry
     drop = (["directkv_stream_slots"] * before_the_key + ["directkv_stream_chunk_mib"] * before_chunk_mib
-            + ["hbm_prefill"] * before_hbm_prefill)
+            + ["hbm_prefill"] * before_hbm_prefill + ["directkv_no_past_prefill"] * before_no_past)
     return rows.drop(columns=drop, errors="ignore")
 
 

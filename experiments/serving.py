@@ -11,7 +11,7 @@ from pathlib import Path
 
 from directkv.engine.loop import ServeResult
 from directkv.engine.sim_executor import kv_budgets, simulate
-from directkv.engine.systems import SystemPolicy, stream_row_columns
+from directkv.engine.systems import SystemPolicy, no_past_row_columns, stream_row_columns
 from directkv.errors import ConfigError, KVCapacityError
 from directkv.results import ResultsWriter
 from experiments.common import Setup
@@ -77,12 +77,13 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
             return _fill(row, res, s, extra | {"process_warm": warm})
         res = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
                        pipelining=s.pipelining, stream_slots=s.stream_slots, stream_chunk_mib=s.stream_chunk_mib,
-                       hbm_prefill=s.hbm_prefill)
+                       hbm_prefill=s.hbm_prefill, no_past_prefill=s.no_past_prefill)
         # a pipelined directkv row is simulated pipelined too, and says so like its measured row; a stream row
-        # says with which decode ring it was simulated; every row, with which prompt-chunk attention
-        # over HBM pages (as every measured row says)
-        extra = (s.pipelining.row_columns(policy, measured=False) | stream_row_columns(policy, s.stream_slots, s.stream_chunk_mib)
-                 | {"hbm_prefill": s.hbm_prefill})
+        # says with which decode ring it was simulated; a directkv row, with what attended its chunks with no past;
+        # every row, with which prompt-chunk attention over HBM pages (as every measured row says)
+        extra = (s.pipelining.row_columns(policy, measured=False)
+                 | stream_row_columns(policy, s.stream_slots, s.stream_chunk_mib)
+                 | no_past_row_columns(policy, s.no_past_prefill) | {"hbm_prefill": s.hbm_prefill})
         return _fill(row, res, s, extra)
     except KVCapacityError as e:
         return row | {"status": "oom", "error": str(e)}
@@ -101,7 +102,7 @@ def _serve_gpu(policy: SystemPolicy, s: Setup, requests: list[Request], warmup: 
     return run_gpu(requests, policy, s.model, mem=s.mem, sched_cfg=s.sched, warmup=warmup, cuda_graphs=s.cuda_graphs,
                    cpu_attn_kernel=s.cpu_attn_kernel, pipelining=s.pipelining, prefill_new_pass=s.prefill_new_pass,
                    stream_slots=s.stream_slots, stream_chunk_mib=s.stream_chunk_mib, hbm_prefill=s.hbm_prefill,
-                   steps_path=steps_path)
+                   no_past_prefill=s.no_past_prefill, steps_path=steps_path)
 
 
 def warm_process(policy: SystemPolicy, s: Setup, requests: list[Request], *, warmup: int) -> bool:

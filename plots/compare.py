@@ -61,7 +61,8 @@ def compare_table(df: pd.DataFrame, exp: str, metric: str = "tpot_ms") -> str:
 # simulated row without the column modelled that value (until 2026-12-02 it charged every HBM prompt chunk as our
 # tiled kernel), so it is no twin of a measured row of those systems run with another.
 MODELLED_BEFORE = {"hbm_prefill": ("kernel", ("hbm", "swap", "cpu_attn", "flexgen")),
-                   "directkv_stream_chunk_mib": (16, ("directkv",))}  # 12 x 16 MiB decode slots until 2026-12-02
+                   "directkv_stream_chunk_mib": (16, ("directkv",)),  # 12 x 16 MiB decode slots until 2026-12-02
+                   "directkv_no_past_prefill": ("kernel", ("directkv",))}
 
 
 def _twin(sims: pd.DataFrame, measured: pd.Series | None) -> pd.DataFrame:

@@ -19,6 +19,7 @@ from directkv.engine.systems import (
     StepCost,
     SystemPolicy,
     check_hbm_prefill,
+    check_no_past_prefill,
     gpu_memory_bytes,
     step_cost,
 )
@@ -64,11 +65,12 @@ class CostModelStepper:
     stream_slots: int = SERVING_STREAM_SLOTS  # directkv stream's rings' HBM, in 16 MiB slots of K
     hbm_prefill: str = "kernel"  # what attends prompt chunks over HBM pages (hbm and the staged systems)
     stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB  # K per slot of its decode ring
+    no_past_prefill: str = "kernel"  # what attends directkv's prompt chunks with no past
 
     def run_step(self, step: Step) -> StepCost:
         cost = step_cost(self.policy, step, self.model, self.cm, self.pipelining, page_size=self.page_size,
                          stream_slots=self.stream_slots, stream_chunk_mib=self.stream_chunk_mib,
-                         hbm_prefill=self.hbm_prefill)
+                         hbm_prefill=self.hbm_prefill, no_past_prefill=self.no_past_prefill)
         if self.on_step is not None:
             self.on_step(step, cost)
         return cost
@@ -79,23 +81,26 @@ def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm
              pipelining: Pipelining = NO_PIPELINING,
              on_step: Callable[[Step, StepCost], None] | None = None,
              stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
-             hbm_prefill: str = "kernel") -> ServeResult:
+             hbm_prefill: str = "kernel", no_past_prefill: str = "kernel") -> ServeResult:
     """Serve `requests` with `policy` on the cost model; raises KVCapacityError if weights alone don't fit.
     pipelining: directkv's two-part steps as the measured executor would run them (systems.pipelined_step_cost).
     on_step: called with every step and its simulated cost. stream_slots: directkv stream's rings' HBM, in 16 MiB
     slots of K (executor.directkv_stream_slots; the prompt chunk's ring takes up to that many); stream_chunk_mib:
     the K per slot of its decode ring (executor.directkv_stream_chunk_mib).
-    hbm_prefill: our tiled kernel or SDPA for prompt chunks over HBM pages (executor.hbm_prefill)."""
+    hbm_prefill: our tiled kernel or SDPA for prompt chunks over HBM pages (executor.hbm_prefill).
+    no_past_prefill: the same for directkv's prompt chunks with no past (executor.directkv_no_past_prefill)."""
     pipelining.check_system(policy)
     check_stream_slots(stream_slots)
     check_stream_chunk_mib(stream_chunk_mib, stream_slots)
     check_hbm_prefill(hbm_prefill)
+    check_no_past_prefill(no_past_prefill)
     sched_cfg = sched_cfg or SchedulerConfig()
     hbm_kv, host_kv = kv_budgets(policy, model, mem, sched_cfg)
     kv = KVCacheManager(model, page_size=mem.page_size, hbm_budget_bytes=hbm_kv, host_budget_bytes=host_kv,
                         bytes_per_token=policy.kv_bytes_per_token(model))
     stepper = CostModelStepper(policy, model, cm, pipelining, mem.page_size, on_step, stream_slots=stream_slots,
-                               stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill)
+                               stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill,
+                               no_past_prefill=no_past_prefill)
     res = serve(requests, stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg, warmup=warmup)
     res.gpu_mem_bytes = gpu_memory_bytes(model, kv_hbm_peak=res.kv_hbm_peak_bytes,
                                          staging_peak=res.staging_peak_bytes,

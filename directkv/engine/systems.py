@@ -55,6 +55,9 @@ DEFAULT_CPU_ATTN_KERNEL = "native"
 # a prompt chunk over HBM pages (hbm's cache; the staged systems' staging pool): our tiled kernel, or torch SDPA
 # (executor.hbm_prefill; engine.gpu.hbm_prefill), measured and simulated alike (hbm_attention)
 HBM_PREFILLS = ("kernel", "sdpa")
+# what attends a directkv prompt chunk with no past (executor.directkv_no_past_prefill): its K/V are the
+# projection's output in HBM, so SDPA (FlashAttention) needs no gather; the kernel is the paper's path
+NO_PAST_PREFILLS = ("kernel", "sdpa")
 # CTAs of directkv's side-stream decode kernel when pipelined: fewer leave SMs to the other part's dense
 # layers (H200, 4K x 4: 32 CTAs 53.9 ms per token, 64 53.1, 128 57.0, uncapped 60.4)
 DEFAULT_DIRECTKV_SIDE_CTAS = 64
@@ -106,8 +109,8 @@ def stream_parts(step: Step, model: ModelSpec, page_size: int) -> tuple[Step, St
 
 
 def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPolicy, t_lin: float,
-                     page_size: int, stream_slots: int,
-                     stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB) -> tuple[float, int, Traffic]:
+                     page_size: int, stream_slots: int, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
+                     no_past_prefill: str = "kernel") -> tuple[float, int, Traffic]:
     """(seconds of one layer's attention, HBM its rings hold, its traffic) for directkv `stream`, as the executor
     runs a layer:
     dense work (`t_lin`), the new K/V stored to host by SM writes, the decodes' kernel, then the prompt chunks'.
@@ -126,7 +129,7 @@ def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: System
     larger slots cost less (H200, 2026-12-02, Llama batch 4 32K: stream's step 121.0 ms with 16 MiB slots, 16-17
     chunks per layer, 118.3 with 64 MiB, 4-5; 12 launches x 32 layers at 5 us are 1.9 ms of that). The host time
     each chunk also costs (on ShareGPT the host's queueing per step fell 4.9 ms with the same change) is not
-    modelled."""
+    modelled. no_past_prefill "sdpa": a chunk with no past is one SDPA call over its own K/V (no_past_sdpa)."""
     kvl = model.kv_bytes_per_token_per_layer()
     streamed, in_place = stream_parts(step, model, page_size)
     chunks = streamed.prefills
@@ -164,12 +167,17 @@ def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: System
         decode_chunks = ceil_div(decode_k, min(decode_chunk, max(decode_k, STREAM_MIN_CHUNK_BYTES))) if decode_k else 0
         kernels = decode_chunks + len(chunks)
         t = max(store + left_decodes + max(math_t, left_chunks), link - t_lin) + kernels * cm.hw.launch_us * 1e-6
+    # chunks with no past, with no_past_prefill sdpa: one SDPA call each over their own K/V (no_past_sdpa)
+    in_place, no_past = split_no_past(in_place) if no_past_prefill == "sdpa" else (in_place, ())
     if in_place.prefills:
         # timed as directkv tiled times it, its store inside the roofline (so a step of in-place chunks costs
         # what tiled's does), though the executor stores before the kernel as for the streamed part
         in_place_traffic = st.attention_traffic(in_place, model, "tiled", policy)
         t += cm.time(in_place_traffic, link="sm")
         traffic = traffic + in_place_traffic  # the chunks it reads in place move tiled's bytes, not a ring's
+    if no_past:
+        sdpa_traffic, sdpa_t = no_past_sdpa(no_past, model, cm)
+        t, traffic = t + sdpa_t, traffic + sdpa_traffic
     return t, sum(sizes), traffic
 
 
@@ -177,6 +185,13 @@ def check_hbm_prefill(name: object) -> str:
     """`name` if it is one of HBM_PREFILLS, else the one-line ConfigError naming the valid ones."""
     if name not in HBM_PREFILLS:
         raise unknown_name("executor.hbm_prefill", name, HBM_PREFILLS)
+    return str(name)
+
+
+def check_no_past_prefill(name: object) -> str:
+    """`name` if it is one of NO_PAST_PREFILLS, else the one-line ConfigError naming the valid ones."""
+    if name not in NO_PAST_PREFILLS:
+        raise unknown_name("executor.directkv_no_past_prefill", name, NO_PAST_PREFILLS)
     return str(name)
 
 
@@ -203,6 +218,35 @@ def hbm_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPol
     return total, t
 
 
+def split_no_past(step: Step) -> tuple[Step, tuple]:
+    """(the step without its prompt chunks that have no past, those chunks)."""
+    no_past = tuple(c for c in step.prefills if c.past_len == 0)
+    if not no_past:
+        return step, ()
+    return Step(step.decodes, tuple(c for c in step.prefills if c.past_len)), no_past
+
+
+def no_past_sdpa(chunks: tuple, model: ModelSpec, cm: CostModel) -> tuple[Traffic, float]:
+    """(traffic, seconds) of directkv's prompt chunks with no past under directkv_no_past_prefill sdpa, one
+    layer: one SDPA
+    call per chunk over its own K/V (FlashAttention's fitted efficiency, as hbm_attention charges it), and the
+    store of its new K/V to the host tier by SM writes (attention_traffic's store). Charged after the rest of the
+    step's attention, as the executor runs them; the kernel path's one roofline lets the decodes' link reads
+    overlap the chunk's math, so beside decodes the model may call sdpa the slower of the two."""
+    shape, kvl = st.head_shape(model), model.kv_bytes_per_token_per_layer()
+    total, t = Traffic(), 0.0
+    for c in chunks:
+        attn, store = sdpa_chunk_traffic(c.chunk_len, 0, **shape), Traffic(link_write_bytes=c.chunk_len * kvl)
+        total = total + attn + store
+        t += cm.time(attn, flops_kind="flash_attention") + cm.terms(store, link="sm")["link_write"]
+    return total, t
+
+
+def no_past_row_columns(policy: SystemPolicy, no_past_prefill: str) -> dict:
+    """The column a directkv result row carries, measured or simulated: what attended its no-past prompt chunks."""
+    return {"directkv_no_past_prefill": no_past_prefill} if policy.name == "directkv" else {}
+
+
 def stream_row_columns(policy: SystemPolicy, stream_slots: int, stream_chunk_mib: int) -> dict:
     """The columns a result row of directkv `stream` carries, measured or simulated: the slots its rings' HBM is
     counted in and the K per decode ring slot."""
@@ -221,14 +265,16 @@ class StepCost:
 def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
               pipelining: Pipelining | None = None, *, page_size: int = 16,
               stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
-              hbm_prefill: str = "kernel") -> StepCost:
+              hbm_prefill: str = "kernel", no_past_prefill: str = "kernel") -> StepCost:
     """Time of one engine step for `policy`, by layer: linear work + the system's attention path. With
     `pipelining` enabled, directkv's steps that the measured executor cuts run as two parts
     (pipelined_step_cost). page_size: tokens per KV page (directkv stream's in-place rule counts pages).
     stream_slots: directkv stream's rings' HBM in 16 MiB slots of K (executor.directkv_stream_slots), which bounds
     how much of a layer's decode K/V is copied while the GPU does other work (stream_attention); the decode ring
     holds it in slots of stream_chunk_mib MiB of K (executor.directkv_stream_chunk_mib; decode_ring). hbm_prefill: what attends
-    prompt chunks over HBM pages in hbm, swap, flexgen and cpu_attn (executor.hbm_prefill; hbm_attention)."""
+    prompt chunks over HBM pages in hbm, swap, flexgen and cpu_attn (executor.hbm_prefill; hbm_attention).
+    no_past_prefill: what attends directkv's prompt chunks with no past (executor.directkv_no_past_prefill:
+    its kernel, or one SDPA call each, no_past_sdpa)."""
     if pipelining is not None and policy.name == "directkv":
         cut = pipelining.cut(policy, step, model.kv_bytes_per_token_per_layer())
         if cut is not None:
@@ -249,10 +295,18 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
     elif name == "directkv":
         if policy.variant == "stream":
             attn_t, staging, attn = stream_attention(step, model, cm, policy, t_lin, page_size, stream_slots,
-                                                      stream_chunk_mib)
+                                                      stream_chunk_mib, no_past_prefill)
         else:
-            attn = st.attention_traffic(step, model, policy.variant, policy)
-            attn_t, staging = cm.time(attn, link="sm"), 0
+            # with directkv_no_past_prefill sdpa a prompt chunk with no past is one SDPA call over its own K/V, in
+            # HBM (the executor's ZeroCopyPath._chunks); the rest of the step as the variant runs it
+            rest, no_past = split_no_past(step) if no_past_prefill == "sdpa" else (step, ())
+            attn_t, staging, attn = 0.0, 0, Traffic()
+            if rest.decodes or rest.prefills:
+                attn = st.attention_traffic(rest, model, policy.variant, policy)
+                attn_t = cm.time(attn, link="sm")
+            if no_past:
+                sdpa_traffic, sdpa_t = no_past_sdpa(no_past, model, cm)
+                attn, attn_t = attn + sdpa_traffic, attn_t + sdpa_t
         layer_t, layer_traffic = t_lin + attn_t, lin + attn
     elif name in ("swap", "flexgen"):
         ratio = policy.kv_bytes_per_token(model) / model.kv_bytes_per_token()  # < 1 for FlexGen's 4-bit KV

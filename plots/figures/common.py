@@ -58,6 +58,7 @@ MODE_ORDER = {"measured": 0, "simulated": 1, "projected": 2}
 EXECUTOR_OPTIONS = {"cuda_graphs": {True: "graphs", False: "eager"}, "cpu_attn_kernel": {},
                     "prefill_new_pass": {"kernel": "tiled prefill", "flash": "flash prefill"},
                     "hbm_prefill": {"kernel": "kernel HBM prompts", "sdpa": "SDPA HBM prompts"},
+                    "directkv_no_past_prefill": {"kernel": "kernel first chunks", "sdpa": "SDPA first chunks"},
                     "directkv_stream_slots": "{:g} x 32 MiB rings", "directkv_stream_chunk_mib": "{:g} MiB decode slots",
                     "directkv_pipelined": {True: "pipelined", False: "one batch"},
                     "directkv_side_ctas": "{:g} side CTAs", "directkv_pipeline_min_kv_mb": "cut from {:g} MB",

@@ -25,6 +25,8 @@ from directkv.engine.systems import (
     Pipelining,
     SystemPolicy,
     check_hbm_prefill,
+    check_no_past_prefill,
+    no_past_row_columns,
     stream_row_columns,
 )
 from directkv.kernels.traffic_model import (
@@ -106,7 +108,8 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
             cuda_graphs: bool = False, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
             pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel",
             stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
-            hbm_prefill: str = "kernel", steps_path: Path | None = None) -> tuple[ServeResult, dict]:
+            hbm_prefill: str = "kernel", no_past_prefill: str = "kernel",
+            steps_path: Path | None = None) -> tuple[ServeResult, dict]:
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
     steps_path: where to write the run's per-step times (write_step_series), if anywhere; a write that fails
     leaves the run's row, with steps_file_error saying why.
@@ -133,9 +136,13 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     directkv_stream_chunk_mib).
 
     hbm_prefill: a prompt chunk over HBM pages (hbm, and the staging pools of swap, cpu_attn and flexgen):
-    "kernel" (our tiled kernel) or "sdpa" (gathered into contiguous K/V, then torch SDPA; hbm_prefill.py)."""
+    "kernel" (our tiled kernel) or "sdpa" (gathered into contiguous K/V, then torch SDPA; hbm_prefill.py).
+
+    no_past_prefill: directkv only: a prompt chunk with no past by its kernel ("kernel") or by one SDPA call over
+    the chunk's own K/V, in HBM ("sdpa"); recorded on its rows as directkv_no_past_prefill."""
     pipelining.check_system(policy)  # before pinning host memory and capturing graphs
     check_hbm_prefill(hbm_prefill)
+    check_no_past_prefill(no_past_prefill)
     check_stream_slots(stream_slots, "stream_slots (executor.directkv_stream_slots)")  # before pinning, every system
     check_stream_chunk_mib(stream_chunk_mib, stream_slots, "stream_chunk_mib (executor.directkv_stream_chunk_mib)")
     dev = torch.device(device)
@@ -175,10 +182,10 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     extra |= pipelining.row_columns(policy, measured=True)
     extra["prefill_new_pass"] = prefill_new_pass
     extra["hbm_prefill"] = hbm_prefill
-    extra |= stream_row_columns(policy, stream_slots, stream_chunk_mib)
+    extra |= stream_row_columns(policy, stream_slots, stream_chunk_mib) | no_past_row_columns(policy, no_past_prefill)
     stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads, cpu_attn_kernel=cpu_attn_kernel,
                          pipelining=pipelining, prefill_new_pass=prefill_new_pass, stream_slots=stream_slots,
-                         stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill)
+                         stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill, no_past_prefill=no_past_prefill)
     # warm-up outside the measurement: kernel builds and first launches, library handles
     serve([Request(-1, 64, 3), Request(-2, 40, 3)], stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg)
     if cuda:

@@ -95,8 +95,10 @@ class ZeroCopyPath:
         # new_pass); set by make_path from executor.prefill_new_pass
         self.prefill_new_pass = "kernel"
         # a prompt chunk over HBM pages (hbm; the staged systems' staging pool): "kernel" (our tiled kernel) or
-        # "sdpa" (hbm_prefill.sdpa_chunk); set by make_path from executor.hbm_prefill
+        # "sdpa" (hbm_prefill.sdpa_chunk); set by make_path from executor.hbm_prefill; and a chunk with no past
+        # (directkv; executor.directkv_no_past_prefill)
         self.hbm_prefill = "kernel"
+        self.no_past_prefill = "kernel"
 
     def begin(self, plan: StepPlan) -> None:
         self.plan = plan
@@ -234,7 +236,11 @@ class ZeroCopyPath:
         `base`; chunk_tables_cpu: CPU copies of chunk_tables (attention's tables_cpu)."""
         for i, (c, table) in enumerate(zip(p.chunks, chunk_tables, strict=True)):
             rows = slice(c.start - base, c.start - base + c.length)
-            if tier == "hbm" and self.hbm_prefill == "sdpa":  # no link bytes: the past is in HBM already
+            # no link bytes: the past is in HBM already, or there is none (directkv_no_past_prefill: the chunk's own
+            # K/V are the projection's output in HBM; in the OPT-13B 3 x 16K steps holding a request's first
+            # 8K-token chunk directkv's tiled kernel took 114-117 ms more than swap's SDPA, H200 2026-12-02,
+            # steps/ of context_sweep/20261202-143720)
+            if (self.hbm_prefill == "sdpa" and tier == "hbm") or (self.no_past_prefill == "sdpa" and c.past_len == 0):
                 out[rows] = sdpa_chunk(q[rows], k[rows], v[rows], k_pool, v_pool, table[0], c.past_len,
                                        self.kv.page_size)
                 self.traffic = self.traffic + sdpa_chunk_traffic(

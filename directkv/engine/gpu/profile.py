@@ -41,6 +41,7 @@ from directkv.engine.systems import (
     DEFAULT_DIRECTKV_SIDE_CTAS,
     DEFAULT_PIPELINE_MIN_KV_MB,
     HBM_PREFILLS,
+    NO_PAST_PREFILLS,
     NO_PIPELINING,
     SYSTEMS,
     Pipelining,
@@ -217,7 +218,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
             pipelining: Pipelining = NO_PIPELINING, python: bool = False, stacks: bool = False,
             schedule: str | None = None, min_decodes: int = 0, hardware: str = "h200-pcie5",
             prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS,
-            stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB, hbm_prefill: str = "kernel") -> None:
+            stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB, hbm_prefill: str = "kernel",
+            no_past_prefill: str = "kernel") -> None:
     check(not (python and stacks), "--stacks records torch.profiler stacks and --python runs cProfile instead; "
           "got both: pass one")
     check(all(isinstance(x, int) and x >= 0 for x in (skip, count, min_decodes)),
@@ -260,7 +262,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         res, extra = run_gpu(requests, policy, spec, mem=mem, sched_cfg=sched,
                              device="cuda" if torch.cuda.is_available() else "cpu", cuda_graphs=graphs,
                              pipelining=pipelining, prefill_new_pass=prefill_new_pass, stream_slots=stream_slots,
-                             stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill)
+                             stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill,
+                             no_past_prefill=no_past_prefill)
     finally:
         GPUStepper.run_step = inner
     what = f"schedule {schedule} ({len(requests)} requests)" if schedule else f"context {context} batch {batch} output {output}"
@@ -274,7 +277,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         sim: list[tuple[str, float]] = []
         res_sim = simulate(requests, policy, spec, cost_model, mem=mem,
                            sched_cfg=sched, pipelining=pipelining, stream_slots=stream_slots,
-                           stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill,
+                           stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill, no_past_prefill=no_past_prefill,
                            on_step=lambda step, cost: sim.append((step_kind(step), cost.time_s)))
         print(f"simulated ({hardware} cost model, same requests): {res_sim.steps} steps, "
               f"{res_sim.duration_s:.2f} s engine time, TPOT {res_sim.metrics['mean_tpot_ms']:.1f} ms")
@@ -356,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hbm-prefill", choices=HBM_PREFILLS, default="kernel",
                     help="a prompt chunk over HBM pages (hbm, the staged systems): our tiled kernel or SDPA "
                          "(executor.hbm_prefill)")
+    ap.add_argument("--no-past-prefill", choices=NO_PAST_PREFILLS, default="kernel",
+                    help="directkv's prompt chunks with no past: its kernel or SDPA (executor.directkv_no_past_prefill)")
     a = ap.parse_args(argv)
     try:
         profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
@@ -363,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                 pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python,
                 stacks=a.stacks, schedule=a.schedule, min_decodes=a.min_decodes, hardware=a.hardware,
                 prefill_new_pass=a.prefill_new_pass, stream_slots=a.stream_slots,
-                stream_chunk_mib=a.stream_chunk_mib, hbm_prefill=a.hbm_prefill)
+                stream_chunk_mib=a.stream_chunk_mib, hbm_prefill=a.hbm_prefill, no_past_prefill=a.no_past_prefill)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -22,6 +22,7 @@ from directkv.engine.systems import (
     StepCost,
     SystemPolicy,
     check_hbm_prefill,
+    check_no_past_prefill,
 )
 from directkv.errors import ConfigError, unknown_name
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES
@@ -33,15 +34,18 @@ from directkv.model.runner import ModelRunner
 def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *, cpu_threads: int | None = None,
               cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL, directkv_side_ctas: int | None,
               prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS,
-              stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB, hbm_prefill: str = "kernel"):
+              stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB, hbm_prefill: str = "kernel",
+              no_past_prefill: str = "kernel"):
     if prefill_new_pass not in NEW_PASSES:  # before anything is pinned or captured, not at the first prompt
         raise unknown_name("prefill_new_pass", prefill_new_pass, NEW_PASSES)
     check_hbm_prefill(hbm_prefill)
+    check_no_past_prefill(no_past_prefill)
     path = _system_path(policy, kv, device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
                         directkv_side_ctas=directkv_side_ctas, stream_slots=stream_slots,
                         stream_chunk_mib=stream_chunk_mib)
     path.prefill_new_pass = prefill_new_pass  # every path is a ZeroCopyPath: its _chunks reads both
     path.hbm_prefill = hbm_prefill
+    path.no_past_prefill = no_past_prefill if policy.name == "directkv" else "kernel"  # the others': hbm_prefill
     return path
 
 
@@ -68,13 +72,14 @@ class GPUStepper:
                  seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
                  pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel",
                  stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
-                 hbm_prefill: str = "kernel"):
+                 hbm_prefill: str = "kernel", no_past_prefill: str = "kernel"):
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
         pipelining.check_system(policy)
         self.pipelining = pipelining
         self.path = make_path(policy, kv, self.device, cpu_threads=cpu_threads, cpu_attn_kernel=cpu_attn_kernel,
                               directkv_side_ctas=pipelining.side_ctas, prefill_new_pass=prefill_new_pass,
-                              stream_slots=stream_slots, stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill)
+                              stream_slots=stream_slots, stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill,
+                              no_past_prefill=no_past_prefill)
         self.gen = torch.Generator().manual_seed(seed)
         self.last_token: dict[int, int] = {}  # request -> token to feed at its next decode
         self.outputs: dict[int, list[int]] = {}  # request -> generated ids (tests compare systems on them)
