@@ -57,6 +57,8 @@ def resimulate(run_dir: Path, manifest: dict | None = None) -> pd.DataFrame:
     # executor.directkv_no_past_prefill directkv's chunks with no past too, the default
     before_hbm_prefill = OmegaConf.select(cfg, "executor.hbm_prefill") is None
     before_no_past = OmegaConf.select(cfg, "executor.directkv_no_past_prefill") is None
+    if before_no_past:  # named, not left to the default: they ran the kernel whatever the default becomes
+        OmegaConf.update(cfg, "executor.directkv_no_past_prefill", "kernel")
     with tempfile.TemporaryDirectory() as tmp, _token_counter(manifest, run_dir / "schedules"):
         cfg.device, cfg.render, cfg.progress = "cpu", False, False
         cfg.results_root, cfg.run_id = tmp, "resimulated"

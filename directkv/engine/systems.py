@@ -230,15 +230,15 @@ def no_past_sdpa(chunks: tuple, model: ModelSpec, cm: CostModel) -> tuple[Traffi
     """(traffic, seconds) of directkv's prompt chunks with no past under directkv_no_past_prefill sdpa, one
     layer: one SDPA
     call per chunk over its own K/V (FlashAttention's fitted efficiency, as hbm_attention charges it), and the
-    store of its new K/V to the host tier by SM writes (attention_traffic's store). Charged after the rest of the
-    step's attention, as the executor runs them; the kernel path's one roofline lets the decodes' link reads
-    overlap the chunk's math, so beside decodes the model may call sdpa the slower of the two."""
+    store of its new K/V to the host tier by SM writes (attention_traffic's store), in one roofline with it as the
+    kernel path charges its store. Charged after the rest of the step's attention, as the executor runs them; the
+    kernel path's one roofline for the whole step lets the decodes' link reads overlap the chunk's math, so beside
+    decodes the model may call sdpa the slower of the two."""
     shape, kvl = st.head_shape(model), model.kv_bytes_per_token_per_layer()
     total, t = Traffic(), 0.0
     for c in chunks:
-        attn, store = sdpa_chunk_traffic(c.chunk_len, 0, **shape), Traffic(link_write_bytes=c.chunk_len * kvl)
-        total = total + attn + store
-        t += cm.time(attn, flops_kind="flash_attention") + cm.terms(store, link="sm")["link_write"]
+        chunk = sdpa_chunk_traffic(c.chunk_len, 0, **shape) + Traffic(link_write_bytes=c.chunk_len * kvl)
+        total, t = total + chunk, t + cm.time(chunk, flops_kind="flash_attention", link="sm")
     return total, t
 
 
@@ -278,7 +278,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
     if pipelining is not None and policy.name == "directkv":
         cut = pipelining.cut(policy, step, model.kv_bytes_per_token_per_layer())
         if cut is not None:
-            return pipelined_step_cost(policy, step, cut, model, cm)
+            return pipelined_step_cost(policy, step, cut, model, cm, no_past_prefill)
     L = model.num_layers
     lin = st.linear_layer_traffic(model, step.num_tokens)
     t_lin = cm.dense_time(lin)
@@ -338,18 +338,24 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
     return StepCost(L * layer_t + t_head, layer_traffic.scaled(L) + head, staging)
 
 
-def pipelined_step_cost(policy: SystemPolicy, step: Step, cut: int, model: ModelSpec, cm: CostModel) -> StepCost:
+def pipelined_step_cost(policy: SystemPolicy, step: Step, cut: int, model: ModelSpec, cm: CostModel,
+                        no_past_prefill: str = "kernel") -> StepCost:
     """directkv's step as two parts, rows [0, cut) and the rest (Pipelining.cut): each part's projections and
     MLP (reading all the weights again) run on the main stream while the other part's zero-copy attention runs
     on a side stream. Per layer the main stream does both parts' dense work, the link both parts' attention,
     and each part waits for its own attention before its next dense work, so a layer takes the longest of
-    those four sums."""
+    those four sums. no_past_prefill "sdpa": the second part's chunks with no past by SDPA (no_past_sdpa)."""
     # a mixed step is cut at its last decode (Pipelining.cut), so its chunks all go to the second part
     parts = [Step(step.decodes[:cut], ()), Step(step.decodes[cut:], step.prefills)]
     lin = [st.linear_layer_traffic(model, p.num_tokens) for p in parts]
     dense = [cm.dense_time(t) for t in lin]
-    attn = [st.attention_traffic(p, model, policy.variant, policy) for p in parts]
+    rest, no_past = split_no_past(parts[1]) if no_past_prefill == "sdpa" else (parts[1], ())
+    attn = [st.attention_traffic(p, model, policy.variant, policy) for p in (parts[0], rest)]
     t_attn = [cm.time(a, link="sm") for a in attn]
+    if no_past:
+        sdpa_traffic, sdpa_t = no_past_sdpa(no_past, model, cm)
+        t_rest = t_attn[1] if rest.decodes or rest.prefills else 0.0  # no kernel left beside the SDPA calls
+        attn[1], t_attn[1] = attn[1] + sdpa_traffic, t_rest + sdpa_t
     layer_t = max(sum(dense), sum(t_attn), dense[0] + t_attn[0], dense[1] + t_attn[1])
     head = st.lm_head_traffic(model, step.num_logits)
     t_head = cm.time(head, flops_kind="matmul")

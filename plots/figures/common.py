@@ -51,9 +51,9 @@ def _caption(rows: pd.DataFrame, keys: Sequence[str]) -> str:
 MODE_ORDER = {"measured": 0, "simulated": 1, "projected": 2}
 
 
-# Executor options that change a system's numbers (most only measured; the ring slots, pipelining and hbm_prefill
-# simulated too): when one figure holds rows with several values of one (graphs on and off, say), they become separate
-# series instead of being averaged into one line. Each maps a value to its label (values not listed show as they
+# Executor options that change a system's numbers (most only measured; the rings, pipelining, hbm_prefill and
+# directkv_no_past_prefill simulated too): when one figure holds rows with several values of one (graphs on and off,
+# say), they become separate series instead of being averaged into one line. Each maps a value to its label (values not listed show as they
 # are) or is a format for the value. The pipelining columns are those systems.Pipelining.as_dict writes.
 EXECUTOR_OPTIONS = {"cuda_graphs": {True: "graphs", False: "eager"}, "cpu_attn_kernel": {},
                     "prefill_new_pass": {"kernel": "tiled prefill", "flash": "flash prefill"},

@@ -35,7 +35,7 @@ def gather_past(pool: torch.Tensor, table: torch.Tensor, past_len: int, page_siz
 
 
 def sdpa_chunk(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-               table: torch.Tensor, past_len: int, page_size: int) -> torch.Tensor:
+               table: torch.Tensor, past_len: int, page_size: int, option: str = "executor.hbm_prefill") -> torch.Tensor:
     """Causal attention of a chunk's queries q `[q_len, num_heads, head_dim]` over its past (HBM pages of k_pool /
     v_pool through `table`) and its new K/V `[q_len, num_kv_heads, head_dim]`; returns `[q_len, num_heads,
     head_dim]`."""
@@ -55,7 +55,7 @@ def sdpa_chunk(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_pool
     mask = causal_lower_right(q_len, k.shape[0])
     if not q.is_cuda:
         return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=gqa)[0].transpose(0, 1)
-    _check_flash(q4, k4, v4, gqa)
+    _check_flash(q4, k4, v4, gqa, option)
     # Flash only: a chunk with no past (q_len == kv_len) leaves torch's causal bias for its general dispatch, which
     # on the H200 (torch 2.11) picked cuDNN attention, whose host built a plan per new shape: on ShareGPT, where the
     # shapes vary, swap's steps were host-bound for 100-340 ms, most likely from those plans (H200, 2026-12-02: 1,632
@@ -66,7 +66,8 @@ def sdpa_chunk(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_pool
     return o[0].transpose(0, 1)
 
 
-def _check_flash(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, gqa: bool) -> None:
+def _check_flash(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, gqa: bool,
+                 option: str = "executor.hbm_prefill") -> None:
     """On a GPU the call must be one FlashAttention can run, so that the option measures the kernel it names. The
     call runs with FlashAttention as the only backend (sdpa_chunk), so a chunk it cannot run would fail inside torch
     with a message about backends; this check says instead, in one line, which shapes and which value to use. The
@@ -75,5 +76,5 @@ def _check_flash(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, gqa: bool
     from torch.backends.cuda import SDPAParams, can_use_flash_attention
 
     if not can_use_flash_attention(SDPAParams(q4, k4, v4, None, 0.0, False, gqa)):
-        raise ConfigError(f"executor.hbm_prefill=sdpa: torch's FlashAttention cannot run a chunk of q {tuple(q4.shape)} "
+        raise ConfigError(f"{option}=sdpa: torch's FlashAttention cannot run a chunk of q {tuple(q4.shape)} "
                           f"{q4.dtype} over K {tuple(k4.shape)} on this GPU; valid here: kernel")

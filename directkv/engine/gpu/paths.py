@@ -238,11 +238,12 @@ class ZeroCopyPath:
             rows = slice(c.start - base, c.start - base + c.length)
             # no link bytes: the past is in HBM already, or there is none (directkv_no_past_prefill: the chunk's own
             # K/V are the projection's output in HBM; in the OPT-13B 3 x 16K steps holding a request's first
-            # 8K-token chunk directkv's tiled kernel took 114-117 ms more than swap's SDPA, H200 2026-12-02,
+            # 8K-token chunk directkv's tiled kernel took 112-117 ms more than swap's SDPA, H200 2026-12-02,
             # steps/ of context_sweep/20261202-143720)
             if (self.hbm_prefill == "sdpa" and tier == "hbm") or (self.no_past_prefill == "sdpa" and c.past_len == 0):
+                option = "executor.hbm_prefill" if tier == "hbm" else "executor.directkv_no_past_prefill"
                 out[rows] = sdpa_chunk(q[rows], k[rows], v[rows], k_pool, v_pool, table[0], c.past_len,
-                                       self.kv.page_size)
+                                       self.kv.page_size, option)
                 self.traffic = self.traffic + sdpa_chunk_traffic(
                     c.length, c.past_len, num_heads=q.shape[1], num_kv_heads=k.shape[1], head_dim=q.shape[2],
                     dtype_bytes=q.element_size())
