@@ -228,10 +228,9 @@ def split_no_past(step: Step) -> tuple[Step, tuple]:
 
 def no_past_sdpa(chunks: tuple, model: ModelSpec, cm: CostModel) -> tuple[Traffic, float]:
     """(traffic, seconds) of directkv's prompt chunks with no past under directkv_no_past_prefill sdpa, one
-    layer: one SDPA
-    call per chunk over its own K/V (FlashAttention's fitted efficiency, as hbm_attention charges it), and the
-    store of its new K/V to the host tier by SM writes (attention_traffic's store), in one roofline with it as the
-    kernel path charges its store. Charged after the rest of the step's attention, as the executor runs them; the
+    layer: one SDPA call per chunk over its own K/V (FlashAttention's fitted efficiency, as hbm_attention charges
+    it), and the store of its new K/V to the host tier by SM writes (attention_traffic's store), in one roofline
+    with it, as the kernel path charges its store. Charged after the rest of the step's attention, as the executor runs them; the
     kernel path's one roofline for the whole step lets the decodes' link reads overlap the chunk's math, so beside
     decodes the model may call sdpa the slower of the two."""
     shape, kvl = st.head_shape(model), model.kv_bytes_per_token_per_layer()
