@@ -24,11 +24,14 @@ from workloads.schedule import load_schedule
 from workloads.tokenizer import ENV_VAR
 
 SERVING = ("context_sweep", "rate_sweep")
-# Every run made before executor.directkv_stream_slots existed (6b39e3f) served directkv stream with 2 decode
-# ring slots; today's default (8) would simulate it with a larger ring than it measured with.
-SLOTS_BEFORE_THE_KEY = 2
-# and every run made before executor.directkv_stream_chunk_mib existed cut its decode ring into 16 MiB slots
-CHUNK_MIB_BEFORE_THE_KEY = 16
+# The value every run made before an executor option existed ran with: it is simulated so, named rather than left
+# to today's default, and the option's column (which the run's own rows lack) is left out of its simulated rows.
+VALUE_BEFORE_THE_KEY = {
+    "directkv_stream_slots": 2,  # 2 decode ring slots until 6b39e3f (a later default would simulate a larger ring)
+    "directkv_stream_chunk_mib": 16,  # the decode ring in 16 MiB slots until 2026-12-02
+    "hbm_prefill": "kernel",  # HBM prompt chunks by the kernel
+    "directkv_no_past_prefill": "kernel",  # directkv's chunks with no past by its kernel
+}
 
 
 def resimulate(run_dir: Path, manifest: dict | None = None) -> pd.DataFrame:
@@ -44,31 +47,20 @@ def resimulate(run_dir: Path, manifest: dict | None = None) -> pd.DataFrame:
     cfg = OmegaConf.create(manifest["config"])
     if cfg.exp_name not in SERVING:
         raise ConfigError(f"{run_dir} is a {cfg.exp_name} run; resimulate takes {', '.join(SERVING)}")
-    before_the_key = OmegaConf.select(cfg, "executor.directkv_stream_slots") is None
-    if before_the_key:
-        OmegaConf.update(cfg, "executor.directkv_stream_slots", SLOTS_BEFORE_THE_KEY)
-    before_chunk_mib = OmegaConf.select(cfg, "executor.directkv_stream_chunk_mib") is None
-    if before_chunk_mib:
-        OmegaConf.update(cfg, "executor.directkv_stream_chunk_mib", CHUNK_MIB_BEFORE_THE_KEY)
+    missing = [key for key in VALUE_BEFORE_THE_KEY if OmegaConf.select(cfg, f"executor.{key}") is None]
+    for key in missing:
+        OmegaConf.update(cfg, f"executor.{key}", VALUE_BEFORE_THE_KEY[key])
     # a run whose device copy was edited to do what a later option does says so as overrides (key=value, as on
     # the command line): it is simulated as it ran, though its own rows carry no column for them
     cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(manifest.get("device_copy_equivalent_overrides", [])))
-    # runs from before executor.hbm_prefill attended HBM prompt chunks with the kernel, the default; and before
-    # executor.directkv_no_past_prefill directkv's chunks with no past too, the default
-    before_hbm_prefill = OmegaConf.select(cfg, "executor.hbm_prefill") is None
-    before_no_past = OmegaConf.select(cfg, "executor.directkv_no_past_prefill") is None
-    if before_no_past:  # named, not left to the default: they ran the kernel whatever the default becomes
-        OmegaConf.update(cfg, "executor.directkv_no_past_prefill", "kernel")
     with tempfile.TemporaryDirectory() as tmp, _token_counter(manifest, run_dir / "schedules"):
         cfg.device, cfg.render, cfg.progress = "cpu", False, False
         cfg.results_root, cfg.run_id = tmp, "resimulated"
         path = run_experiment(cfg, Path(tmp) / "resimulated")
         _check_same_requests(run_dir / "schedules", Path(tmp) / "resimulated" / "schedules")
         rows = pd.read_parquet(path)
-    # the run's own rows carry neither column then, and plots.compare pairs rows by the options both carry
-    drop = (["directkv_stream_slots"] * before_the_key + ["directkv_stream_chunk_mib"] * before_chunk_mib
-            + ["hbm_prefill"] * before_hbm_prefill + ["directkv_no_past_prefill"] * before_no_past)
-    return rows.drop(columns=drop, errors="ignore")
+    # plots.compare pairs rows by the options both carry
+    return rows.drop(columns=missing, errors="ignore")
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from directkv.engine.loop import ServeResult
 from directkv.engine.sim_executor import kv_budgets, simulate
-from directkv.engine.systems import SystemPolicy, no_past_row_columns, stream_row_columns
+from directkv.engine.systems import SystemPolicy, directkv_row_columns
 from directkv.errors import ConfigError, KVCapacityError
 from directkv.results import ResultsWriter
 from experiments.common import Setup
@@ -82,8 +82,8 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
         # says with which decode ring it was simulated; a directkv row, with what attended its chunks with no past;
         # every row, with which prompt-chunk attention over HBM pages (as every measured row says)
         extra = (s.pipelining.row_columns(policy, measured=False)
-                 | stream_row_columns(policy, s.stream_slots, s.stream_chunk_mib)
-                 | no_past_row_columns(policy, s.no_past_prefill) | {"hbm_prefill": s.hbm_prefill})
+                 | directkv_row_columns(policy, s.stream_slots, s.stream_chunk_mib, s.no_past_prefill)
+                 | {"hbm_prefill": s.hbm_prefill})
         return _fill(row, res, s, extra)
     except KVCapacityError as e:
         return row | {"status": "oom", "error": str(e)}

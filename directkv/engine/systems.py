@@ -168,7 +168,7 @@ def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: System
         kernels = decode_chunks + len(chunks)
         t = max(store + left_decodes + max(math_t, left_chunks), link - t_lin) + kernels * cm.hw.launch_us * 1e-6
     # chunks with no past, with no_past_prefill sdpa: one SDPA call each over their own K/V (no_past_sdpa)
-    in_place, no_past = split_no_past(in_place) if no_past_prefill == "sdpa" else (in_place, ())
+    in_place, no_past = split_no_past(in_place, no_past_prefill)
     if in_place.prefills:
         # timed as directkv tiled times it, its store inside the roofline (so a step of in-place chunks costs
         # what tiled's does), though the executor stores before the kernel as for the streamed part
@@ -211,16 +211,27 @@ def hbm_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPol
     if step.decodes:
         total = total + st.to_hbm(st.attention_traffic(Step(step.decodes, ()), model, "tiled", policy))
     t = cm.time(total) if step.decodes or store_bytes else 0.0
+    return sdpa_chunks(step.prefills, model, cm, total, t, store_link=False)
+
+
+def sdpa_chunks(chunks: tuple, model: ModelSpec, cm: CostModel, total: Traffic, t: float, *,
+                store_link: bool) -> tuple[Traffic, float]:
+    """(total, t) with one SDPA call per prompt chunk added, each timed alone at FlashAttention's fitted
+    efficiency with the store of the chunk's new K/V in its roofline: to HBM, or over the link by SM writes
+    (store_link: directkv's host tier)."""
     shape, kvl = st.head_shape(model), model.kv_bytes_per_token_per_layer()
-    for c in step.prefills:  # one SDPA call per chunk, each timed alone
-        chunk = sdpa_chunk_traffic(c.chunk_len, c.past_len, **shape) + Traffic(hbm_write_bytes=c.chunk_len * kvl)
+    for c in chunks:
+        store = c.chunk_len * kvl
+        chunk = sdpa_chunk_traffic(c.chunk_len, c.past_len, **shape) + (
+            Traffic(link_write_bytes=store) if store_link else Traffic(hbm_write_bytes=store))
         total, t = total + chunk, t + cm.time(chunk, flops_kind="flash_attention")
     return total, t
 
 
-def split_no_past(step: Step) -> tuple[Step, tuple]:
-    """(the step without its prompt chunks that have no past, those chunks)."""
-    no_past = tuple(c for c in step.prefills if c.past_len == 0)
+def split_no_past(step: Step, no_past_prefill: str) -> tuple[Step, tuple]:
+    """(the step without its prompt chunks that have no past, those chunks) where no_past_prefill is "sdpa" (they
+    are attended by SDPA: no_past_sdpa); else (the step, ())."""
+    no_past = tuple(c for c in step.prefills if c.past_len == 0) if no_past_prefill == "sdpa" else ()
     if not no_past:
         return step, ()
     return Step(step.decodes, tuple(c for c in step.prefills if c.past_len)), no_past
@@ -233,25 +244,16 @@ def no_past_sdpa(chunks: tuple, model: ModelSpec, cm: CostModel) -> tuple[Traffi
     with it, as the kernel path charges its store. Charged after the rest of the step's attention, as the executor runs them; the
     kernel path's one roofline for the whole step lets the decodes' link reads overlap the chunk's math, so beside
     decodes the model may call sdpa the slower of the two."""
-    shape, kvl = st.head_shape(model), model.kv_bytes_per_token_per_layer()
-    total, t = Traffic(), 0.0
-    for c in chunks:
-        chunk = sdpa_chunk_traffic(c.chunk_len, 0, **shape) + Traffic(link_write_bytes=c.chunk_len * kvl)
-        total, t = total + chunk, t + cm.time(chunk, flops_kind="flash_attention", link="sm")
-    return total, t
+    return sdpa_chunks(chunks, model, cm, Traffic(), 0.0, store_link=True)
 
 
-def no_past_row_columns(policy: SystemPolicy, no_past_prefill: str) -> dict:
-    """The column a directkv result row carries, measured or simulated: what attended its no-past prompt chunks."""
-    return {"directkv_no_past_prefill": no_past_prefill} if policy.name == "directkv" else {}
-
-
-def stream_row_columns(policy: SystemPolicy, stream_slots: int, stream_chunk_mib: int) -> dict:
-    """The columns a result row of directkv `stream` carries, measured or simulated: the slots its rings' HBM is
-    counted in and the K per decode ring slot."""
-    if policy.name == "directkv" and policy.variant == "stream":
-        return {"directkv_stream_slots": stream_slots, "directkv_stream_chunk_mib": stream_chunk_mib}
-    return {}
+def directkv_row_columns(policy: SystemPolicy, stream_slots: int, stream_chunk_mib: int, no_past_prefill: str) -> dict:
+    """The columns a directkv result row carries, measured or simulated: what attended its prompt chunks with no
+    past; a `stream` row also the slots its rings' HBM is counted in and the K per decode ring slot."""
+    if policy.name != "directkv":
+        return {}
+    stream = {"directkv_stream_slots": stream_slots, "directkv_stream_chunk_mib": stream_chunk_mib}
+    return (stream if policy.variant == "stream" else {}) | {"directkv_no_past_prefill": no_past_prefill}
 
 
 @dataclass(frozen=True)
@@ -298,7 +300,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
         else:
             # with directkv_no_past_prefill sdpa a prompt chunk with no past is one SDPA call over its own K/V, in
             # HBM (the executor's ZeroCopyPath._chunks); the rest of the step as the variant runs it
-            rest, no_past = split_no_past(step) if no_past_prefill == "sdpa" else (step, ())
+            rest, no_past = split_no_past(step, no_past_prefill)
             attn_t, staging, attn = 0.0, 0, Traffic()
             if rest.decodes or rest.prefills:
                 attn = st.attention_traffic(rest, model, policy.variant, policy)
@@ -348,7 +350,7 @@ def pipelined_step_cost(policy: SystemPolicy, step: Step, cut: int, model: Model
     parts = [Step(step.decodes[:cut], ()), Step(step.decodes[cut:], step.prefills)]
     lin = [st.linear_layer_traffic(model, p.num_tokens) for p in parts]
     dense = [cm.dense_time(t) for t in lin]
-    rest, no_past = split_no_past(parts[1]) if no_past_prefill == "sdpa" else (parts[1], ())
+    rest, no_past = split_no_past(parts[1], no_past_prefill)
     attn = [st.attention_traffic(p, model, policy.variant, policy) for p in (parts[0], rest)]
     t_attn = [cm.time(a, link="sm") for a in attn]
     if no_past:

@@ -26,8 +26,7 @@ from directkv.engine.systems import (
     SystemPolicy,
     check_hbm_prefill,
     check_no_past_prefill,
-    no_past_row_columns,
-    stream_row_columns,
+    directkv_row_columns,
 )
 from directkv.kernels.traffic_model import (
     SERVING_STREAM_CHUNK_MIB,
@@ -182,7 +181,7 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     extra |= pipelining.row_columns(policy, measured=True)
     extra["prefill_new_pass"] = prefill_new_pass
     extra["hbm_prefill"] = hbm_prefill
-    extra |= stream_row_columns(policy, stream_slots, stream_chunk_mib) | no_past_row_columns(policy, no_past_prefill)
+    extra |= directkv_row_columns(policy, stream_slots, stream_chunk_mib, no_past_prefill)
     stepper = GPUStepper(policy, runner, kv, dev, seed=seed, cpu_threads=threads, cpu_attn_kernel=cpu_attn_kernel,
                          pipelining=pipelining, prefill_new_pass=prefill_new_pass, stream_slots=stream_slots,
                          stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill, no_past_prefill=no_past_prefill)
