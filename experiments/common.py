@@ -15,6 +15,7 @@ from directkv.engine.sim_executor import MemoryConfig
 from directkv.engine.systems import (
     CPU_ATTN_KERNELS,
     DEFAULT_CPU_ATTN_KERNEL,
+    DEFAULT_NO_PAST_PREFILL,
     NO_PIPELINING,
     Pipelining,
     SystemPolicy,
@@ -51,7 +52,7 @@ class Setup:
     warmup_pass: bool = True  # measured serving: each system's first point of a process served once, unmeasured, first
     hbm_prefill: str = "kernel"  # measured and simulated: a prompt chunk over HBM pages by our tiled kernel or by SDPA
     stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB  # directkv stream: the K per slot its decode ring cuts its HBM into
-    no_past_prefill: str = "kernel"  # measured and simulated: directkv's prompt chunks with no past by its kernel or SDPA
+    no_past_prefill: str = DEFAULT_NO_PAST_PREFILL  # measured and simulated: directkv's prompt chunks with no past by its kernel or SDPA
 
 
 def resolve_device(requested: str) -> str:

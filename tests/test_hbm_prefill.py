@@ -5,7 +5,6 @@ against float64 with the kernel that ran read from the profiler (FlashAttention 
 past and the profiler check were added after the last GPU run, 2026-12-02)."""
 
 import math
-from functools import partial
 
 import pytest
 import torch
@@ -78,12 +77,21 @@ def test_serving_with_sdpa_prompt_chunks_matches_the_kernel(runner, name, monkey
 
 
 def test_directkv_host_chunks_never_take_the_sdpa_path(runner, monkeypatch):  # noqa: F811
-    # its past is in host memory: gathering it would be a copy, not zero-copy
-    monkeypatch.setattr(paths, "sdpa_chunk", partial(pytest.fail, "a host-tier chunk went through SDPA"))
+    # its past is in host memory: gathering it would be a copy, not zero-copy (a chunk with no past has no host
+    # pages to gather: executor.directkv_no_past_prefill, default sdpa, sends those to SDPA)
+    real_sdpa, sent = paths.sdpa_chunk, []
+
+    def no_host_past(q, k, v, k_pool, v_pool, table, past_len, *rest):
+        if past_len:
+            pytest.fail(f"a host-tier chunk over {past_len} past tokens went through SDPA")
+        sent.append(past_len)
+        return real_sdpa(q, k, v, k_pool, v_pool, table, past_len, *rest)
+
+    monkeypatch.setattr(paths, "sdpa_chunk", no_host_past)
     real_make = stepper.make_path
     monkeypatch.setattr(stepper, "make_path", lambda *a, **k: real_make(*a, **(k | {"hbm_prefill": "sdpa"})))
     res, _ = _serve(SystemPolicy("directkv", "tiled"), runner, _requests())
-    assert res.metrics["completed"] == len(_requests())
+    assert res.metrics["completed"] == len(_requests()) and sent  # the first chunks did go to SDPA
 
 
 def test_the_option_is_read_checked_and_recorded():

@@ -1,8 +1,8 @@
-"""executor.directkv_no_past_prefill=sdpa: a directkv prompt chunk with no past (a request's first chunk) attended by
-one SDPA call over its own K/V, which are the projection's output in HBM, instead of directkv's kernel. Checked on
-the CPU: read, validated and recorded (setup, simulate, run_gpu before any work); in serving only chunks with no
-past take SDPA and the outputs match the kernel path; simulated as one FlashAttention call plus the chunk's store
-to the host tier. The GPU test is new with the option and has not yet run on the GPU (2026-12-02)."""
+"""executor.directkv_no_past_prefill=sdpa (the default): a directkv prompt chunk with no past (a request's first
+chunk) attended by one SDPA call over its own K/V, which are the projection's output in HBM, instead of directkv's
+kernel (=kernel). Checked on the CPU: read, validated and recorded (setup, simulate, run_gpu before any work); in
+serving only chunks with no past take SDPA and the outputs match the kernel path; simulated as one FlashAttention
+call plus the chunk's store to the host tier. The GPU tests passed on the H200 (2c1bb69, 2026-12-02)."""
 
 import pandas as pd
 import pytest
@@ -21,12 +21,13 @@ from directkv.specs import get_model
 from experiments.common import setup
 from experiments.run import run_experiment
 
+REAL_MAKE_PATH = stepper.make_path
 MEM = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
 BAD = r"unknown executor.directkv_no_past_prefill 'flash'; valid: kernel, sdpa"
 
 
 def test_setup_reads_and_checks_the_option():
-    assert setup(_compose(["run_id=t", "device=cpu"])).no_past_prefill == "kernel"
+    assert setup(_compose(["run_id=t", "device=cpu"])).no_past_prefill == "sdpa"
     on = ["run_id=t", "device=cpu", "executor.directkv_no_past_prefill=sdpa"]
     assert setup(_compose(on)).no_past_prefill == "sdpa"
     with pytest.raises(ConfigError, match=BAD):
@@ -48,6 +49,11 @@ def test_simulate_and_run_gpu_refuse_a_bad_value_before_any_work(monkeypatch):
                 no_past_prefill="flash")
 
 
+def _no_past_prefill(monkeypatch, value: str) -> None:
+    """_serve's paths made with executor.directkv_no_past_prefill=value (it builds them through make_path)."""
+    monkeypatch.setattr(stepper, "make_path", lambda *a, **k: REAL_MAKE_PATH(*a, **(k | {"no_past_prefill": value})))
+
+
 @pytest.mark.parametrize("variant", ["tiled", "naive"])
 def test_serving_sends_only_chunks_with_no_past_to_sdpa_and_matches_the_kernel(runner, variant, monkeypatch):  # noqa: F811
     calls = []
@@ -55,10 +61,10 @@ def test_serving_sends_only_chunks_with_no_past_to_sdpa_and_matches_the_kernel(r
     monkeypatch.setattr(paths, "sdpa_chunk", lambda *a: calls.append(a[6]) or real_chunk(*a))
     policy, reqs = SystemPolicy("directkv", variant), _requests()
     assert max(r.prompt_len for r in reqs) > SCHED.max_batched_tokens  # so some chunks have a past
+    _no_past_prefill(monkeypatch, "kernel")
     _, ref = _serve(policy, runner, reqs)
     assert not calls
-    real_make = stepper.make_path
-    monkeypatch.setattr(stepper, "make_path", lambda *a, **k: real_make(*a, **(k | {"no_past_prefill": "sdpa"})))
+    _no_past_prefill(monkeypatch, "sdpa")
     res, got = _serve(policy, runner, reqs)
     assert calls and set(calls) == {0}  # every first chunk, and nothing with a past (that is in host memory)
     assert res.metrics["completed"] == len(reqs) and got.outputs == ref.outputs
@@ -72,9 +78,10 @@ def test_pipelined_serving_sends_its_chunk_part_first_chunks_to_sdpa_too(runner,
     real_chunk = paths.sdpa_chunk
     monkeypatch.setattr(paths, "sdpa_chunk", lambda *a: calls.append(a[6]) or real_chunk(*a))
     policy, reqs, pipelining = SystemPolicy("directkv", "tiled"), _requests(), Pipelining(True, None, 0.0, True)
+    _no_past_prefill(monkeypatch, "kernel")
     _, ref = _serve(policy, runner, reqs, pipelining=pipelining)
-    real_make = stepper.make_path
-    monkeypatch.setattr(stepper, "make_path", lambda *a, **k: real_make(*a, **(k | {"no_past_prefill": "sdpa"})))
+    assert not calls
+    _no_past_prefill(monkeypatch, "sdpa")
     _, got = _serve(policy, runner, reqs, pipelining=pipelining)
     assert calls and set(calls) == {0} and got.outputs == ref.outputs
     for a, b in zip(got.outs, ref.outs, strict=True):

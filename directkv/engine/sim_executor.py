@@ -14,6 +14,7 @@ from directkv.engine.loop import ServeResult, activation_bytes, serve
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.state import Step
 from directkv.engine.systems import (
+    DEFAULT_NO_PAST_PREFILL,
     NO_PIPELINING,
     Pipelining,
     StepCost,
@@ -65,7 +66,7 @@ class CostModelStepper:
     stream_slots: int = SERVING_STREAM_SLOTS  # directkv stream's rings' HBM, in 16 MiB slots of K
     hbm_prefill: str = "kernel"  # what attends prompt chunks over HBM pages (hbm and the staged systems)
     stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB  # K per slot of its decode ring
-    no_past_prefill: str = "kernel"  # what attends directkv's prompt chunks with no past
+    no_past_prefill: str = DEFAULT_NO_PAST_PREFILL  # what attends directkv's prompt chunks with no past
 
     def run_step(self, step: Step) -> StepCost:
         cost = step_cost(self.policy, step, self.model, self.cm, self.pipelining, page_size=self.page_size,
@@ -81,7 +82,7 @@ def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm
              pipelining: Pipelining = NO_PIPELINING,
              on_step: Callable[[Step, StepCost], None] | None = None,
              stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
-             hbm_prefill: str = "kernel", no_past_prefill: str = "kernel") -> ServeResult:
+             hbm_prefill: str = "kernel", no_past_prefill: str = DEFAULT_NO_PAST_PREFILL) -> ServeResult:
     """Serve `requests` with `policy` on the cost model; raises KVCapacityError if weights alone don't fit.
     pipelining: directkv's two-part steps as the measured executor would run them (systems.pipelined_step_cost).
     on_step: called with every step and its simulated cost. stream_slots: directkv stream's rings' HBM, in 16 MiB

@@ -56,8 +56,11 @@ DEFAULT_CPU_ATTN_KERNEL = "native"
 # (executor.hbm_prefill; engine.gpu.hbm_prefill), measured and simulated alike (hbm_attention)
 HBM_PREFILLS = ("kernel", "sdpa")
 # what attends a directkv prompt chunk with no past (executor.directkv_no_past_prefill): its K/V are the
-# projection's output in HBM, so SDPA (FlashAttention) needs no gather; the kernel is the paper's path
+# projection's output in HBM, so SDPA (FlashAttention) needs no gather; the kernel is the paper's path. sdpa is
+# the default: on the H200 it took OPT-13B 3 x 16K from 632.0 / 630.0 to 621.7 / 619.7 ms per token and its TTFT
+# from ~3.24 to ~2.99 s (one process each, both orders; 2026-12-02); on ShareGPT 10 req/s 34.6 against 35.3 ms
 NO_PAST_PREFILLS = ("kernel", "sdpa")
+DEFAULT_NO_PAST_PREFILL = "sdpa"
 # CTAs of directkv's side-stream decode kernel when pipelined: fewer leave SMs to the other part's dense
 # layers (H200, 4K x 4: 32 CTAs 53.9 ms per token, 64 53.1, 128 57.0, uncapped 60.4)
 DEFAULT_DIRECTKV_SIDE_CTAS = 64
@@ -110,7 +113,7 @@ def stream_parts(step: Step, model: ModelSpec, page_size: int) -> tuple[Step, St
 
 def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPolicy, t_lin: float,
                      page_size: int, stream_slots: int, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
-                     no_past_prefill: str = "kernel") -> tuple[float, int, Traffic]:
+                     no_past_prefill: str = DEFAULT_NO_PAST_PREFILL) -> tuple[float, int, Traffic]:
     """(seconds of one layer's attention, HBM its rings hold, its traffic) for directkv `stream`, as the executor
     runs a layer:
     dense work (`t_lin`), the new K/V stored to host by SM writes, the decodes' kernel, then the prompt chunks'.
@@ -266,7 +269,7 @@ class StepCost:
 def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
               pipelining: Pipelining | None = None, *, page_size: int = 16,
               stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
-              hbm_prefill: str = "kernel", no_past_prefill: str = "kernel") -> StepCost:
+              hbm_prefill: str = "kernel", no_past_prefill: str = DEFAULT_NO_PAST_PREFILL) -> StepCost:
     """Time of one engine step for `policy`, by layer: linear work + the system's attention path. With
     `pipelining` enabled, directkv's steps that the measured executor cuts run as two parts
     (pipelined_step_cost). page_size: tokens per KV page (directkv stream's in-place rule counts pages).
@@ -340,7 +343,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
 
 
 def pipelined_step_cost(policy: SystemPolicy, step: Step, cut: int, model: ModelSpec, cm: CostModel,
-                        no_past_prefill: str = "kernel") -> StepCost:
+                        no_past_prefill: str = DEFAULT_NO_PAST_PREFILL) -> StepCost:
     """directkv's step as two parts, rows [0, cut) and the rest (Pipelining.cut): each part's projections and
     MLP (reading all the weights again) run on the main stream while the other part's zero-copy attention runs
     on a side stream. Per layer the main stream does both parts' dense work, the link both parts' attention,

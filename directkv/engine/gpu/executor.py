@@ -21,6 +21,7 @@ from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig, kv_budgets
 from directkv.engine.systems import (
     DEFAULT_CPU_ATTN_KERNEL,
+    DEFAULT_NO_PAST_PREFILL,
     NO_PIPELINING,
     Pipelining,
     SystemPolicy,
@@ -107,7 +108,7 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
             cuda_graphs: bool = False, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
             pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel",
             stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
-            hbm_prefill: str = "kernel", no_past_prefill: str = "kernel",
+            hbm_prefill: str = "kernel", no_past_prefill: str = DEFAULT_NO_PAST_PREFILL,
             steps_path: Path | None = None) -> tuple[ServeResult, dict]:
     """Serve `requests` for real; returns the result (gpu_mem_bytes measured) and extra measured columns.
     steps_path: where to write the run's per-step times (write_step_series), if anywhere; a write that fails

@@ -39,6 +39,7 @@ from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig, simulate
 from directkv.engine.systems import (
     DEFAULT_DIRECTKV_SIDE_CTAS,
+    DEFAULT_NO_PAST_PREFILL,
     DEFAULT_PIPELINE_MIN_KV_MB,
     HBM_PREFILLS,
     NO_PAST_PREFILLS,
@@ -219,7 +220,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
             schedule: str | None = None, min_decodes: int = 0, hardware: str = "h200-pcie5",
             prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS,
             stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB, hbm_prefill: str = "kernel",
-            no_past_prefill: str = "kernel") -> None:
+            no_past_prefill: str = DEFAULT_NO_PAST_PREFILL) -> None:
     check(not (python and stacks), "--stacks records torch.profiler stacks and --python runs cProfile instead; "
           "got both: pass one")
     check(all(isinstance(x, int) and x >= 0 for x in (skip, count, min_decodes)),
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hbm-prefill", choices=HBM_PREFILLS, default="kernel",
                     help="a prompt chunk over HBM pages (hbm, the staged systems): our tiled kernel or SDPA "
                          "(executor.hbm_prefill)")
-    ap.add_argument("--no-past-prefill", choices=NO_PAST_PREFILLS, default="kernel",
+    ap.add_argument("--no-past-prefill", choices=NO_PAST_PREFILLS, default=DEFAULT_NO_PAST_PREFILL,
                     help="directkv's prompt chunks with no past: its kernel or SDPA (executor.directkv_no_past_prefill)")
     a = ap.parse_args(argv)
     try:

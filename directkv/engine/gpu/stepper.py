@@ -17,6 +17,7 @@ from directkv.engine.gpu.plan import plan_step
 from directkv.engine.state import Step
 from directkv.engine.systems import (
     DEFAULT_CPU_ATTN_KERNEL,
+    DEFAULT_NO_PAST_PREFILL,
     NO_PIPELINING,
     Pipelining,
     StepCost,
@@ -35,7 +36,7 @@ def make_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device, *,
               cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL, directkv_side_ctas: int | None,
               prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS,
               stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB, hbm_prefill: str = "kernel",
-              no_past_prefill: str = "kernel"):
+              no_past_prefill: str = DEFAULT_NO_PAST_PREFILL):
     if prefill_new_pass not in NEW_PASSES:  # before anything is pinned or captured, not at the first prompt
         raise unknown_name("prefill_new_pass", prefill_new_pass, NEW_PASSES)
     check_hbm_prefill(hbm_prefill)
@@ -72,7 +73,7 @@ class GPUStepper:
                  seed: int = 0, cpu_threads: int | None = None, cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL,
                  pipelining: Pipelining = NO_PIPELINING, prefill_new_pass: str = "kernel",
                  stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
-                 hbm_prefill: str = "kernel", no_past_prefill: str = "kernel"):
+                 hbm_prefill: str = "kernel", no_past_prefill: str = DEFAULT_NO_PAST_PREFILL):
         self.policy, self.runner, self.kv, self.device = policy, runner, kv, torch.device(device)
         pipelining.check_system(policy)
         self.pipelining = pipelining
