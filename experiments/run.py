@@ -87,8 +87,12 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> Path:
     if cfg.get("render", True):
         from plots.render import render_run
 
-        for fig in render_run(run_dir):
-            log.info("figure: %s", fig)
+        try:
+            for fig in render_run(run_dir):
+                log.info("figure: %s", fig)
+        except Exception as e:  # noqa: BLE001 - the results are on disk; a figure must not end a multirun
+            log.error("figures not rendered (%s: %s); the results are in %s: python -m plots.render %s",
+                      type(e).__name__, str(e)[:200], path, run_dir)
     return path
 
 

@@ -203,3 +203,18 @@ def test_pipelined_directkv_is_simulated_pipelined_and_says_so(tmp_path):
     base = pd.read_parquet(run_experiment(one, tmp_path / "one")).set_index("system")
     assert "directkv_pipelined" not in base.columns
     assert df.loc["directkv", "tpot_ms"] != base.loc["directkv", "tpot_ms"]  # its mixed steps were cut
+
+
+def test_a_figure_that_fails_keeps_the_results_and_says_how_to_render_them(tmp_path, monkeypatch, caplog):
+    import plots.render
+
+    def broken(run_dir):
+        raise ValueError("no palette")
+
+    monkeypatch.setattr(plots.render, "render_run", broken)
+    cfg = _compose(["+exp=gemm_case_study", "run_id=t", "progress=false", "sizes=[4096]", "variants=[stream]"])
+    with caplog.at_level("ERROR"):
+        path = run_experiment(cfg, tmp_path)
+    assert len(pd.read_parquet(path)) > 0 and (tmp_path / "manifest.json").exists()
+    assert f"figures not rendered (ValueError: no palette); the results are in {path}: python -m plots.render" \
+        in caplog.text
