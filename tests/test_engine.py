@@ -250,7 +250,7 @@ def test_stream_reads_a_prompt_tail_in_place_in_the_simulation(tail, past):
     read, with no chunk ring in its staging, and streams the rest through a ring."""
     from directkv.engine import step_traffic as st
     from directkv.engine.state import PrefillChunk, Step
-    from directkv.engine.systems import stream_attention
+    from directkv.engine.systems import store_then, stream_attention
     from workloads.request import Request
 
     policy = SystemPolicy("directkv", "stream")
@@ -262,7 +262,7 @@ def test_stream_reads_a_prompt_tail_in_place_in_the_simulation(tail, past):
     if tail <= 16 and past == 2044:
         assert staging == decode_ring
         t_decodes, _, _ = stream_attention(Step(step.decodes, ()), LLAMA, CM, policy, t_lin, 16, 8, 16)
-        in_place = CM.time(st.attention_traffic(Step((), step.prefills), LLAMA, "tiled", policy), link="sm")
+        in_place = store_then(CM, st.attention_traffic(Step((), step.prefills), LLAMA, "tiled", policy), link="sm")
         assert t_attn == pytest.approx(t_decodes + in_place, rel=1e-9)
     else:
         assert staging == decode_ring + stream_ring_bytes(2, past * kvl, floor=0) > decode_ring
@@ -313,7 +313,7 @@ def test_pipelined_directkv_step_overlaps_one_part_attention_with_the_other_part
     the second weight read is paid."""
     from directkv.engine import step_traffic as st
     from directkv.engine.state import PrefillChunk, Step
-    from directkv.engine.systems import Pipelining, step_cost
+    from directkv.engine.systems import Pipelining, step_cost, store_then
     from workloads.request import Request
 
     policy = SystemPolicy("directkv", "tiled")
@@ -321,7 +321,8 @@ def test_pipelined_directkv_step_overlaps_one_part_attention_with_the_other_part
     step = Step(_decodes(4, 4096), chunk)
     parts = [Step(step.decodes, ()), Step((), chunk)] if mixed_step else [Step(step.decodes[:2], ()), Step(step.decodes[2:], ())]
     dense = [CM.dense_time(st.linear_layer_traffic(LLAMA, p.num_tokens)) for p in parts]
-    attn = [CM.time(st.attention_traffic(p, LLAMA, "tiled", policy), link="sm") for p in parts]
+    # each part's attention: the store of its new K/V by SM writes, then the kernel (store_then)
+    attn = [store_then(CM, st.attention_traffic(p, LLAMA, "tiled", policy), link="sm") for p in parts]
     layer = max(dense[0] + dense[1], attn[0] + attn[1], dense[0] + attn[0], dense[1] + attn[1])
     head = CM.time(st.lm_head_traffic(LLAMA, step.num_logits), flops_kind="matmul")
     piped = step_cost(policy, step, LLAMA, CM, Pipelining(True))

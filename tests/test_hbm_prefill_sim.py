@@ -2,6 +2,7 @@
 as one SDPA call each (sdpa_chunk_traffic at FlashAttention's fitted efficiency), as the GPU executor runs them;
 the decodes keep the tiled kernel, and nothing changes on the link."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,8 @@ def test_sdpa_charges_each_chunk_as_one_flash_call_beside_the_decodes_kernel():
 @pytest.mark.parametrize("name", ["hbm", "swap"])
 def test_the_kernel_path_costs_what_it_did_before_the_option(name):
     """The default: the tiled kernel's one roofline per layer; hbm's store of the new K/V charged on top of the
-    kernel's traffic (as step_cost did before hbm_attention), swap's layer the longest of its copies and its GPU work."""
+    kernel's traffic (as step_cost did before hbm_attention), swap's layer the longer of its copy in and its GPU
+    work, which holds the store of the new K/V to host memory by SM writes (scatter_rows, before the attention)."""
     step, policy = _step(2, [(2048, 16384)]), SystemPolicy(name)
     cost = step_cost(policy, step, LLAMA, CM)
     lin = st.linear_layer_traffic(LLAMA, step.num_tokens)
@@ -69,8 +71,8 @@ def test_the_kernel_path_costs_what_it_did_before_the_option(name):
         layer_t = CM.dense_time(lin) + CM.time(attn)
     else:
         past = st.past_kv_tokens(step) * kvl
-        layer_t = max(CM.copy_time(past, "h2d"), CM.copy_time(step.num_tokens * kvl, "d2h"),
-                      CM.dense_time(lin) + CM.time(attn))
+        store = step.num_tokens * kvl / (CM.hw.link_sm_write_gbps * 1e9 * CM.eff.link_sm)
+        layer_t = max(CM.copy_time(past, "h2d"), CM.dense_time(lin) + store + CM.time(attn))
     assert cost.time_s == pytest.approx(LLAMA.num_layers * layer_t + CM.time(head, flops_kind="matmul"))
     assert cost.traffic.hbm_write_bytes == (lin + attn).scaled(LLAMA.num_layers).hbm_write_bytes + head.hbm_write_bytes
 
@@ -134,3 +136,19 @@ def test_resimulate_leaves_the_column_out_for_a_run_from_before_the_key():
     assert "hbm_prefill" not in old.columns
     new = resimulate(runs / "20261202-051145")  # OPT-13B 16K with hbm_prefill=sdpa
     assert set(new["hbm_prefill"]) == {"sdpa"}
+
+
+def test_a_store_to_host_memory_is_charged_before_the_kernel_not_inside_its_roofline():
+    # the executor stores a layer's new K/V by SM writes (scatter_rows) and then runs the kernel, on one stream:
+    # the store cannot hide behind the kernel's reads or math, in any system with a host tier
+    from directkv.engine.systems import sm_store_time, store_then
+
+    step = _step(2, [(2048, 16384)])
+    traffic = st.attention_traffic(step, LLAMA, "tiled", SystemPolicy("directkv", "tiled"))
+    assert traffic.link_write_bytes == step.num_tokens * LLAMA.kv_bytes_per_token_per_layer()
+    store = sm_store_time(CM, traffic.link_write_bytes)
+    assert store == pytest.approx(traffic.link_write_bytes / (CM.hw.link_sm_write_gbps * 1e9 * CM.eff.link_sm))
+    alone = CM.time(replace(traffic, link_write_bytes=0), link="sm")
+    assert store_then(CM, traffic, link="sm") == pytest.approx(store + alone)
+    assert store_then(CM, traffic, link="sm") > CM.time(traffic, link="sm")  # where the roofline hid it
+    assert sm_store_time(CM, 0) == 0.0

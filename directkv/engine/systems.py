@@ -20,7 +20,7 @@ the same policies for real.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from directkv.costmodel import CostModel
 from directkv.engine import step_traffic as st
@@ -173,10 +173,10 @@ def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: System
     # chunks with no past, with no_past_prefill sdpa: one SDPA call each over their own K/V (no_past_sdpa)
     in_place, no_past = split_no_past(in_place, no_past_prefill)
     if in_place.prefills:
-        # timed as directkv tiled times it, its store inside the roofline (so a step of in-place chunks costs
-        # what tiled's does), though the executor stores before the kernel as for the streamed part
+        # timed as directkv tiled times it: its store, then the kernel (so a step of in-place chunks costs what
+        # tiled's does)
         in_place_traffic = st.attention_traffic(in_place, model, "tiled", policy)
-        t += cm.time(in_place_traffic, link="sm")
+        t += store_then(cm, in_place_traffic, link="sm")
         traffic = traffic + in_place_traffic  # the chunks it reads in place move tiled's bytes, not a ring's
     if no_past:
         sdpa_traffic, sdpa_t = no_past_sdpa(no_past, model, cm)
@@ -196,6 +196,21 @@ def check_no_past_prefill(name: object) -> str:
     if name not in NO_PAST_PREFILLS:
         raise unknown_name("executor.directkv_no_past_prefill", name, NO_PAST_PREFILLS)
     return str(name)
+
+
+def sm_store_time(cm: CostModel, nbytes: int) -> float:
+    """Seconds of storing `nbytes` of new K/V into host memory by SM writes through a zero-copy view
+    (scatter_rows), as every system with a host tier stores each layer's new K/V on the GPU's main stream."""
+    return cm.terms(Traffic(link_write_bytes=nbytes), link="sm")["link_write"] if nbytes else 0.0
+
+
+def store_then(cm: CostModel, traffic: Traffic, **kw) -> float:
+    """Seconds of a layer's attention whose `traffic` holds the store of its new K/V to host memory (its
+    link_write_bytes): the store (sm_store_time), then the kernel's roofline over the rest, in series, as the
+    executor issues them on one stream. Charging the store inside the kernel's roofline let it hide behind the
+    kernel's reads or math, which on the H200 it does not (OPT-13B 3 x 16K, 2026-12-02: a step of an 8K chunk
+    over an 8K past took 181-192 ms more than one with no past in both systems, the past's attention alone)."""
+    return sm_store_time(cm, traffic.link_write_bytes) + cm.time(replace(traffic, link_write_bytes=0), **kw)
 
 
 def hbm_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPolicy,
@@ -220,14 +235,14 @@ def hbm_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPol
 def sdpa_chunks(chunks: tuple, model: ModelSpec, cm: CostModel, total: Traffic, t: float, *,
                 store_link: bool) -> tuple[Traffic, float]:
     """(total, t) with one SDPA call per prompt chunk added, each timed alone at FlashAttention's fitted
-    efficiency with the store of the chunk's new K/V in its roofline: to HBM, or over the link by SM writes
-    (store_link: directkv's host tier)."""
+    efficiency with the store of the chunk's new K/V: to HBM, in its roofline, or over the link by SM writes
+    before it (store_link: directkv's host tier; store_then)."""
     shape, kvl = st.head_shape(model), model.kv_bytes_per_token_per_layer()
     for c in chunks:
         store = c.chunk_len * kvl
         chunk = sdpa_chunk_traffic(c.chunk_len, c.past_len, **shape) + (
             Traffic(link_write_bytes=store) if store_link else Traffic(hbm_write_bytes=store))
-        total, t = total + chunk, t + cm.time(chunk, flops_kind="flash_attention")
+        total, t = total + chunk, t + store_then(cm, chunk, flops_kind="flash_attention")
     return total, t
 
 
@@ -243,10 +258,10 @@ def split_no_past(step: Step, no_past_prefill: str) -> tuple[Step, tuple]:
 def no_past_sdpa(chunks: tuple, model: ModelSpec, cm: CostModel) -> tuple[Traffic, float]:
     """(traffic, seconds) of directkv's prompt chunks with no past under directkv_no_past_prefill sdpa, one
     layer: one SDPA call per chunk over its own K/V (FlashAttention's fitted efficiency, as hbm_attention charges
-    it), and the store of its new K/V to the host tier by SM writes (attention_traffic's store), in one roofline
-    with it, as the kernel path charges its store. Charged after the rest of the step's attention, as the executor runs them; the
-    kernel path's one roofline for the whole step lets the decodes' link reads overlap the chunk's math, so beside
-    decodes the model may call sdpa the slower of the two."""
+    it), after the store of its new K/V to the host tier by SM writes (attention_traffic's store; store_then), as
+    the kernel path charges its store. Charged after the rest of the step's attention, as the executor runs them;
+    the kernel path's one roofline for the whole step lets the decodes' link reads overlap the chunk's math, so
+    beside decodes the model may call sdpa the slower of the two."""
     return sdpa_chunks(chunks, model, cm, Traffic(), 0.0, store_link=True)
 
 
@@ -307,7 +322,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
             attn_t, staging, attn = 0.0, 0, Traffic()
             if rest.decodes or rest.prefills:
                 attn = st.attention_traffic(rest, model, policy.variant, policy)
-                attn_t = cm.time(attn, link="sm")
+                attn_t = store_then(cm, attn, link="sm")
             if no_past:
                 sdpa_traffic, sdpa_t = no_past_sdpa(no_past, model, cm)
                 attn, attn_t = attn + sdpa_traffic, attn_t + sdpa_t
@@ -315,13 +330,13 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
     elif name in ("swap", "flexgen"):
         ratio = policy.kv_bytes_per_token(model) / model.kv_bytes_per_token()  # < 1 for FlexGen's 4-bit KV
         stored, new_stored = int(past * ratio), int(new_kv * ratio)
-        copy_in, copy_out = cm.copy_time(stored, "h2d"), cm.copy_time(new_stored, "d2h")
+        copy_in = cm.copy_time(stored, "h2d")
         attn, t_attn = hbm_attention(step, model, cm, policy, hbm_prefill)
-        t_gpu = t_lin + t_attn
+        t_gpu = t_lin + sm_store_time(cm, new_stored) + t_attn  # the store: SM writes before the attention
         if name == "flexgen":  # unfused dequantisation: read codes, write bf16, in HBM
             t_gpu += cm.time(Traffic(hbm_read_bytes=stored, hbm_write_bytes=past), hbm_eff=cm.eff.dequant_hbm)
             t_gpu += cm.layer_overhead("flexgen")
-        layer_t = max(copy_in, copy_out, t_gpu)  # the copy of layer i+1 overlaps the compute of layer i
+        layer_t = max(copy_in, t_gpu)  # the copy of layer i+1 overlaps the compute of layer i
         layer_traffic = lin + attn + Traffic(link_read_bytes=stored, link_write_bytes=new_stored)
         staging = 2 * stored + (2 * past if name == "flexgen" else 0)
     elif name == "cpu_attn":
@@ -331,8 +346,10 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
         pre, t_pre = hbm_attention(st.only_prefills(step), model, cm, policy, hbm_prefill)
         pre_past = st.past_kv_tokens(st.only_prefills(step)) * kvl
         qo = len(step.decodes) * 2 * model.q_dim * model.dtype_bytes
-        t_gpu = t_lin + t_pre + cm.copy_time(qo)
-        layer_t = max(t_gpu, t_cpu, cm.copy_time(pre_past, "h2d"), cm.copy_time(new_kv, "d2h"))
+        # the new K/V are stored by SM writes first; the CPU's attention waits for them (Q crosses after the store)
+        t_store = sm_store_time(cm, new_kv)
+        t_gpu = t_lin + t_store + t_pre + cm.copy_time(qo)
+        layer_t = max(t_gpu, t_store + t_cpu, cm.copy_time(pre_past, "h2d"))
         if step.decodes:  # the handoffs to and from the CPU sit on the layer's critical path
             layer_t += cm.layer_overhead("cpu_attn")
         layer_traffic = lin + pre + Traffic(link_read_bytes=pre_past + qo // 2, link_write_bytes=new_kv + qo // 2)
@@ -355,7 +372,7 @@ def pipelined_step_cost(policy: SystemPolicy, step: Step, cut: int, model: Model
     dense = [cm.dense_time(t) for t in lin]
     rest, no_past = split_no_past(parts[1], no_past_prefill)
     attn = [st.attention_traffic(p, model, policy.variant, policy) for p in (parts[0], rest)]
-    t_attn = [cm.time(a, link="sm") for a in attn]
+    t_attn = [store_then(cm, a, link="sm") for a in attn]
     if no_past:
         sdpa_traffic, sdpa_t = no_past_sdpa(no_past, model, cm)
         t_rest = t_attn[1] if rest.decodes or rest.prefills else 0.0  # no kernel left beside the SDPA calls
