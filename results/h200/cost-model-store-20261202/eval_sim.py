@@ -1,9 +1,16 @@
-import sys, json, time
-sys.path.insert(0, "/work/main")
-import pandas as pd
+"""Resimulate stored serving runs; write each measured row's TPOT beside today's simulated one.
+Usage, from the repository root: python results/h200/cost-model-store-20261202/eval_sim.py OUT.csv RUN...
+(RUN relative to results/h200, e.g. context_sweep/20261202-161554-1)."""
+import sys
+import time
 from pathlib import Path
-from experiments.resimulate import resimulate
-R = Path("/work/main/results/h200")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+import pandas as pd  # noqa: E402
+
+from experiments.resimulate import resimulate  # noqa: E402
+
+R = Path(__file__).resolve().parents[1]
 RUNS = sys.argv[2:]
 out = []
 for run in RUNS:
