@@ -101,7 +101,7 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     chunk_mib = check_stream_chunk_mib(executor.get("directkv_stream_chunk_mib", SERVING_STREAM_CHUNK_MIB), slots,
                                        "executor.directkv_stream_chunk_mib")
     hbm_prefill = check_hbm_prefill(executor.get("hbm_prefill", "kernel"))
-    no_past_prefill = check_no_past_prefill(executor.get("directkv_no_past_prefill", "kernel"))
+    no_past_prefill = check_no_past_prefill(executor.get("directkv_no_past_prefill", DEFAULT_NO_PAST_PREFILL))
     warm = executor.get("warmup_pass", True)
     check(isinstance(warm, bool), f"executor.warmup_pass must be true or false; got {warm!r}")
     pipelining = Pipelining.from_config(executor)

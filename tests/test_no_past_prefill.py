@@ -101,8 +101,8 @@ def test_other_systems_paths_keep_the_kernel_for_it():
 @pytest.mark.parametrize("variant", ["tiled", "stream"])
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "opt-13b"])
 def test_a_first_chunk_alone_is_cheaper_by_sdpa_in_the_simulation(variant, model):
-    # OPT-13B: an 8K chunk's store to the host (3.2 ms a layer) is as long as its attention; charged beside the
-    # attention in one roofline, as the kernel path charges it, not after it
+    # OPT-13B: an 8K chunk's store to the host (3.2 ms a layer) is as long as its attention; charged before the
+    # attention on both paths (store_then), as the executor stores it
     policy, spec = SystemPolicy("directkv", variant), get_model(model)
     step = _step(0, [(8192, 0)])
     kernel, sdpa = (step_cost(policy, step, spec, CM, no_past_prefill=n) for n in ("kernel", "sdpa"))

@@ -12,6 +12,7 @@ import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
+from PIL import Image
 
 from directkv.errors import ConfigError
 from plots.figures.context_sweep import fig11_context_sweep, hbm_budget_gb
@@ -258,6 +259,8 @@ def test_every_experiment_renders(tmp_path: Path, exp: str) -> None:
     for path in paths:
         assert path.parent == run / "figures"
         assert_png(path)
+        with Image.open(path) as im:
+            assert im.mode == "P"  # stored as a palette PNG (save_png)
 
 
 def test_every_registered_experiment_has_a_case() -> None:

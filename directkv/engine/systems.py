@@ -58,7 +58,8 @@ HBM_PREFILLS = ("kernel", "sdpa")
 # what attends a directkv prompt chunk with no past (executor.directkv_no_past_prefill): its K/V are the
 # projection's output in HBM, so SDPA (FlashAttention) needs no gather; the kernel is the paper's path. sdpa is
 # the default: on the H200 it took OPT-13B 3 x 16K from 632.0 / 630.0 to 621.7 / 619.7 ms per token and its TTFT
-# from ~3.24 to ~2.99 s (one process each, both orders; 2026-12-02); on ShareGPT 10 req/s 34.6 against 35.3 ms
+# from ~3.24 to ~2.99 s (stream, one process each, both orders; 2026-12-02); no loss on ShareGPT 10 req/s (34.6
+# against 35.3 ms, inside that point's run-to-run spread). Measured with stream only; tiled / naive take it too
 NO_PAST_PREFILLS = ("kernel", "sdpa")
 DEFAULT_NO_PAST_PREFILL = "sdpa"
 # CTAs of directkv's side-stream decode kernel when pipelined: fewer leave SMs to the other part's dense
@@ -199,8 +200,9 @@ def check_no_past_prefill(name: object) -> str:
 
 
 def sm_store_time(cm: CostModel, nbytes: int) -> float:
-    """Seconds of storing `nbytes` of new K/V into host memory by SM writes through a zero-copy view
-    (scatter_rows), as every system with a host tier stores each layer's new K/V on the GPU's main stream."""
+    """Seconds of storing `nbytes` of new K/V into host memory by SM writes through a zero-copy view, as every
+    system with a host tier stores each layer's new K/V on the GPU's main stream (scatter_rows; FlexGen's codes by
+    indexed assignment into the view, after its quantisation, which is not charged here)."""
     return cm.terms(Traffic(link_write_bytes=nbytes), link="sm")["link_write"] if nbytes else 0.0
 
 
@@ -363,7 +365,7 @@ def pipelined_step_cost(policy: SystemPolicy, step: Step, cut: int, model: Model
                         no_past_prefill: str = DEFAULT_NO_PAST_PREFILL) -> StepCost:
     """directkv's step as two parts, rows [0, cut) and the rest (Pipelining.cut): each part's projections and
     MLP (reading all the weights again) run on the main stream while the other part's zero-copy attention runs
-    on a side stream. Per layer the main stream does both parts' dense work, the link both parts' attention,
+    on a side stream. Per layer the main stream does both parts' dense work and stores, the link both parts' attention,
     and each part waits for its own attention before its next dense work, so a layer takes the longest of
     those four sums. no_past_prefill "sdpa": the second part's chunks with no past by SDPA (no_past_sdpa)."""
     # a mixed step is cut at its last decode (Pipelining.cut), so its chunks all go to the second part
@@ -372,12 +374,18 @@ def pipelined_step_cost(policy: SystemPolicy, step: Step, cut: int, model: Model
     dense = [cm.dense_time(t) for t in lin]
     rest, no_past = split_no_past(parts[1], no_past_prefill)
     attn = [st.attention_traffic(p, model, policy.variant, policy) for p in (parts[0], rest)]
-    t_attn = [store_then(cm, a, link="sm") for a in attn]
+    # each part's store of its new K/V runs on the main stream (attend_async) before its attention goes to the
+    # side stream: with the dense work there, and before its own attention
+    store = [sm_store_time(cm, a.link_write_bytes) for a in attn]
+    t_attn = [cm.time(replace(a, link_write_bytes=0), link="sm") for a in attn]
     if no_past:
         sdpa_traffic, sdpa_t = no_past_sdpa(no_past, model, cm)
+        sdpa_store = sm_store_time(cm, sdpa_traffic.link_write_bytes)
         t_rest = t_attn[1] if rest.decodes or rest.prefills else 0.0  # no kernel left beside the SDPA calls
-        attn[1], t_attn[1] = attn[1] + sdpa_traffic, t_rest + sdpa_t
-    layer_t = max(sum(dense), sum(t_attn), dense[0] + t_attn[0], dense[1] + t_attn[1])
+        attn[1], t_attn[1] = attn[1] + sdpa_traffic, t_rest + sdpa_t - sdpa_store
+        store[1] += sdpa_store
+    main = [d + s for d, s in zip(dense, store, strict=True)]
+    layer_t = max(sum(main), sum(t_attn), main[0] + t_attn[0], main[1] + t_attn[1])
     head = st.lm_head_traffic(model, step.num_logits)
     t_head = cm.time(head, flops_kind="matmul")
     layer_traffic = lin[0] + lin[1] + attn[0] + attn[1]

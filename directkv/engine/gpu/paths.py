@@ -96,7 +96,8 @@ class ZeroCopyPath:
         self.prefill_new_pass = "kernel"
         # a prompt chunk over HBM pages (hbm; the staged systems' staging pool): "kernel" (our tiled kernel) or
         # "sdpa" (hbm_prefill.sdpa_chunk); set by make_path from executor.hbm_prefill; and a chunk with no past
-        # (directkv; executor.directkv_no_past_prefill)
+        # (directkv; executor.directkv_no_past_prefill). "kernel" here, the paper's path: make_path sets the
+        # serving defaults (sdpa for directkv's chunks with no past) and keeps the other systems' at kernel
         self.hbm_prefill = "kernel"
         self.no_past_prefill = "kernel"
 
@@ -238,8 +239,8 @@ class ZeroCopyPath:
             rows = slice(c.start - base, c.start - base + c.length)
             # no link bytes: the past is in HBM already, or there is none (directkv_no_past_prefill: the chunk's own
             # K/V are the projection's output in HBM; in the OPT-13B 3 x 16K steps holding a request's first
-            # 8K-token chunk directkv's tiled kernel took 112-117 ms more than swap's SDPA, H200 2026-12-02,
-            # steps/ of context_sweep/20261202-143720)
+            # 8K-token chunk directkv's tiled kernel took 71-112 ms more than swap's SDPA and SDPA here 18 ms less
+            # to 7 more, H200 2026-12-02, steps/ of context_sweep/20261202-161447-0 and -161554-1)
             if (self.hbm_prefill == "sdpa" and tier == "hbm") or (self.no_past_prefill == "sdpa" and c.past_len == 0):
                 option = "executor.hbm_prefill" if tier == "hbm" else "executor.directkv_no_past_prefill"
                 out[rows] = sdpa_chunk(q[rows], k[rows], v[rows], k_pool, v_pool, table[0], c.past_len,
