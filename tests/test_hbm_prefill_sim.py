@@ -152,3 +152,20 @@ def test_a_store_to_host_memory_is_charged_before_the_kernel_not_inside_its_roof
     assert store_then(CM, traffic, link="sm") == pytest.approx(store + alone)
     assert store_then(CM, traffic, link="sm") > CM.time(traffic, link="sm")  # where the roofline hid it
     assert sm_store_time(CM, 0) == 0.0
+
+
+@pytest.mark.parametrize("system", [("swap", ""), ("flexgen", ""), ("cpu_attn", ""), ("directkv", "tiled"),
+                                    ("directkv", "stream"), ("hbm", "")])
+def test_every_host_tier_system_waits_for_its_store_and_hbm_does_not(system):
+    # a prompt chunk with no past: nothing to copy in, so the store lies on the GPU's critical path wherever the
+    # executor stores to host memory (scatter_rows before the attention); with SM writes made (nearly) free the
+    # step gets faster by exactly the stores' time; hbm stores into HBM and does not move
+    from directkv.engine.systems import sm_store_time
+
+    policy, step = SystemPolicy(*system), _step(0, [(4096, 0)])
+    fast = CostModel(replace(CM.hw, link_sm_write_gbps=1e12), CM.eff)
+    with_store, without = (step_cost(policy, step, LLAMA, cm, hbm_prefill="sdpa") for cm in (CM, fast))
+    stored = policy.kv_bytes_per_token(LLAMA) * 4096 // LLAMA.num_layers if system[0] == "flexgen" else \
+        4096 * LLAMA.kv_bytes_per_token_per_layer()
+    expected = 0.0 if system[0] == "hbm" else LLAMA.num_layers * sm_store_time(CM, stored)
+    assert with_store.time_s - without.time_s == pytest.approx(expected, rel=1e-3, abs=1e-6)
