@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from directkv.errors import ConfigError, check
+from experiments.resimulate import VALUE_BEFORE_THE_KEY
 from plots.figures.common import EXECUTOR_OPTIONS, executor_tags
 from plots.load import find_run_dirs, load_run
 
@@ -57,12 +58,14 @@ def compare_table(df: pd.DataFrame, exp: str, metric: str = "tpot_ms") -> str:
     return "\n".join(lines)
 
 
-# Options the simulation modelled at one value before its rows carried them, and the systems they change: a
-# simulated row without the column modelled that value (until 2026-12-02 it charged every HBM prompt chunk as our
-# tiled kernel), so it is no twin of a measured row of those systems run with another.
-MODELLED_BEFORE = {"hbm_prefill": ("kernel", ("hbm", "swap", "cpu_attn", "flexgen")),
-                   "directkv_stream_chunk_mib": (16, ("directkv",)),  # 12 x 16 MiB decode slots until 2026-12-02
-                   "directkv_no_past_prefill": ("kernel", ("directkv",))}
+# Options the simulation modelled at one value before its rows carried them (the value runs from before the option
+# ran with, VALUE_BEFORE_THE_KEY), and the systems they change: a simulated row without the column modelled that
+# value (until 2026-12-02 it charged every HBM prompt chunk as our tiled kernel), so it is no twin of a measured row
+# of those systems run with another.
+MODELLED_BEFORE = {key: (VALUE_BEFORE_THE_KEY[key], systems) for key, systems in (
+    ("hbm_prefill", ("hbm", "swap", "cpu_attn", "flexgen")),
+    ("directkv_stream_chunk_mib", ("directkv",)),  # 12 x 16 MiB decode slots until 2026-12-02
+    ("directkv_no_past_prefill", ("directkv",)))}
 
 
 def _twin(sims: pd.DataFrame, measured: pd.Series | None) -> pd.DataFrame:

@@ -248,9 +248,11 @@ def test_stream_reads_a_prompt_tail_in_place_in_the_simulation(tail, past):
     """A step of 3 decodes beside a prompt's last `tail` tokens over a past of 2,044 tokens (4 MiB of K per layer)
     or 4,094 (8 MiB): the simulation charges a tail of <= 16 tokens over the 2,044 as the tiled kernel's in-place
     read, with no chunk ring in its staging, and streams the rest through a ring."""
+    from dataclasses import replace
+
     from directkv.engine import step_traffic as st
     from directkv.engine.state import PrefillChunk, Step
-    from directkv.engine.systems import store_then, stream_attention
+    from directkv.engine.systems import sm_store_time, stream_attention
     from workloads.request import Request
 
     policy = SystemPolicy("directkv", "stream")
@@ -262,7 +264,8 @@ def test_stream_reads_a_prompt_tail_in_place_in_the_simulation(tail, past):
     if tail <= 16 and past == 2044:
         assert staging == decode_ring
         t_decodes, _, _ = stream_attention(Step(step.decodes, ()), LLAMA, CM, policy, t_lin, 16, 8, 16)
-        in_place = store_then(CM, st.attention_traffic(Step((), step.prefills), LLAMA, "tiled", policy), link="sm")
+        tiled = st.attention_traffic(Step((), step.prefills), LLAMA, "tiled", policy)  # its store, then the kernel
+        in_place = sm_store_time(CM, tiled.link_write_bytes) + CM.time(replace(tiled, link_write_bytes=0), link="sm")
         assert t_attn == pytest.approx(t_decodes + in_place, rel=1e-9)
     else:
         assert staging == decode_ring + stream_ring_bytes(2, past * kvl, floor=0) > decode_ring

@@ -49,13 +49,14 @@ def _kv(policy, requests):
     return kv
 
 
-def _serve(policy, runner, requests, *, cpu_attn_kernel="flash", pipelining=NO_PIPELINING):
+def _serve(policy, runner, requests, *, cpu_attn_kernel="flash", pipelining=NO_PIPELINING, **path_options):
+    """Serve on the CPU with poisoned caches; path_options: GPUStepper's (hbm_prefill=, no_past_prefill=, ...)."""
     kv = _kv(policy, requests)
     if kv.arena is not None:  # poison: a read of a slot nobody wrote turns into NaN and fails the test
         for t in (kv.arena.k, kv.arena.v, kv.hbm_k, kv.hbm_v):
             t.fill_(float("nan"))
     stepper = GPUStepper(policy, runner, kv, torch.device("cpu"), seed=7, cpu_attn_kernel=cpu_attn_kernel,
-                         pipelining=pipelining)
+                         pipelining=pipelining, **path_options)
     if policy.name == "flexgen":
         for t in stepper.path.shadow:
             t.fill_(float("nan"))

@@ -12,7 +12,6 @@ from test_experiments import _compose
 from test_gpu_executor import _requests, _serve, runner  # noqa: F401 - runner is a fixture
 
 import directkv.engine.gpu.paths as paths
-import directkv.engine.gpu.stepper as stepper
 from directkv.engine.gpu.hbm_prefill import gather_past, sdpa_chunk
 from directkv.engine.systems import SystemPolicy
 from directkv.errors import ConfigError
@@ -63,9 +62,7 @@ def test_serving_with_sdpa_prompt_chunks_matches_the_kernel(runner, name, monkey
     reqs = _requests()
     ref_res, ref = _serve(SystemPolicy(name), runner, reqs)
     assert not calls
-    real_make = stepper.make_path
-    monkeypatch.setattr(stepper, "make_path", lambda *a, **k: real_make(*a, **(k | {"hbm_prefill": "sdpa"})))
-    res, st = _serve(SystemPolicy(name), runner, reqs)
+    res, st = _serve(SystemPolicy(name), runner, reqs, hbm_prefill="sdpa")
     assert calls and any(past > 0 for past in calls)  # chunks with a past went through SDPA
     assert st.outputs == ref.outputs and len(st.outs) == len(ref.outs)
     # flexgen stores each layer's new K/V in 4 bits: a last-bit difference between the two kernels can move a value
@@ -88,9 +85,7 @@ def test_directkv_host_chunks_never_take_the_sdpa_path(runner, monkeypatch):  # 
         return real_sdpa(q, k, v, k_pool, v_pool, table, past_len, *rest)
 
     monkeypatch.setattr(paths, "sdpa_chunk", no_host_past)
-    real_make = stepper.make_path
-    monkeypatch.setattr(stepper, "make_path", lambda *a, **k: real_make(*a, **(k | {"hbm_prefill": "sdpa"})))
-    res, _ = _serve(SystemPolicy("directkv", "tiled"), runner, _requests())
+    res, _ = _serve(SystemPolicy("directkv", "tiled"), runner, _requests(), hbm_prefill="sdpa")
     assert res.metrics["completed"] == len(_requests()) and sent  # the first chunks did go to SDPA
 
 

@@ -141,16 +141,17 @@ def test_resimulate_leaves_the_column_out_for_a_run_from_before_the_key():
 def test_a_store_to_host_memory_is_charged_before_the_kernel_not_inside_its_roofline():
     # the executor stores a layer's new K/V by SM writes (scatter_rows) and then runs the kernel, on one stream:
     # the store cannot hide behind the kernel's reads or math, in any system with a host tier
-    from directkv.engine.systems import sm_store_time, store_then
+    from directkv.engine.systems import sm_store_time, zero_copy_attention
 
-    step = _step(2, [(2048, 16384)])
-    traffic = st.attention_traffic(step, LLAMA, "tiled", SystemPolicy("directkv", "tiled"))
+    step, policy = _step(2, [(2048, 16384)]), SystemPolicy("directkv", "tiled")
+    traffic = st.attention_traffic(step, LLAMA, "tiled", policy)
     assert traffic.link_write_bytes == step.num_tokens * LLAMA.kv_bytes_per_token_per_layer()
     store = sm_store_time(CM, traffic.link_write_bytes)
     assert store == pytest.approx(traffic.link_write_bytes / (CM.hw.link_sm_write_gbps * 1e9 * CM.eff.link_sm))
     alone = CM.time(replace(traffic, link_write_bytes=0), link="sm")
-    assert store_then(CM, traffic, link="sm") == pytest.approx(store + alone)
-    assert store_then(CM, traffic, link="sm") > CM.time(traffic, link="sm")  # where the roofline hid it
+    got, store_t, kernels_t = zero_copy_attention(step, LLAMA, CM, policy, "tiled", "kernel")
+    assert got == traffic and store_t == pytest.approx(store) and kernels_t == pytest.approx(alone)
+    assert store_t + kernels_t > CM.time(traffic, link="sm")  # where the roofline hid it
     assert sm_store_time(CM, 0) == 0.0
 
 

@@ -21,7 +21,6 @@ from directkv.specs import get_model
 from experiments.common import setup
 from experiments.run import run_experiment
 
-REAL_MAKE_PATH = stepper.make_path
 MEM = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
 BAD = r"unknown executor.directkv_no_past_prefill 'flash'; valid: kernel, sdpa"
 
@@ -49,11 +48,6 @@ def test_simulate_and_run_gpu_refuse_a_bad_value_before_any_work(monkeypatch):
                 no_past_prefill="flash")
 
 
-def _no_past_prefill(monkeypatch, value: str) -> None:
-    """_serve's paths made with executor.directkv_no_past_prefill=value (it builds them through make_path)."""
-    monkeypatch.setattr(stepper, "make_path", lambda *a, **k: REAL_MAKE_PATH(*a, **(k | {"no_past_prefill": value})))
-
-
 @pytest.mark.parametrize("variant", ["tiled", "naive"])
 def test_serving_sends_only_chunks_with_no_past_to_sdpa_and_matches_the_kernel(runner, variant, monkeypatch):  # noqa: F811
     calls = []
@@ -61,11 +55,9 @@ def test_serving_sends_only_chunks_with_no_past_to_sdpa_and_matches_the_kernel(r
     monkeypatch.setattr(paths, "sdpa_chunk", lambda *a: calls.append(a[6]) or real_chunk(*a))
     policy, reqs = SystemPolicy("directkv", variant), _requests()
     assert max(r.prompt_len for r in reqs) > SCHED.max_batched_tokens  # so some chunks have a past
-    _no_past_prefill(monkeypatch, "kernel")
-    _, ref = _serve(policy, runner, reqs)
+    _, ref = _serve(policy, runner, reqs, no_past_prefill="kernel")
     assert not calls
-    _no_past_prefill(monkeypatch, "sdpa")
-    res, got = _serve(policy, runner, reqs)
+    res, got = _serve(policy, runner, reqs, no_past_prefill="sdpa")
     assert calls and set(calls) == {0}  # every first chunk, and nothing with a past (that is in host memory)
     assert res.metrics["completed"] == len(reqs) and got.outputs == ref.outputs
     for a, b in zip(got.outs, ref.outs, strict=True):
@@ -78,11 +70,9 @@ def test_pipelined_serving_sends_its_chunk_part_first_chunks_to_sdpa_too(runner,
     real_chunk = paths.sdpa_chunk
     monkeypatch.setattr(paths, "sdpa_chunk", lambda *a: calls.append(a[6]) or real_chunk(*a))
     policy, reqs, pipelining = SystemPolicy("directkv", "tiled"), _requests(), Pipelining(True, None, 0.0, True)
-    _no_past_prefill(monkeypatch, "kernel")
-    _, ref = _serve(policy, runner, reqs, pipelining=pipelining)
+    _, ref = _serve(policy, runner, reqs, pipelining=pipelining, no_past_prefill="kernel")
     assert not calls
-    _no_past_prefill(monkeypatch, "sdpa")
-    _, got = _serve(policy, runner, reqs, pipelining=pipelining)
+    _, got = _serve(policy, runner, reqs, pipelining=pipelining, no_past_prefill="sdpa")
     assert calls and set(calls) == {0} and got.outputs == ref.outputs
     for a, b in zip(got.outs, ref.outs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
@@ -102,7 +92,7 @@ def test_other_systems_paths_keep_the_kernel_for_it():
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "opt-13b"])
 def test_a_first_chunk_alone_is_cheaper_by_sdpa_in_the_simulation(variant, model):
     # OPT-13B: an 8K chunk's store to the host (3.2 ms a layer) is as long as its attention; charged before the
-    # attention on both paths (store_then), as the executor stores it
+    # attention on both paths (sm_store_time), as the executor stores it
     policy, spec = SystemPolicy("directkv", variant), get_model(model)
     step = _step(0, [(8192, 0)])
     kernel, sdpa = (step_cost(policy, step, spec, CM, no_past_prefill=n) for n in ("kernel", "sdpa"))

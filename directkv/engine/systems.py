@@ -133,7 +133,7 @@ def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: System
     larger slots cost less (H200, 2026-12-02, Llama batch 4 32K: stream's step 121.0 ms with 16 MiB slots, 16-17
     chunks per layer, 118.3 with 64 MiB, 4-5; 12 launches x 32 layers at 5 us are 1.9 ms of that). The host time
     each chunk also costs (on ShareGPT the host's queueing per step fell 4.9 ms with the same change) is not
-    modelled. no_past_prefill "sdpa": a chunk with no past is one SDPA call over its own K/V (no_past_sdpa)."""
+    modelled. no_past_prefill "sdpa": a chunk with no past is one SDPA call over its own K/V (zero_copy_attention)."""
     kvl = model.kv_bytes_per_token_per_layer()
     streamed, in_place = stream_parts(step, model, page_size)
     chunks = streamed.prefills
@@ -171,18 +171,10 @@ def stream_attention(step: Step, model: ModelSpec, cm: CostModel, policy: System
         decode_chunks = ceil_div(decode_k, min(decode_chunk, max(decode_k, STREAM_MIN_CHUNK_BYTES))) if decode_k else 0
         kernels = decode_chunks + len(chunks)
         t = max(store + left_decodes + max(math_t, left_chunks), link - t_lin) + kernels * cm.hw.launch_us * 1e-6
-    # chunks with no past, with no_past_prefill sdpa: one SDPA call each over their own K/V (no_past_sdpa)
-    in_place, no_past = split_no_past(in_place, no_past_prefill)
-    if in_place.prefills:
-        # timed as directkv tiled times it: its store, then the kernel (so a step of in-place chunks costs what
-        # tiled's does)
-        in_place_traffic = st.attention_traffic(in_place, model, "tiled", policy)
-        t += store_then(cm, in_place_traffic, link="sm")
-        traffic = traffic + in_place_traffic  # the chunks it reads in place move tiled's bytes, not a ring's
-    if no_past:
-        sdpa_traffic, sdpa_t = no_past_sdpa(no_past, model, cm)
-        t, traffic = t + sdpa_t, traffic + sdpa_traffic
-    return t, sum(sizes), traffic
+    # the chunks it reads in place timed as directkv tiled times them (so a step of in-place chunks costs what
+    # tiled's does), their bytes tiled's, not a ring's; those with no past by SDPA under no_past_prefill sdpa
+    in_place_traffic, store_t, kernels_t = zero_copy_attention(in_place, model, cm, policy, "tiled", no_past_prefill)
+    return t + store_t + kernels_t, sum(sizes), traffic + in_place_traffic
 
 
 def check_hbm_prefill(name: object) -> str:
@@ -202,17 +194,11 @@ def check_no_past_prefill(name: object) -> str:
 def sm_store_time(cm: CostModel, nbytes: int) -> float:
     """Seconds of storing `nbytes` of new K/V into host memory by SM writes through a zero-copy view, as every
     system with a host tier stores each layer's new K/V on the GPU's main stream (scatter_rows; FlexGen's codes by
-    indexed assignment into the view, after its quantisation, which is not charged here)."""
+    indexed assignment into the view, after its quantisation, which is not charged here), before the layer's
+    attention: charged in series with it, not inside its roofline, where it hid behind the kernel's reads or math,
+    which on the H200 it does not (OPT-13B 3 x 16K, 2026-12-02: a step of an 8K chunk over an 8K past took 181-192
+    ms more than one with no past in both systems, the past's attention alone)."""
     return cm.terms(Traffic(link_write_bytes=nbytes), link="sm")["link_write"] if nbytes else 0.0
-
-
-def store_then(cm: CostModel, traffic: Traffic, **kw) -> float:
-    """Seconds of a layer's attention whose `traffic` holds the store of its new K/V to host memory (its
-    link_write_bytes): the store (sm_store_time), then the kernel's roofline over the rest, in series, as the
-    executor issues them on one stream. Charging the store inside the kernel's roofline let it hide behind the
-    kernel's reads or math, which on the H200 it does not (OPT-13B 3 x 16K, 2026-12-02: a step of an 8K chunk
-    over an 8K past took 181-192 ms more than one with no past in both systems, the past's attention alone)."""
-    return sm_store_time(cm, traffic.link_write_bytes) + cm.time(replace(traffic, link_write_bytes=0), **kw)
 
 
 def hbm_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPolicy,
@@ -237,34 +223,41 @@ def hbm_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPol
 def sdpa_chunks(chunks: tuple, model: ModelSpec, cm: CostModel, total: Traffic, t: float, *,
                 store_link: bool) -> tuple[Traffic, float]:
     """(total, t) with one SDPA call per prompt chunk added, each timed alone at FlashAttention's fitted
-    efficiency with the store of the chunk's new K/V: to HBM, in its roofline, or over the link by SM writes
-    before it (store_link: directkv's host tier; store_then)."""
+    efficiency, and the store of the chunk's new K/V in `total`: to HBM, in the call's roofline, or over the link
+    by SM writes (store_link: directkv's host tier), which `t` leaves to the caller (sm_store_time)."""
     shape, kvl = st.head_shape(model), model.kv_bytes_per_token_per_layer()
     for c in chunks:
         store = c.chunk_len * kvl
         chunk = sdpa_chunk_traffic(c.chunk_len, c.past_len, **shape) + (
             Traffic(link_write_bytes=store) if store_link else Traffic(hbm_write_bytes=store))
-        total, t = total + chunk, t + store_then(cm, chunk, flops_kind="flash_attention")
+        total, t = total + chunk, t + cm.time(replace(chunk, link_write_bytes=0), flops_kind="flash_attention")
     return total, t
 
 
 def split_no_past(step: Step, no_past_prefill: str) -> tuple[Step, tuple]:
     """(the step without its prompt chunks that have no past, those chunks) where no_past_prefill is "sdpa" (they
-    are attended by SDPA: no_past_sdpa); else (the step, ())."""
+    are attended by SDPA: zero_copy_attention); else (the step, ())."""
     no_past = tuple(c for c in step.prefills if c.past_len == 0) if no_past_prefill == "sdpa" else ()
     if not no_past:
         return step, ()
     return Step(step.decodes, tuple(c for c in step.prefills if c.past_len)), no_past
 
 
-def no_past_sdpa(chunks: tuple, model: ModelSpec, cm: CostModel) -> tuple[Traffic, float]:
-    """(traffic, seconds) of directkv's prompt chunks with no past under directkv_no_past_prefill sdpa, one
-    layer: one SDPA call per chunk over its own K/V (FlashAttention's fitted efficiency, as hbm_attention charges
-    it), after the store of its new K/V to the host tier by SM writes (attention_traffic's store; store_then), as
-    the kernel path charges its store. Charged after the rest of the step's attention, as the executor runs them;
-    the kernel path's one roofline for the whole step lets the decodes' link reads overlap the chunk's math, so
-    beside decodes the model may call sdpa the slower of the two."""
-    return sdpa_chunks(chunks, model, cm, Traffic(), 0.0, store_link=True)
+def zero_copy_attention(step: Step, model: ModelSpec, cm: CostModel, policy: SystemPolicy, variant: str,
+                        no_past_prefill: str) -> tuple[Traffic, float, float]:
+    """(traffic, seconds of the store, seconds of the kernels) of one layer's attention of `step` by directkv's
+    zero-copy kernel `variant`, as the executor runs it: the store of the step's new K/V to the host tier by SM
+    writes first (sm_store_time), then the kernel over the rest of the step, then, under no_past_prefill sdpa, one
+    SDPA call per chunk with no past over its own K/V (FlashAttention's fitted efficiency, as hbm_attention charges
+    it; split_no_past). The kernel's one roofline for the step lets the decodes' link reads overlap a chunk's math
+    where SDPA's calls come after them, so beside decodes the model may call sdpa the slower of the two."""
+    rest, no_past = split_no_past(step, no_past_prefill)
+    traffic, kernels = Traffic(), 0.0  # no kernel to run is charged nothing
+    if rest.decodes or rest.prefills:
+        traffic = st.attention_traffic(rest, model, variant, policy)
+        kernels = cm.time(replace(traffic, link_write_bytes=0), link="sm")
+    traffic, kernels = sdpa_chunks(no_past, model, cm, traffic, kernels, store_link=True)
+    return traffic, sm_store_time(cm, traffic.link_write_bytes), kernels
 
 
 def directkv_row_columns(policy: SystemPolicy, stream_slots: int, stream_chunk_mib: int, no_past_prefill: str) -> dict:
@@ -295,7 +288,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
     holds it in slots of stream_chunk_mib MiB of K (executor.directkv_stream_chunk_mib; decode_ring). hbm_prefill: what attends
     prompt chunks over HBM pages in hbm, swap, flexgen and cpu_attn (executor.hbm_prefill; hbm_attention).
     no_past_prefill: what attends directkv's prompt chunks with no past (executor.directkv_no_past_prefill:
-    its kernel, or one SDPA call each, no_past_sdpa)."""
+    its kernel, or one SDPA call each, zero_copy_attention)."""
     if pipelining is not None and policy.name == "directkv":
         cut = pipelining.cut(policy, step, model.kv_bytes_per_token_per_layer())
         if cut is not None:
@@ -318,16 +311,8 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
             attn_t, staging, attn = stream_attention(step, model, cm, policy, t_lin, page_size, stream_slots,
                                                       stream_chunk_mib, no_past_prefill)
         else:
-            # with directkv_no_past_prefill sdpa a prompt chunk with no past is one SDPA call over its own K/V, in
-            # HBM (the executor's ZeroCopyPath._chunks); the rest of the step as the variant runs it
-            rest, no_past = split_no_past(step, no_past_prefill)
-            attn_t, staging, attn = 0.0, 0, Traffic()
-            if rest.decodes or rest.prefills:
-                attn = st.attention_traffic(rest, model, policy.variant, policy)
-                attn_t = store_then(cm, attn, link="sm")
-            if no_past:
-                sdpa_traffic, sdpa_t = no_past_sdpa(no_past, model, cm)
-                attn, attn_t = attn + sdpa_traffic, attn_t + sdpa_t
+            attn, store_t, kernels_t = zero_copy_attention(step, model, cm, policy, policy.variant, no_past_prefill)
+            attn_t, staging = store_t + kernels_t, 0
         layer_t, layer_traffic = t_lin + attn_t, lin + attn
     elif name in ("swap", "flexgen"):
         ratio = policy.kv_bytes_per_token(model) / model.kv_bytes_per_token()  # < 1 for FlexGen's 4-bit KV
@@ -367,23 +352,15 @@ def pipelined_step_cost(policy: SystemPolicy, step: Step, cut: int, model: Model
     MLP (reading all the weights again) run on the main stream while the other part's zero-copy attention runs
     on a side stream. Per layer the main stream does both parts' dense work and stores, the link both parts' attention,
     and each part waits for its own attention before its next dense work, so a layer takes the longest of
-    those four sums. no_past_prefill "sdpa": the second part's chunks with no past by SDPA (no_past_sdpa)."""
+    those four sums. no_past_prefill "sdpa": the second part's chunks with no past by SDPA (zero_copy_attention)."""
     # a mixed step is cut at its last decode (Pipelining.cut), so its chunks all go to the second part
     parts = [Step(step.decodes[:cut], ()), Step(step.decodes[cut:], step.prefills)]
     lin = [st.linear_layer_traffic(model, p.num_tokens) for p in parts]
     dense = [cm.dense_time(t) for t in lin]
-    rest, no_past = split_no_past(parts[1], no_past_prefill)
-    attn = [st.attention_traffic(p, model, policy.variant, policy) for p in (parts[0], rest)]
     # each part's store of its new K/V runs on the main stream (attend_async) before its attention goes to the
     # side stream: with the dense work there, and before its own attention
-    store = [sm_store_time(cm, a.link_write_bytes) for a in attn]
-    t_attn = [cm.time(replace(a, link_write_bytes=0), link="sm") for a in attn]
-    if no_past:
-        sdpa_traffic, sdpa_t = no_past_sdpa(no_past, model, cm)
-        sdpa_store = sm_store_time(cm, sdpa_traffic.link_write_bytes)
-        t_rest = t_attn[1] if rest.decodes or rest.prefills else 0.0  # no kernel left beside the SDPA calls
-        attn[1], t_attn[1] = attn[1] + sdpa_traffic, t_rest + sdpa_t - sdpa_store
-        store[1] += sdpa_store
+    attn, store, t_attn = zip(*(zero_copy_attention(p, model, cm, policy, policy.variant, no_past_prefill)
+                                for p in parts), strict=True)
     main = [d + s for d, s in zip(dense, store, strict=True)]
     layer_t = max(sum(main), sum(t_attn), main[0] + t_attn[0], main[1] + t_attn[1])
     head = st.lm_head_traffic(model, step.num_logits)
