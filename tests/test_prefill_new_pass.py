@@ -33,7 +33,8 @@ def test_prefill_new_pass_flash_serves_what_the_kernel_serves(name, variant, mon
     """executor.prefill_new_pass=flash in a real serving run (CUDA graphs on, chunked prompts with and without a
     past): every tiled prompt chunk's call gets new_pass="flash", and its output matches the same call with the
     new tokens in the tiled kernel (new_pass="kernel", recomputed beside it). Streamed chunks keep their own
-    flash passes and get no new_pass."""
+    flash passes and get no new_pass. directkv's chunks with no past go to the kernel too (no_past_prefill="kernel";
+    by default they are one SDPA call and never reach prefill), so both kinds are checked."""
     from directkv.engine.gpu.paths import ZeroCopyPath
 
     init, seen = ZeroCopyPath.__init__, []
@@ -59,7 +60,7 @@ def test_prefill_new_pass_flash_serves_what_the_kernel_serves(name, variant, mon
     mem = MemoryConfig(hbm_budget_bytes=8e9, host_budget_bytes=1e9, runtime_overhead_bytes=0, page_size=16)
     try:
         res, extra = run_gpu(_requests(), SystemPolicy(name, variant), SPEC, mem=mem, sched_cfg=SCHED, device="cuda",
-                             cuda_graphs=True, prefill_new_pass="flash")
+                             cuda_graphs=True, prefill_new_pass="flash", no_past_prefill="kernel")
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert res.metrics["completed"] == 5 and extra["prefill_new_pass"] == "flash"
