@@ -27,8 +27,9 @@ from directkv.kernels.cuda.prefill_attention import NEW_PASSES
 from directkv.kernels.traffic_model import (
     SERVING_STREAM_CHUNK_MIB,
     SERVING_STREAM_SLOTS,
+    STREAM_SLOTS_AUTO,
     check_stream_chunk_mib,
-    check_stream_slots,
+    resolve_stream_slots,
 )
 from directkv.specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
@@ -48,7 +49,7 @@ class Setup:
     cpu_attn_kernel: str = DEFAULT_CPU_ATTN_KERNEL  # measured cpu_attn: one native OpenMP call, or torch's flash loop
     pipelining: Pipelining = NO_PIPELINING  # directkv: steps as two parts, one part's attention on a side stream (simulated too)
     prefill_new_pass: str = "kernel"  # measured serving: a prompt chunk's new tokens by the tiled kernel or by flash
-    stream_slots: int = SERVING_STREAM_SLOTS  # directkv stream, measured and simulated: its rings' HBM in 32 MiB slots
+    stream_slots: int = SERVING_STREAM_SLOTS  # directkv stream, measured and simulated: its rings' HBM in 32 MiB slots (auto resolved)
     warmup_pass: bool = True  # measured serving: each system's first point of a process served once, unmeasured, first
     hbm_prefill: str = "kernel"  # measured and simulated: a prompt chunk over HBM pages by our tiled kernel or by SDPA
     stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB  # directkv stream: the K per slot its decode ring cuts its HBM into
@@ -97,7 +98,8 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     new_pass = str(executor.get("prefill_new_pass", "kernel"))
     if new_pass not in NEW_PASSES:
         raise unknown_name("executor.prefill_new_pass", new_pass, NEW_PASSES)
-    slots = check_stream_slots(executor.get("directkv_stream_slots", SERVING_STREAM_SLOTS), "executor.directkv_stream_slots")
+    slots = resolve_stream_slots(executor.get("directkv_stream_slots", STREAM_SLOTS_AUTO),
+                                 model.kv_bytes_per_token_per_layer(), "executor.directkv_stream_slots")
     chunk_mib = check_stream_chunk_mib(executor.get("directkv_stream_chunk_mib", SERVING_STREAM_CHUNK_MIB), slots,
                                        "executor.directkv_stream_chunk_mib")
     hbm_prefill = check_hbm_prefill(executor.get("hbm_prefill", "kernel"))

@@ -15,7 +15,13 @@ from directkv.engine.sim_executor import MemoryConfig, simulate
 from directkv.engine.state import PrefillChunk, ReqState, Step
 from directkv.engine.systems import SystemPolicy, step_cost
 from directkv.errors import ConfigError
-from directkv.kernels.traffic_model import SERVING_STREAM_SLOTS, prefill_ring_slots, stream_ring_bytes
+from directkv.kernels.traffic_model import (
+    SERVING_STREAM_SLOTS,
+    WIDE_KV_BYTES,
+    auto_stream_slots,
+    prefill_ring_slots,
+    stream_ring_bytes,
+)
 from directkv.specs import get_hardware, get_model
 from experiments.common import setup
 from experiments.run import run_experiment
@@ -26,9 +32,42 @@ def test_setup_takes_the_slots_and_refuses_fewer_than_two():
     assert setup(_compose(["run_id=t", "device=cpu"])).stream_slots == SERVING_STREAM_SLOTS == 12
     four = ["run_id=t", "device=cpu", "executor.directkv_stream_slots=4", "executor.directkv_stream_chunk_mib=16"]
     assert setup(_compose(four)).stream_slots == 4
-    for bad in ("1", "true", "2.5", "four"):
-        with pytest.raises(ConfigError, match=r"executor.directkv_stream_slots must be an int >= 2 \(.*\); got "):
+    for bad in ("1", "true", "2.5", "four", "AUTO"):
+        with pytest.raises(ConfigError, match=r"executor.directkv_stream_slots must be an int >= 2 \(.*\) or 'auto' "
+                                              r"\(.*\); got "):
             setup(_compose(["run_id=t", "device=cpu", f"executor.directkv_stream_slots={bad}"]))
+
+
+@pytest.mark.parametrize("model,slots", [("llama-3.1-8b", 12), ("opt-6.7b", 24), ("opt-13b", 24), ("opt-30b", 24)])
+def test_auto_slots_follow_the_models_kv_bytes_per_token(model, slots):
+    """auto (the config's default): 12 slots for a GQA model's 4 KiB of K/V per token per layer, 24 for the OPT
+    models' 16-28 KiB; an explicit count wins whatever the model."""
+    assert setup(_compose(["run_id=t", "device=cpu", f"model={model}"])).stream_slots == slots
+    assert setup(_compose(["run_id=t", "device=cpu", f"model={model}", "executor.directkv_stream_slots=auto"])).stream_slots == slots
+    assert setup(_compose(["run_id=t", "device=cpu", f"model={model}", "executor.directkv_stream_slots=16"])).stream_slots == 16
+
+
+def test_auto_slots_switch_at_eight_kib():
+    assert auto_stream_slots(WIDE_KV_BYTES) == SERVING_STREAM_SLOTS
+    assert auto_stream_slots(WIDE_KV_BYTES + 2) == 2 * SERVING_STREAM_SLOTS
+    assert get_model("llama-3.1-8b").kv_bytes_per_token_per_layer() <= WIDE_KV_BYTES < min(
+        get_model(m).kv_bytes_per_token_per_layer() for m in ("opt-6.7b", "opt-13b", "opt-30b"))
+
+
+def test_profile_cli_resolves_auto_and_refuses_a_bad_count(capsys):
+    from directkv.engine.gpu import profile
+
+    seen = {}
+    def fake(system, **kwargs):
+        seen["slots"] = kwargs["stream_slots"]
+    orig, profile.profile = profile.profile, fake
+    try:
+        assert profile.main(["--system", "directkv", "--model", "opt-13b"]) == 0 and seen["slots"] == 24
+        assert profile.main(["--system", "directkv", "--stream-slots", "6"]) == 0 and seen["slots"] == 6
+        assert profile.main(["--system", "directkv", "--stream-slots", "1"]) == 2
+    finally:
+        profile.profile = orig
+    assert "--stream-slots must be an int >= 2" in capsys.readouterr().err
 
 
 def test_make_path_gives_directkv_its_slots():

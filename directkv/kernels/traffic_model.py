@@ -39,6 +39,20 @@ STREAM_CHUNK_BYTES = STREAM_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (
 # TPOT with 8 / 12 slots: OPT-13B 3 x 16K 1.009-1.012 / 0.969-0.971 (both orders each), Llama batch 4 16K 0.994-1.000
 # / 0.999, 32K 0.978-0.983 (nineteenth session) / 0.934; GPU memory the same within 0.1 GB (twentieth session).
 SERVING_STREAM_SLOTS = 12
+# executor.directkv_stream_slots=auto (the config's default): a model whose K and V per token per layer exceed
+# WIDE_KV_BYTES (no GQA: OPT-6.7B 16 KiB, OPT-13B 20 KiB, against Llama-3.1-8B's 4 KiB) reads 4-5x the bytes per
+# decode per layer, and its decode ring takes twice the slots so a step's decodes of the next layer are copied during
+# a prompt chunk's dense work. H200, 2026-12-02, stream / swap TPOT in one process (swap with SDPA prompt chunks):
+# OPT-13B 3 x 16K 1.042 (12) / 1.002 (24); 3 x 32K 1.134 (12, another process) / 0.993 (24) / 1.007 (36), +1.0 GB
+# with 24; Llama batch 4 32K 1.016 / 1.040 and 1.004 / 1.030 with 12 / 24 (both orders: 24 is slower there, which
+# the cost model, flat between them, does not explain).
+WIDE_KV_BYTES = 8 << 10
+STREAM_SLOTS_AUTO = "auto"
+
+
+def auto_stream_slots(kv_bytes_per_token_per_layer: int) -> int:
+    """The stream rings' slot count `auto` takes for a model with this many K and V bytes per token per layer."""
+    return 2 * SERVING_STREAM_SLOTS if kv_bytes_per_token_per_layer > WIDE_KV_BYTES else SERVING_STREAM_SLOTS
 # The decode ring keeps that HBM (slots x 32 MiB) but is cut into fewer, larger slots
 # (executor.directkv_stream_chunk_mib of K each): a layer's decode read then takes fewer ring chunks, each with its
 # own kernel, copy event and merge part; and a small read takes 3 slots of HBM, not 12. H200, 2026-12-02, stream /
@@ -82,11 +96,21 @@ def prefill_ring_slots(chunks: int, slots: int) -> int:
     return max(STREAM_SLOTS, min(slots, chunks))
 
 
-def check_stream_slots(slots, name: str = "stream_slots") -> int:
+def resolve_stream_slots(slots, kv_bytes_per_token_per_layer: int, name: str = "stream_slots") -> int:
+    """`slots` as a slot count: "auto" -> auto_stream_slots for the model, else check_stream_slots (whose error
+    names "auto" too)."""
+    if slots == STREAM_SLOTS_AUTO:
+        return auto_stream_slots(kv_bytes_per_token_per_layer)
+    return check_stream_slots(slots, name, auto=True)
+
+
+def check_stream_slots(slots, name: str = "stream_slots", *, auto: bool = False) -> int:
     """`slots` if it is a ring slot count (an int >= 2; not a bool), else a ConfigError naming `name`: the config
     key, the executor's argument and the serving path all take it."""
+    also = f" or {STREAM_SLOTS_AUTO!r} (by the model's K/V bytes per token)" if auto else ""
     check(isinstance(slots, int) and not isinstance(slots, bool) and slots >= 2,
-          f"{name} must be an int >= 2 (the copy engine fills one slot while a kernel reads another); got {slots!r}")
+          f"{name} must be an int >= 2 (the copy engine fills one slot while a kernel reads another){also}; "
+          f"got {slots!r}")
     return slots
 
 

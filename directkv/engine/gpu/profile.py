@@ -50,7 +50,12 @@ from directkv.engine.systems import (
 )
 from directkv.errors import ConfigError, check
 from directkv.kernels.cuda.prefill_attention import NEW_PASSES
-from directkv.kernels.traffic_model import SERVING_STREAM_CHUNK_MIB, SERVING_STREAM_SLOTS
+from directkv.kernels.traffic_model import (
+    SERVING_STREAM_CHUNK_MIB,
+    SERVING_STREAM_SLOTS,
+    STREAM_SLOTS_AUTO,
+    resolve_stream_slots,
+)
 from directkv.specs import get_hardware, get_model
 from workloads import load_schedule, synthetic_workload
 
@@ -353,8 +358,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="cut decode-only steps only (executor.directkv_pipeline_mixed=false)")
     ap.add_argument("--prefill-new-pass", choices=NEW_PASSES, default="kernel",
                     help="a tiled prompt chunk's new tokens: our kernel or FlashAttention-2 (executor.prefill_new_pass)")
-    ap.add_argument("--stream-slots", type=int, default=SERVING_STREAM_SLOTS,
-                    help="directkv stream's rings' HBM in slots of 32 MiB (executor.directkv_stream_slots)")
+    ap.add_argument("--stream-slots", type=lambda v: v if v == STREAM_SLOTS_AUTO else int(v), default=STREAM_SLOTS_AUTO,
+                    help="directkv stream's rings' HBM in slots of 32 MiB, or auto by the model's K/V bytes per "
+                         "token (executor.directkv_stream_slots)")
     ap.add_argument("--stream-chunk-mib", type=int, default=SERVING_STREAM_CHUNK_MIB,
                     help="MiB of K per slot of its decode ring (executor.directkv_stream_chunk_mib)")
     ap.add_argument("--hbm-prefill", choices=HBM_PREFILLS, default="kernel",
@@ -364,11 +370,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="directkv's prompt chunks with no past: its kernel or SDPA (executor.directkv_no_past_prefill)")
     a = ap.parse_args(argv)
     try:
+        slots = resolve_stream_slots(a.stream_slots, get_model(a.model).kv_bytes_per_token_per_layer(), "--stream-slots")
         profile(a.system, model=a.model, variant=a.variant, context=a.context, batch=a.batch, output=a.output,
                 max_batched_tokens=a.max_batched_tokens, rows=a.rows, skip=a.skip, count=a.count, graphs=a.graphs,
                 pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python,
                 stacks=a.stacks, schedule=a.schedule, min_decodes=a.min_decodes, hardware=a.hardware,
-                prefill_new_pass=a.prefill_new_pass, stream_slots=a.stream_slots,
+                prefill_new_pass=a.prefill_new_pass, stream_slots=slots,
                 stream_chunk_mib=a.stream_chunk_mib, hbm_prefill=a.hbm_prefill, no_past_prefill=a.no_past_prefill)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
