@@ -23,6 +23,9 @@ factors a run used). Each factor is a median over the run's points of measured r
              layers, with the executor's default CUDA graphs. A step there holds one or two requests, whose
              attention in HBM is short, so the time is the layers' dense parts: the floor of one layer's
              dense part in a small step.
+* host_time  not a factor: each system's host time per step (planning; issuing a step too large for the CUDA
+             graphs), fitted from the step series (steps/) of measured rate sweeps with graphs on
+             (directkv/host_time.py); stored by system in the file's "host_time" section.
 * flexgen_us_per_layer, cpu_attn_us_per_layer  not ratios: the system's per-token latency minus hbm's, at
              the lowest rate where a run holds both (same dataset, graphs on), over the model's layers: the
              fixed time per layer the system adds where its roofline work is almost nil (FlexGen's unfused
@@ -41,9 +44,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from directkv.costmodel import CALIBRATION, Efficiency
+from directkv import host_time
+from directkv.costmodel import CALIBRATION, HOST_CALIBRATION, Efficiency
 from directkv.engine.systems import DEFAULT_CPU_ATTN_KERNEL
 from directkv.errors import ConfigError
+from directkv.host_time import HostTime
 from directkv.kernels import traffic_model as tm
 from directkv.specs import HARDWARE, HardwareSpec, get_hardware, get_model
 
@@ -144,12 +149,16 @@ def path_for(hardware: str) -> Path:
     return DATA / f"{hardware}.json"
 
 
+HOST = "host_time"  # the calibration file's section of per-system host times (host_time.py)
+
+
 def load_all() -> None:
     """Put every stored calibration into costmodel.CALIBRATION (defaults for factors not fitted)."""
     for p in sorted(DATA.glob("*.json")):
         data = json.loads(p.read_text())
         known = {f.name for f in fields(Efficiency)}
         CALIBRATION[p.stem] = Efficiency(**{k: v for k, v in data["factors"].items() if k in known})
+        HOST_CALIBRATION[p.stem] = {k: HostTime(**v) for k, v in data.get(HOST, {}).items()}
 
 
 def run_hardware(rows: pd.DataFrame, run_dir: Path, hardware: str | None) -> str:
@@ -169,11 +178,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="measured kernel_ablation / cpu_attention / rate_sweep runs (results.parquet + manifest.json)")
     ap.add_argument("--hardware", help="the hardware spec the runs measured (default: the one their rows name)")
     ap.add_argument("--write", action="store_true", help="store the factors for the runs' hardware")
-    ap.add_argument("--only", nargs="+", metavar="FACTOR", choices=[f.name for f in fields(Efficiency)],
-                    help="fit and store these factors alone (the others keep their stored values and sources)")
+    ap.add_argument("--only", nargs="+", metavar="FACTOR", choices=[f.name for f in fields(Efficiency)] + [HOST],
+                    help="fit and store these factors alone (the others keep their stored values and sources); "
+                         f"{HOST}: the systems' host time per step, from the runs' step series")
     a = ap.parse_args(argv)
-    fitted: dict[str, float] = {}
+    fitted: dict[str, float | dict] = {}  # HOST: {system: HostTime's fields}
     sources: dict[str, dict] = {}
+    steps, step_sources = [], []
     try:
         from directkv.results import load_results
 
@@ -184,8 +195,12 @@ def main(argv: list[str] | None = None) -> int:
             rows, manifest = load_results(run_dir)
             names.add(hardware := run_hardware(rows, run_dir, a.hardware))
             factors, cpu = fit(rows, get_hardware(hardware), cpu=False), cpu_rows(rows)
-            if not factors and not len(cpu):
-                raise ConfigError(f"{run_dir} has no measured rows to fit a factor from")
+            run_steps = serving_steps(rows, run_dir)
+            if not factors and not len(cpu) and run_steps.empty:
+                raise ConfigError(f"{run_dir} has no measured rows or step series to fit a factor from")
+            if not run_steps.empty:
+                steps.append(run_steps)
+                step_sources.append((str(run_dir), manifest.get("code_commit", manifest.get("git_sha"))))
             fitted |= factors
             commit = manifest.get("code_commit", manifest.get("git_sha"))  # a derived run lists its parts'
             sources |= {k: {"run": str(run_dir), "git_sha": commit, "gpu": manifest.get("gpu")} for k in factors}
@@ -204,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
                 source = {"run": [r for r, _, _ in cpu_sources], "git_sha": [c for _, c, _ in cpu_sources],
                           "gpu": gpus[0] if len(gpus) == 1 else gpus}
             sources |= {k: dict(source) for k in factors}
+        host = host_time.fit(pd.concat(steps, ignore_index=True)) if steps else {}
+        if host:
+            fitted[HOST] = {k: asdict(v) for k, v in sorted(host.items())}
+            sources[HOST] = {"run": [r for r, _ in step_sources], "git_sha": [c for _, c in step_sources]}
         if a.only:
             if missing := sorted(set(a.only) - set(fitted)):
                 raise ConfigError(f"no measured rows to fit {', '.join(missing)} from in "
@@ -223,12 +242,24 @@ def write(hardware: str, fitted: dict[str, float], sources: dict[str, dict]) -> 
     """Merge newly fitted factors into the hardware's file; factors not refitted keep their value and source."""
     path = path_for(hardware)
     old = json.loads(path.read_text()) if path.exists() else {}
+    fitted = dict(fitted)
+    host = fitted.pop(HOST, old.get(HOST, {}))
     factors = asdict(Efficiency()) | old.get("factors", {}) | fitted
     all_sources = old.get("sources", {}) | sources
     DATA.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
-        "hardware": hardware, "factors": factors, "fitted": sorted(all_sources), "sources": all_sources,
+        "hardware": hardware, "factors": factors, HOST: host, "fitted": sorted(all_sources), "sources": all_sources,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")
+
+
+def serving_steps(rows: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
+    """The step series of a measured rate sweep with CUDA graphs (host_time.fit's input; empty otherwise)."""
+    ok = rows[(rows["mode"] == "measured") & (rows["status"] == "ok")] if "mode" in rows else rows.iloc[:0]
+    if "exp" not in ok or not (ok["exp"] == "rate_sweep").any() or "model" not in ok:
+        return pd.DataFrame()
+    if "cuda_graphs" in ok and not ok["cuda_graphs"].fillna(False).astype(bool).all():
+        return pd.DataFrame()
+    return host_time.load_steps(run_dir, get_model(str(ok["model"].iloc[0])).num_layers)
 
 
 if __name__ == "__main__":

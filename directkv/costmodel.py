@@ -7,9 +7,11 @@ a calibration against measured results fits (`Efficiency.fit`-style updates land
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from directkv.errors import unknown_name
+from directkv.host_time import HostTime, for_system
 from directkv.kernels.traffic import Traffic
 from directkv.specs import HardwareSpec
 
@@ -49,6 +51,8 @@ class Efficiency:
 # `python -m directkv.calibration RUN_DIR [RUN_DIR ...] [--hardware NAME] --write`); hardware without a file
 # uses the priors above.
 CALIBRATION: dict[str, Efficiency] = {}
+# Per-hardware host time per step of each system (directkv/host_time.py), from the same files' "host_time"
+HOST_CALIBRATION: dict[str, dict[str, HostTime]] = {}
 # the Efficiency factors FLOPs can be charged at (CostModel.terms' flops_kind)
 FLOPS_KINDS = ("matmul", "attention", "flash_attention")
 
@@ -57,11 +61,19 @@ FLOPS_KINDS = ("matmul", "attention", "flash_attention")
 class CostModel:
     hw: HardwareSpec
     eff: Efficiency = Efficiency()
+    # the measured executor's host time per step, by system label (host_time.py); empty: not modelled
+    host: Mapping[str, HostTime] = field(default_factory=dict, compare=False)
 
     @classmethod
     def for_hardware(cls, hw: HardwareSpec, **overrides: float) -> CostModel:
-        """The cost model of `hw` with its fitted factors (directkv/specs/calibration/), else the priors."""
-        return cls(hw, replace(calibration_for(hw.name), **overrides))
+        """The cost model of `hw` with its fitted factors and host times (directkv/specs/calibration/), else the
+        priors and no host time."""
+        eff = replace(calibration_for(hw.name), **overrides)
+        return cls(hw, eff, dict(HOST_CALIBRATION.get(hw.name, {})))
+
+    def host_for(self, label: str) -> HostTime:
+        """The host time per step of the system `label` (SystemPolicy.label): its own fit, else hbm's, else none."""
+        return for_system(self.host, label)
 
 
     def terms(self, t: Traffic, *, flops_kind: str = "attention", link: str = "sm", hbm_eff: float | None = None

@@ -77,10 +77,11 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> Path:
     extra = {"device": device}
     from dataclasses import asdict
 
-    from directkv.costmodel import CALIBRATION, calibration_for
+    from directkv.costmodel import CALIBRATION, HOST_CALIBRATION, calibration_for
 
     extra["cost_model"] = {"efficiency": asdict(calibration_for(cfg.hardware.name)),
-                           "calibrated": cfg.hardware.name in CALIBRATION}
+                           "calibrated": cfg.hardware.name in CALIBRATION,
+                           "host_time": {k: asdict(v) for k, v in HOST_CALIBRATION.get(cfg.hardware.name, {}).items()}}
     writer = ResultsWriter(run_dir, exp=cfg.exp_name, config=plain(cfg), extra=extra)
     module.run(cfg, writer)
     path = writer.finish()

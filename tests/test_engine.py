@@ -385,8 +385,9 @@ def test_dense_floor_adds_to_every_small_step_and_leaves_big_ones():
     run one after the other), and prompt-sized steps keep their roofline."""
     from dataclasses import replace
 
-    none = replace(CM, eff=replace(CM.eff, dense_us_per_layer=0.0))
-    floor = replace(CM, eff=replace(CM.eff, dense_us_per_layer=300.0))
+    # the host time per step (host_time.py) apart: this test is the dense floor's alone
+    none = replace(CM, eff=replace(CM.eff, dense_us_per_layer=0.0), host={})
+    floor = replace(CM, eff=replace(CM.eff, dense_us_per_layer=300.0), host={})
     small = synthetic_workload(1, 64, 8).requests
     a = simulate(small, SystemPolicy("hbm"), LLAMA, none, mem=MEM).metrics["mean_tpot_ms"]
     b = simulate(small, SystemPolicy("hbm"), LLAMA, floor, mem=MEM).metrics["mean_tpot_ms"]

@@ -1,5 +1,6 @@
 """Configs compose, every experiment runs on the CPU at small sizes, and bad input gets one line + exit 2."""
 
+import json
 import os
 import subprocess
 import sys
@@ -58,6 +59,9 @@ def test_experiment_runs_on_cpu(exp, tmp_path):
     assert (ok["time_ms"] > 0).all()
     assert (tmp_path / "manifest.json").exists()
     assert list((tmp_path / "figures").glob("*.png")), "figures rendered"
+    if exp in ("context_sweep", "rate_sweep") and cfg.hardware.name == "h200-pcie5":  # the factors and host times used
+        cost = json.loads((tmp_path / "manifest.json").read_text())["cost_model"]
+        assert cost["calibrated"] and set(cost["host_time"]) >= {"hbm", "swap", "directkv-stream"}
 
 
 def test_cpu_attention_measures_both_kernels_and_checks_them(tmp_path):

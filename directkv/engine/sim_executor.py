@@ -7,7 +7,7 @@ so a laptop reproduces the shape of the paper's curves in seconds.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from directkv.costmodel import CostModel
 from directkv.engine.loop import ServeResult, activation_bytes, serve
@@ -72,6 +72,10 @@ class CostModelStepper:
         cost = step_cost(self.policy, step, self.model, self.cm, self.pipelining, page_size=self.page_size,
                          stream_slots=self.stream_slots, stream_chunk_mib=self.stream_chunk_mib,
                          hbm_prefill=self.hbm_prefill, no_past_prefill=self.no_past_prefill)
+        # the measured executor's host time (planning; issuing a step too large for its graphs): host_time.py
+        host = self.cm.host_for(self.policy.label)
+        cost = replace(cost, time_s=host.step_seconds(cost.time_s, len(step.decodes), step.num_tokens,
+                                                       self.model.num_layers))
         if self.on_step is not None:
             self.on_step(step, cost)
         return cost
