@@ -1,6 +1,7 @@
 """Simulation executor: the real scheduler and KV manager, a virtual clock advanced by the cost model.
 
-No model math runs: each step's time is the system's cost for that step's traffic on the HardwareSpec,
+No model math runs: each step's time is the system's cost for that step's traffic on the HardwareSpec, plus
+the measured executor's host time per step where the hardware's calibration holds one (directkv/host_time.py),
 so a laptop reproduces the shape of the paper's curves in seconds.
 """
 
