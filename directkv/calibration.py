@@ -158,7 +158,9 @@ def load_all() -> None:
         data = json.loads(p.read_text())
         known = {f.name for f in fields(Efficiency)}
         CALIBRATION[p.stem] = Efficiency(**{k: v for k, v in data["factors"].items() if k in known})
-        HOST_CALIBRATION[p.stem] = {k: HostTime(**v) for k, v in data.get(HOST, {}).items()}
+        host_fields = {f.name for f in fields(HostTime)}
+        HOST_CALIBRATION[p.stem] = {k: HostTime(**{f: x for f, x in v.items() if f in host_fields})
+                                    for k, v in data.get(HOST, {}).items()}
 
 
 def run_hardware(rows: pd.DataFrame, run_dir: Path, hardware: str | None) -> str:
@@ -197,10 +199,12 @@ def main(argv: list[str] | None = None) -> int:
             factors, cpu = fit(rows, get_hardware(hardware), cpu=False), cpu_rows(rows)
             run_steps = serving_steps(rows, run_dir)
             if not factors and not len(cpu) and run_steps.empty:
-                raise ConfigError(f"{run_dir} has no measured rows or step series to fit a factor from")
+                raise ConfigError(f"{run_dir} has no measured kernel / CPU / serving rows to fit a factor from and no "
+                                  "step series of a rate sweep with CUDA graphs to fit host_time from")
             if not run_steps.empty:
                 steps.append(run_steps)
-                step_sources.append((str(run_dir), manifest.get("code_commit", manifest.get("git_sha"))))
+                step_sources.append((str(run_dir), manifest.get("code_commit", manifest.get("git_sha")),
+                                     manifest.get("gpu")))
             fitted |= factors
             commit = manifest.get("code_commit", manifest.get("git_sha"))  # a derived run lists its parts'
             sources |= {k: {"run": str(run_dir), "git_sha": commit, "gpu": manifest.get("gpu")} for k in factors}
@@ -222,7 +226,13 @@ def main(argv: list[str] | None = None) -> int:
         host = host_time.fit(pd.concat(steps, ignore_index=True)) if steps else {}
         if host:
             fitted[HOST] = {k: asdict(v) for k, v in sorted(host.items())}
-            sources[HOST] = {"run": [r for r, _ in step_sources], "git_sha": [c for _, c in step_sources]}
+            gpus = sorted({str(g) for _, _, g in step_sources})
+            source = {"run": [r for r, _, _ in step_sources], "git_sha": [c for _, c, _ in step_sources],
+                      "gpu": gpus[0] if len(gpus) == 1 else gpus}
+            sources[HOST] = {k: dict(source) for k in host}  # by system: a later fit of some keeps the others'
+        if a.only and HOST in a.only and HOST not in fitted:
+            raise ConfigError(f"no step series of a measured rate sweep with CUDA graphs (steps/) to fit {HOST} from "
+                              f"in {', '.join(map(str, a.run_dirs))}")
         if a.only:
             if missing := sorted(set(a.only) - set(fitted)):
                 raise ConfigError(f"no measured rows to fit {', '.join(missing)} from in "
@@ -238,14 +248,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def write(hardware: str, fitted: dict[str, float], sources: dict[str, dict]) -> None:
+def write(hardware: str, fitted: dict[str, float | dict], sources: dict[str, dict]) -> None:
     """Merge newly fitted factors into the hardware's file; factors not refitted keep their value and source."""
     path = path_for(hardware)
     old = json.loads(path.read_text()) if path.exists() else {}
     fitted = dict(fitted)
-    host = fitted.pop(HOST, old.get(HOST, {}))
+    host = old.get(HOST, {}) | fitted.pop(HOST, {})  # by system: a system not in this fit keeps its stored one
     factors = asdict(Efficiency()) | old.get("factors", {}) | fitted
     all_sources = old.get("sources", {}) | sources
+    if HOST in sources:
+        all_sources[HOST] = old.get("sources", {}).get(HOST, {}) | sources[HOST]
     DATA.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "hardware": hardware, "factors": factors, HOST: host, "fitted": sorted(all_sources), "sources": all_sources,

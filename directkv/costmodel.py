@@ -51,7 +51,7 @@ class Efficiency:
 # `python -m directkv.calibration RUN_DIR [RUN_DIR ...] [--hardware NAME] --write`); hardware without a file
 # uses the priors above.
 CALIBRATION: dict[str, Efficiency] = {}
-# Per-hardware host time per step of each system (directkv/host_time.py), from the same files' "host_time"
+# Per-hardware host time per step of each system (directkv/host_time.py), from the same files' "host_time" section
 HOST_CALIBRATION: dict[str, dict[str, HostTime]] = {}
 # the Efficiency factors FLOPs can be charged at (CostModel.terms' flops_kind)
 FLOPS_KINDS = ("matmul", "attention", "flash_attention")
@@ -62,7 +62,7 @@ class CostModel:
     hw: HardwareSpec
     eff: Efficiency = Efficiency()
     # the measured executor's host time per step, by system label (host_time.py); empty: not modelled
-    host: Mapping[str, HostTime] = field(default_factory=dict, compare=False)
+    host: Mapping[str, HostTime] = field(default_factory=dict, hash=False)  # compared: it changes what is simulated
 
     @classmethod
     def for_hardware(cls, hw: HardwareSpec, **overrides: float) -> CostModel:

@@ -6,18 +6,21 @@ tokens are read back) holds two pieces of host work beside the GPU's:
 * planning: plan_step and the path's begin (swap's staging plan, stream's copy schedules) run before the step's
   first kernel, with the GPU idle; a + b x decodes.
 * issuing a step too large for the CUDA graphs of the dense parts (more tokens than the largest bucket,
-  directkv/model/graphs.py): every layer's kernels are launched from Python, and where the GPU's work is
-  shorter than that the step waits for the host; a floor of layers x eager_us_per_layer under its device time.
+  directkv/model/graphs.py), or any step where graphs are off: every layer's kernels are launched from Python,
+  and where the GPU's work is shorter than that the step waits for the host; a floor of layers x
+  eager_us_per_layer under its device time.
 
 The simulation charges both (sim_executor.CostModelStepper), per system as fitted from its measured step series
-(`python -m directkv.calibration RUN_DIR ... --write` with rate-sweep runs that hold steps/); a system without a
-fit takes hbm's, the engine and runner every system shares, and with no fit at all nothing is charged. Both are
-fitted on rate sweeps (short contexts): at long contexts stream's planning grows with the past, which the fit does
-not follow (H200, 2026-12-02: 1.9 + 0.18 x decodes ms in the context sweeps against 1.5 + 0.035 in rate sweeps).
+(`python -m directkv.calibration RUN_DIR ... --only host_time --write` with rate-sweep runs that hold steps/); a
+system without a fit takes hbm's, the engine and runner every system shares, and with no fit at all (hardware
+without a calibration file's host_time) nothing is charged. Fitted on rate sweeps (short contexts): stream's
+planning grows with the past, which the fit does not follow (H200, 2026-12-02: its median planning time in the
+stored context sweeps' series went from 1.6 ms at 1K to 3.9 ms at 32K).
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,10 +29,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from directkv.model.graphs import BUCKETS
+from directkv.errors import ConfigError
 
-GRAPH_MAX_TOKENS = max(BUCKETS)  # a step of more tokens runs its dense parts eagerly (the executor's default graphs)
+# a step of more tokens runs its dense parts eagerly: max(directkv.model.graphs.BUCKETS), kept here without the
+# torch import that module needs (a test holds them equal)
+GRAPH_MAX_TOKENS = 256
 BASE = "hbm"  # the system whose host time stands in for a system not fitted
+# steps/<label>-<point>.parquet, the point "<dataset>-rate<r>" or "context<n>" (experiments.serving.steps_file)
+STEP_FILE = re.compile(r"^(?P<label>.+?)-(?:[a-z0-9_]+-rate[\d.]+|context\d+)$")
+# an eager step whose host queue took less than this share of its device time: the host led, so its queue time
+# is its issue time; above it the host may have waited on the GPU (a full launch queue)
+HOST_LED = 0.9
 
 
 @dataclass(frozen=True)
@@ -38,10 +48,11 @@ class HostTime:
     plan_us_per_decode: float = 0.0
     eager_us_per_layer: float = 0.0  # host time to issue one layer of a step too large for the graphs
 
-    def step_seconds(self, device_s: float, decodes: int, tokens: int, layers: int) -> float:
+    def step_seconds(self, device_s: float, decodes: int, tokens: int, layers: int, graphs: bool = True) -> float:
         """A step's time: its planning, then the longer of its modelled device time and, for a step of more
-        than GRAPH_MAX_TOKENS tokens, the host's issue of its layers."""
-        floor = self.eager_us_per_layer * layers * 1e-6 if tokens > GRAPH_MAX_TOKENS else 0.0
+        than GRAPH_MAX_TOKENS tokens or any step without graphs, the host's issue of its layers."""
+        eager = tokens > GRAPH_MAX_TOKENS or not graphs
+        floor = self.eager_us_per_layer * layers * 1e-6 if eager else 0.0
         return (self.plan_us + self.plan_us_per_decode * decodes) * 1e-6 + max(device_s, floor)
 
 
@@ -51,23 +62,28 @@ def for_system(host: Mapping[str, HostTime], label: str) -> HostTime:
 
 
 def load_steps(run_dir: Path, layers: int) -> pd.DataFrame:
-    """A measured run's step series (steps/<label>-<point>.parquet) with columns system (the label) and layers."""
+    """A measured run's step series (steps/<label>-<point>.parquet) with columns system (the label) and layers;
+    a ConfigError for a file whose name is not of that form."""
     frames = []
     for f in sorted((Path(run_dir) / "steps").glob("*.parquet")):
-        label = f.stem.split("-sharegpt")[0].split("-alpaca")[0].split("-context")[0]
-        frames.append(pd.read_parquet(f).assign(system=label, layers=layers))
+        if not (m := STEP_FILE.match(f.stem)):
+            raise ConfigError(f"{f}: not a step series name <system>-<dataset>-rate<r> or <system>-context<n>")
+        frames.append(pd.read_parquet(f).assign(system=m["label"], layers=layers))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def fit(steps: pd.DataFrame) -> dict[str, HostTime]:
-    """Per system: planning by least squares of host_prep_ms on decodes (both terms >= 0); eager_us_per_layer the
-    median over steps of more than GRAPH_MAX_TOKENS tokens of their host time to queue the step beyond planning,
-    per layer (0 where the series has no such step)."""
+    """Per system: planning by least squares of host_prep_ms on decodes, each term then clipped at 0;
+    eager_us_per_layer the median, per layer, of the host's time to queue a step beyond its planning, over the
+    steps of more than GRAPH_MAX_TOKENS tokens where the host led (HOST_LED; all such steps if none did; 0 where
+    the series has none)."""
     out = {}
     for label, g in steps.groupby("system"):
         a = np.vstack([np.ones(len(g)), g["decodes"].to_numpy(float)]).T
         (plan, per_decode), *_ = np.linalg.lstsq(a, g["host_prep_ms"].to_numpy(float), rcond=None)
         eager = g[g["decodes"] + g["prompt_tokens"] > GRAPH_MAX_TOKENS]
+        led = eager[eager["host_queue_ms"] < HOST_LED * eager["device_ms"]]
+        eager = led if len(led) else eager
         issue = ((eager["host_queue_ms"] - eager["host_prep_ms"]) / eager["layers"]).tolist()
         out[str(label)] = HostTime(max(0.0, plan * 1e3), max(0.0, per_decode * 1e3),
                                    statistics.median(issue) * 1e3 if issue else 0.0)

@@ -54,6 +54,7 @@ class Setup:
     hbm_prefill: str = "kernel"  # measured and simulated: a prompt chunk over HBM pages by our tiled kernel or by SDPA
     stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB  # directkv stream: the K per slot its decode ring cuts its HBM into
     no_past_prefill: str = DEFAULT_NO_PAST_PREFILL  # measured and simulated: directkv's prompt chunks with no past by its kernel or SDPA
+    sim_graphs: bool = True  # executor.cuda_graphs as the simulation models it (the host time per step), also on a CPU
 
 
 def resolve_device(requested: str) -> str:
@@ -111,7 +112,7 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     # graphs are a property of the measured executor (the simulation has no kernel launches); directkv's
     # pipelining is simulated too (systems.pipelined_step_cost)
     return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda",
-                 cpu_kernel, pipelining, new_pass, slots, warm, hbm_prefill, chunk_mib, no_past_prefill)
+                 cpu_kernel, pipelining, new_pass, slots, warm, hbm_prefill, chunk_mib, no_past_prefill, graphs)
 
 
 def policies(cfg: DictConfig) -> list[SystemPolicy]:

@@ -77,7 +77,7 @@ def _one(policy: SystemPolicy, s: Setup, requests: list[Request], row: dict, *, 
             return _fill(row, res, s, extra | {"process_warm": warm})
         res = simulate(requests, policy, s.model, s.cm, mem=s.mem, sched_cfg=s.sched, warmup=warmup,
                        pipelining=s.pipelining, stream_slots=s.stream_slots, stream_chunk_mib=s.stream_chunk_mib,
-                       hbm_prefill=s.hbm_prefill, no_past_prefill=s.no_past_prefill)
+                       hbm_prefill=s.hbm_prefill, no_past_prefill=s.no_past_prefill, cuda_graphs=s.sim_graphs)
         # a pipelined directkv row is simulated pipelined too, and says so like its measured row; a stream row
         # says with which decode ring it was simulated; a directkv row, with what attended its chunks with no past;
         # every row, with which prompt-chunk attention over HBM pages (as every measured row says)

@@ -11,7 +11,8 @@ import pytest
 from directkv.costmodel import CostModel
 from directkv.engine.sim_executor import MemoryConfig, simulate
 from directkv.engine.systems import SystemPolicy
-from directkv.host_time import GRAPH_MAX_TOKENS, HostTime, fit, for_system
+from directkv.errors import ConfigError
+from directkv.host_time import GRAPH_MAX_TOKENS, HostTime, fit, for_system, load_steps
 from directkv.specs import get_hardware, get_model
 from workloads.request import Request
 
@@ -35,22 +36,58 @@ def test_a_system_not_fitted_takes_hbms_host_time():
     assert for_system({"swap": H}, "cpu_attn") == HostTime()
 
 
+def _series(label: str, h: HostTime, n: int = 400, seed: int = 0) -> pd.DataFrame:
+    """A step series whose planning is exactly h's and whose eager steps issue in h's time where the host led;
+    most eager steps instead show the host waiting on a longer GPU (queue time = device time)."""
+    rng = np.random.default_rng(seed)
+    d = rng.integers(0, 64, n)
+    prompt = np.where(rng.random(n) < 0.3, rng.integers(1, 2048, n), 0)
+    prep = (h.plan_us + h.plan_us_per_decode * d) / 1e3
+    eager = d + prompt > GRAPH_MAX_TOKENS
+    issue = np.where(eager, h.eager_us_per_layer * 32 / 1e3, 3.0)
+    device = prep + issue * 2
+    waited = eager & (rng.random(n) < 0.6)
+    issue = np.where(waited, device * 1.5, issue)
+    device = np.where(waited, prep + issue, device)
+    return pd.DataFrame(dict(system=label, layers=32, decodes=d, prompt_tokens=prompt, host_prep_ms=prep,
+                             host_queue_ms=prep + issue, device_ms=device))
+
+
 def test_fit_recovers_planning_and_eager_issue_per_system():
-    rng = np.random.default_rng(0)
-    frames = []
-    for label, h in (("swap", H), ("directkv-stream", HostTime(800.0, 20.0, 900.0))):
-        d = rng.integers(0, 64, 400)
-        prompt = np.where(rng.random(400) < 0.3, rng.integers(1, 2048, 400), 0)
-        prep = (h.plan_us + h.plan_us_per_decode * d) / 1e3
-        issue = np.where(d + prompt > GRAPH_MAX_TOKENS, h.eager_us_per_layer * 32 / 1e3, 3.0)
-        frames.append(pd.DataFrame(dict(system=label, layers=32, decodes=d, prompt_tokens=prompt,
-                                        host_prep_ms=prep, host_queue_ms=prep + issue)))
-    got = fit(pd.concat(frames))
+    other = HostTime(800.0, 20.0, 900.0)
+    got = fit(pd.concat([_series("swap", H), _series("directkv-stream", other, seed=1)]))
     assert set(got) == {"swap", "directkv-stream"}
-    for label, h in (("swap", H), ("directkv-stream", HostTime(800.0, 20.0, 900.0))):
+    for label, h in (("swap", H), ("directkv-stream", other)):
         assert got[label].plan_us == pytest.approx(h.plan_us)
         assert got[label].plan_us_per_decode == pytest.approx(h.plan_us_per_decode)
-        assert got[label].eager_us_per_layer == pytest.approx(h.eager_us_per_layer)
+        assert got[label].eager_us_per_layer == pytest.approx(h.eager_us_per_layer)  # the waiting steps left out
+
+
+def test_fit_without_eager_steps_or_with_a_falling_planning_time_clips_at_zero():
+    small = _series("hbm", H).query("decodes + prompt_tokens <= @GRAPH_MAX_TOKENS")
+    assert fit(small)["hbm"].eager_us_per_layer == 0.0
+    falling = small.assign(host_prep_ms=5.0 - 0.2 * small["decodes"])  # a negative slope, not a host time
+    got = fit(falling)["hbm"]
+    assert got.plan_us_per_decode == 0.0 and got.plan_us == pytest.approx(5000.0)
+
+
+def test_the_eager_cut_is_the_graphs_largest_bucket_and_graphs_off_makes_every_step_eager():
+    from directkv.model.graphs import BUCKETS
+
+    assert GRAPH_MAX_TOKENS == max(BUCKETS)
+    assert H.step_seconds(5e-3, 10, 8, 32, graphs=False) == pytest.approx(1.6e-3 + 48e-3)
+
+
+def test_step_files_are_named_by_system_and_point(tmp_path):
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    row = pd.DataFrame(dict(decodes=[1], prompt_tokens=[0], host_prep_ms=[1.0], host_queue_ms=[2.0], device_ms=[3.0]))
+    for name in ("directkv-stream-sharegpt-rate10", "swap-alpaca-rate0.5", "hbm-context16384"):
+        row.to_parquet(steps / f"{name}.parquet")
+    assert sorted(load_steps(tmp_path, 32)["system"]) == ["directkv-stream", "hbm", "swap"]
+    row.to_parquet(steps / "swap.parquet")
+    with pytest.raises(ConfigError, match=r"swap.parquet: not a step series name <system>-<dataset>-rate<r> or "):
+        load_steps(tmp_path, 32)
 
 
 def _costs(host: dict) -> list:
@@ -81,17 +118,35 @@ def test_calibration_fits_and_stores_the_host_times_beside_the_factors(tmp_path,
     from directkv.costmodel import HOST_CALIBRATION
 
     monkeypatch.setattr(cal, "DATA", tmp_path)
-    assert cal.main([str(RATE_RUN), "--only", "host_time", "--write"]) == 0
+    kept = {"plan_us": 98.0, "plan_us_per_decode": 7.0, "eager_us_per_layer": 800.0, "a_later_field": 1.0}
+    (tmp_path / "h200-pcie5.json").write_text(json.dumps({"factors": {}, "host_time": {"hbm": kept},
+                                                          "sources": {"host_time": {"hbm": {"run": ["x"]}}}}))
+    assert cal.main([str(RATE_RUN), "--write"]) == 0  # a plain fit of a run with step series fits host_time too
     stored = json.loads((tmp_path / "h200-pcie5.json").read_text())
-    assert set(stored["host_time"]) == {"swap", "directkv-stream"}
-    assert stored["sources"]["host_time"]["run"] == [str(RATE_RUN)]
+    # the run's two systems join; hbm, which no run here has, keeps its stored fit and source
+    assert set(stored["host_time"]) == {"swap", "directkv-stream", "hbm"} and stored["host_time"]["hbm"] == kept
+    assert stored["sources"]["host_time"]["swap"]["run"] == [str(RATE_RUN)]
+    assert stored["sources"]["host_time"]["hbm"] == {"run": ["x"]}
     # the run's own series: swap planned 1-2 ms a step and issued an eager layer in ~1-2 ms on the H200
     swap = HostTime(**stored["host_time"]["swap"])
     assert 500 < swap.plan_us < 2500 and 500 < swap.eager_us_per_layer < 2500
     monkeypatch.setattr(cal, "CALIBRATION", {})
     monkeypatch.setitem(HOST_CALIBRATION, "h200-pcie5", {})
-    cal.load_all()
-    assert HOST_CALIBRATION["h200-pcie5"]["swap"] == swap
+    cal.load_all()  # a field this version does not know is left out, as for the factors
+    assert HOST_CALIBRATION["h200-pcie5"]["swap"] == swap and HOST_CALIBRATION["h200-pcie5"]["hbm"] == HostTime(98, 7, 800)
     # refitting another factor keeps the host times
-    assert cal.main([str(RATE_RUN.parents[1] / "superseded" / "20261129-113829"), "--only", "link_sm", "--write"]) == 0
+    kernel_run = RATE_RUN.parents[1] / "superseded" / "20261129-113829"
+    assert cal.main([str(kernel_run), "--only", "link_sm", "--write"]) == 0
     assert json.loads((tmp_path / "h200-pcie5.json").read_text())["host_time"] == stored["host_time"]
+    capsys.readouterr()
+    assert cal.main([str(kernel_run), "--only", "host_time"]) == 2
+    assert "no step series of a measured rate sweep with CUDA graphs (steps/) to fit host_time from" in capsys.readouterr().err
+
+
+def test_only_rate_sweeps_with_graphs_give_step_series():
+    from directkv.calibration import serving_steps
+
+    rows = pd.read_parquet(RATE_RUN / "results.parquet")
+    assert set(serving_steps(rows, RATE_RUN)["system"]) == {"swap", "directkv-stream"}
+    assert serving_steps(rows.assign(cuda_graphs=False), RATE_RUN).empty
+    assert serving_steps(rows.assign(exp="context_sweep"), RATE_RUN).empty

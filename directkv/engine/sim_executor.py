@@ -68,6 +68,7 @@ class CostModelStepper:
     hbm_prefill: str = "kernel"  # what attends prompt chunks over HBM pages (hbm and the staged systems)
     stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB  # K per slot of its decode ring
     no_past_prefill: str = DEFAULT_NO_PAST_PREFILL  # what attends directkv's prompt chunks with no past
+    cuda_graphs: bool = True  # the measured executor's setting being modelled: without graphs every step issues eagerly
 
     def run_step(self, step: Step) -> StepCost:
         cost = step_cost(self.policy, step, self.model, self.cm, self.pipelining, page_size=self.page_size,
@@ -76,7 +77,7 @@ class CostModelStepper:
         # the measured executor's host time (planning; issuing a step too large for its graphs): host_time.py
         host = self.cm.host_for(self.policy.label)
         cost = replace(cost, time_s=host.step_seconds(cost.time_s, len(step.decodes), step.num_tokens,
-                                                       self.model.num_layers))
+                                                       self.model.num_layers, self.cuda_graphs))
         if self.on_step is not None:
             self.on_step(step, cost)
         return cost
@@ -87,14 +88,16 @@ def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm
              pipelining: Pipelining = NO_PIPELINING,
              on_step: Callable[[Step, StepCost], None] | None = None,
              stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
-             hbm_prefill: str = "kernel", no_past_prefill: str = DEFAULT_NO_PAST_PREFILL) -> ServeResult:
+             hbm_prefill: str = "kernel", no_past_prefill: str = DEFAULT_NO_PAST_PREFILL,
+             cuda_graphs: bool = True) -> ServeResult:
     """Serve `requests` with `policy` on the cost model; raises KVCapacityError if weights alone don't fit.
     pipelining: directkv's two-part steps as the measured executor would run them (systems.pipelined_step_cost).
     on_step: called with every step and its simulated cost. stream_slots: directkv stream's rings' HBM, in 16 MiB
     slots of K (executor.directkv_stream_slots; the prompt chunk's ring takes up to that many); stream_chunk_mib:
     the K per slot of its decode ring (executor.directkv_stream_chunk_mib).
     hbm_prefill: our tiled kernel or SDPA for prompt chunks over HBM pages (executor.hbm_prefill).
-    no_past_prefill: the same for directkv's prompt chunks with no past (executor.directkv_no_past_prefill)."""
+    no_past_prefill: the same for directkv's prompt chunks with no past (executor.directkv_no_past_prefill).
+    cuda_graphs: the measured executor's executor.cuda_graphs being modelled (its host time per step; host_time.py)."""
     pipelining.check_system(policy)
     check_stream_slots(stream_slots)
     check_stream_chunk_mib(stream_chunk_mib, stream_slots)
@@ -106,7 +109,7 @@ def simulate(requests: list[Request], policy: SystemPolicy, model: ModelSpec, cm
                         bytes_per_token=policy.kv_bytes_per_token(model))
     stepper = CostModelStepper(policy, model, cm, pipelining, mem.page_size, on_step, stream_slots=stream_slots,
                                stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill,
-                               no_past_prefill=no_past_prefill)
+                               no_past_prefill=no_past_prefill, cuda_graphs=cuda_graphs)
     res = serve(requests, stepper, kv, policy.kv_tier, model, sched_cfg=sched_cfg, warmup=warmup)
     res.gpu_mem_bytes = gpu_memory_bytes(model, kv_hbm_peak=res.kv_hbm_peak_bytes,
                                          staging_peak=res.staging_peak_bytes,

@@ -39,20 +39,6 @@ STREAM_CHUNK_BYTES = STREAM_RING_BYTES // (2 * STREAM_SLOTS)  # per slot, of K (
 # TPOT with 8 / 12 slots: OPT-13B 3 x 16K 1.009-1.012 / 0.969-0.971 (both orders each), Llama batch 4 16K 0.994-1.000
 # / 0.999, 32K 0.978-0.983 (nineteenth session) / 0.934; GPU memory the same within 0.1 GB (twentieth session).
 SERVING_STREAM_SLOTS = 12
-# executor.directkv_stream_slots=auto (the config's default): a model whose K and V per token per layer exceed
-# WIDE_KV_BYTES (no GQA: OPT-6.7B 16 KiB, OPT-13B 20 KiB, against Llama-3.1-8B's 4 KiB) reads 4-5x the bytes per
-# decode per layer, and its decode ring takes twice the slots so a step's decodes of the next layer are copied during
-# a prompt chunk's dense work. H200, 2026-12-02, stream / swap TPOT in one process (swap with SDPA prompt chunks):
-# OPT-13B 3 x 16K 1.042 (12) / 1.002 (24); 3 x 32K 1.134 (12, another process) / 0.993 (24) / 1.007 (36), +1.0 GB
-# with 24; Llama batch 4 32K 1.016 / 1.040 and 1.004 / 1.030 with 12 / 24 (both orders: 24 is slower there, which
-# the cost model, flat between them, does not explain).
-WIDE_KV_BYTES = 8 << 10
-STREAM_SLOTS_AUTO = "auto"
-
-
-def auto_stream_slots(kv_bytes_per_token_per_layer: int) -> int:
-    """The stream rings' slot count `auto` takes for a model with this many K and V bytes per token per layer."""
-    return 2 * SERVING_STREAM_SLOTS if kv_bytes_per_token_per_layer > WIDE_KV_BYTES else SERVING_STREAM_SLOTS
 # The decode ring keeps that HBM (slots x 32 MiB) but is cut into fewer, larger slots
 # (executor.directkv_stream_chunk_mib of K each): a layer's decode read then takes fewer ring chunks, each with its
 # own kernel, copy event and merge part; and a small read takes 3 slots of HBM, not 12. H200, 2026-12-02, stream /
@@ -62,6 +48,22 @@ def auto_stream_slots(kv_bytes_per_token_per_layer: int) -> int:
 # the twenty-second session), OPT-13B 3 x 16K 1.053 / 1.049 (1.042 / 1.053 in the twenty-first): no better there
 # (twenty-fourth session; the ShareGPT and 32K pairs ran swap first, and in the one process 64 after 16).
 SERVING_STREAM_CHUNK_MIB = 64
+# executor.directkv_stream_slots=auto (the config's default): a model whose K and V per token per layer exceed
+# WIDE_KV_BYTES (no GQA: OPT-6.7B 16 KiB, OPT-13B 20 KiB, against Llama-3.1-8B's 4 KiB) reads 4-5x the bytes per
+# decode per layer, and its decode ring takes twice the slots so a step's decodes of the next layer are copied during
+# a prompt chunk's dense work. H200, 2026-12-02, stream / swap TPOT in one process (swap with SDPA prompt chunks):
+# OPT-13B 3 x 16K 1.042 (12) / 1.002 (24); 3 x 32K 1.134 (12, another process) / 0.993 (24) / 1.007 (36), +1.0 GB
+# with 24; Llama batch 4 32K 1.016 / 1.040 and 1.004 / 1.030 with 12 / 24 (both orders: 24 is slower there, which
+# the cost model, flat between them, does not explain).
+WIDE_KV_BYTES = 8 << 10  # the Python APIs (simulate, run_gpu, profile) keep 12 by default; auto is the config's
+STREAM_SLOTS_AUTO = "auto"
+
+
+def auto_stream_slots(kv_bytes_per_token_per_layer: int) -> int:
+    """The stream rings' slot count `auto` takes for a model with this many K and V bytes per token per layer."""
+    return 2 * SERVING_STREAM_SLOTS if kv_bytes_per_token_per_layer > WIDE_KV_BYTES else SERVING_STREAM_SLOTS
+
+
 # A min_chunks cut stops at ring slots this small (each chunk costs launches; decode's equal chunks may come out
 # smaller, prefill's do not); serving also reads a prompt chunk's past this small in place (stream_reads_in_place).
 STREAM_MIN_CHUNK_BYTES = 2 << 20

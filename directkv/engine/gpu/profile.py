@@ -284,7 +284,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         res_sim = simulate(requests, policy, spec, cost_model, mem=mem,
                            sched_cfg=sched, pipelining=pipelining, stream_slots=stream_slots,
                            stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill, no_past_prefill=no_past_prefill,
-                           on_step=lambda step, cost: sim.append((step_kind(step), cost.time_s)))
+                           cuda_graphs=graphs, on_step=lambda step, cost: sim.append((step_kind(step), cost.time_s)))
         print(f"simulated ({hardware} cost model, same requests): {res_sim.steps} steps, "
               f"{res_sim.duration_s:.2f} s engine time, TPOT {res_sim.metrics['mean_tpot_ms']:.1f} ms")
         print("\n".join(simulated_summary(sim)))
@@ -327,6 +327,14 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
                        else "self_cuda_time_total", row_limit=rows))
 
 
+def slot_count(value: str) -> int | str:
+    """--stream-slots: an int, or the string itself for resolve_stream_slots to take ("auto") or refuse by name."""
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--system", choices=SYSTEMS, required=True)
@@ -358,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="cut decode-only steps only (executor.directkv_pipeline_mixed=false)")
     ap.add_argument("--prefill-new-pass", choices=NEW_PASSES, default="kernel",
                     help="a tiled prompt chunk's new tokens: our kernel or FlashAttention-2 (executor.prefill_new_pass)")
-    ap.add_argument("--stream-slots", type=lambda v: v if v == STREAM_SLOTS_AUTO else int(v), default=STREAM_SLOTS_AUTO,
+    ap.add_argument("--stream-slots", type=slot_count, default=STREAM_SLOTS_AUTO,
                     help="directkv stream's rings' HBM in slots of 32 MiB, or auto by the model's K/V bytes per "
                          "token (executor.directkv_stream_slots)")
     ap.add_argument("--stream-chunk-mib", type=int, default=SERVING_STREAM_CHUNK_MIB,
