@@ -19,7 +19,11 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
     check(batch >= 1, f"batch_size must be >= 1, got {batch}")
     contexts = int_list(cfg.contexts, "context length")
     for ctx in contexts:
-        check_context(s.model, ctx + out)
+        check_context(s.model, ctx)
+        # each request then generates output_len tokens on top: name the largest context that leaves room
+        check(ctx + out <= s.model.max_context,
+              f"context {ctx} + output_len {out} = {ctx + out} tokens exceeds {s.model.name}'s limit of "
+              f"{s.model.max_context}; with output_len={out} contexts must be <= {s.model.max_context - out}")
     points = [(ctx, p) for ctx in contexts for p in pols]
     for ctx, pol in progress(cfg, points, "context_sweep"):
         key = dict(system=pol.name, variant=pol.variant, context_len=float(ctx))

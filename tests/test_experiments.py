@@ -128,6 +128,8 @@ def _cli(*args, cwd):
     ([], "choose an experiment with +exp=NAME"),
     (["+exp=rate_sweep", "rates=[0]"], "rate must be > 0"),
     (["+exp=context_sweep", "contexts=[200000]"], "exceeds llama-3.1-8b's limit"),
+    (["+exp=context_sweep", "model=opt-13b"], "context 32768 + output_len 128 = 32896 tokens exceeds opt-13b's "
+                                              "limit of 32768; with output_len=128 contexts must be <= 32640"),
     (["+exp=context_sweep", "hardware.hbm_budget_gb=-1"], "hbm_budget_gb must be in"),
     (["+exp=context_sweep", "system.names=[pie]"], "unknown system 'pie'"),
     (["+exp=rate_sweep", "system.names=[swap,hbm,swap]"], "system.names lists swap more than once; each system runs once per point"),
