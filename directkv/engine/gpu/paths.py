@@ -7,8 +7,9 @@ so the same code runs in the CPU tests at toy sizes.
 * ``ZeroCopyPath`` — directkv (KV in pinned host pages, read in place by the kernels) and hbm (pages in HBM).
   directkv's variant ``stream`` is the exception beyond the paper: its kernels' copy engine stages the
   pages through small rings on a side stream (decode and prefill ``stream`` variants; the decodes' ring and
-  the first prompt chunk's of 384 MiB at most each by default, executor.directkv_stream_slots: the decodes' in 3
-  slots of 64 MiB of K and as much V, executor.directkv_stream_chunk_mib, the chunk's in up to 12 of 16 MiB). The decodes'
+  the first prompt chunk's of 384 MiB at most each by default, 768 for the OPT models, executor.directkv_stream_slots
+  (auto): the decodes' in 3 (6) slots of 64 MiB of K and as much V, executor.directkv_stream_chunk_mib, the chunk's
+  in up to 12 (24) of 16 MiB). The decodes'
   copies of all the step's layers are queued at its start (prefetch_stream): each is issued as soon as the
   kernel that last reads its ring slot is, so the next layers' chunks are copied during the dense work before
   their attention, as swap's copies overlap compute, but into the small ring instead of a whole layer's
