@@ -150,3 +150,22 @@ def test_only_rate_sweeps_with_graphs_give_step_series():
     assert set(serving_steps(rows, RATE_RUN)["system"]) == {"swap", "directkv-stream"}
     assert serving_steps(rows.assign(cuda_graphs=False), RATE_RUN).empty
     assert serving_steps(rows.assign(exp="context_sweep"), RATE_RUN).empty
+
+
+def test_the_configs_graphs_setting_reaches_the_simulation(tmp_path):
+    """executor.cuda_graphs is modelled on a CPU too: without graphs every step takes the eager floor, so the same
+    small context sweep simulates slower (on the CPU Setup.cuda_graphs, the measured executor's, stays False)."""
+    from test_experiments import _compose
+
+    from experiments.common import setup
+    from experiments.run import run_experiment
+
+    tpot = {}
+    for graphs in (True, False):
+        args = ["+exp=context_sweep", f"run_id=g{graphs}", "device=cpu", "progress=false", "render=false",
+                "contexts=[512]", "batch_size=2", "output_len=4", "system.names=[hbm]", f"executor.cuda_graphs={graphs}"]
+        cfg = _compose(args)
+        assert setup(cfg).sim_graphs is graphs and setup(cfg).cuda_graphs is False
+        rows = pd.read_parquet(run_experiment(cfg, tmp_path / str(graphs)))
+        tpot[graphs] = float(rows["tpot_ms"].iloc[0])
+    assert tpot[False] > tpot[True]
