@@ -150,6 +150,13 @@ def path_for(hardware: str) -> Path:
 
 
 HOST = "host_time"  # the calibration file's section of per-system host times (host_time.py)
+STEPS_NEEDED = "step series of a measured rate sweep with CUDA graphs (steps/)"  # what HOST is fitted from
+
+
+def runs_source(runs: list[tuple[str, str | None, str | None]]) -> dict:
+    """The source record of a factor fitted over several (run, commit, gpu) at once."""
+    gpus = sorted({str(g) for _, _, g in runs})
+    return {"run": [r for r, _, _ in runs], "git_sha": [c for _, c, _ in runs], "gpu": gpus[0] if len(gpus) == 1 else gpus}
 
 
 def load_all() -> None:
@@ -200,14 +207,13 @@ def main(argv: list[str] | None = None) -> int:
             run_steps = serving_steps(rows, run_dir)
             if not factors and not len(cpu) and run_steps.empty:
                 raise ConfigError(f"{run_dir} has no measured kernel / CPU / serving rows to fit a factor from and no "
-                                  "step series of a rate sweep with CUDA graphs to fit host_time from")
-            if not run_steps.empty:
-                steps.append(run_steps)
-                step_sources.append((str(run_dir), manifest.get("code_commit", manifest.get("git_sha")),
-                                     manifest.get("gpu")))
+                                  f"{STEPS_NEEDED} to fit {HOST} from")
             fitted |= factors
             commit = manifest.get("code_commit", manifest.get("git_sha"))  # a derived run lists its parts'
             sources |= {k: {"run": str(run_dir), "git_sha": commit, "gpu": manifest.get("gpu")} for k in factors}
+            if not run_steps.empty:
+                steps.append(run_steps)
+                step_sources.append((str(run_dir), commit, manifest.get("gpu")))
             if len(cpu):
                 cpu_parts.append(cpu)
                 cpu_sources.append((str(run_dir), commit, manifest.get("gpu")))
@@ -216,26 +222,18 @@ def main(argv: list[str] | None = None) -> int:
         if cpu_parts:  # once, over every run's rows: the work term needs both models' group sizes at once
             factors = _cpu_factors(pd.concat(cpu_parts, ignore_index=True), get_hardware(hardware))
             fitted |= factors
-            if len(cpu_sources) == 1:
-                source = dict(zip(("run", "git_sha", "gpu"), cpu_sources[0], strict=True))
-            else:
-                gpus = sorted({str(g) for _, _, g in cpu_sources})
-                source = {"run": [r for r, _, _ in cpu_sources], "git_sha": [c for _, c, _ in cpu_sources],
-                          "gpu": gpus[0] if len(gpus) == 1 else gpus}
+            one = len(cpu_sources) == 1
+            source = dict(zip(("run", "git_sha", "gpu"), cpu_sources[0], strict=True)) if one else runs_source(cpu_sources)
             sources |= {k: dict(source) for k in factors}
         host = host_time.fit(pd.concat(steps, ignore_index=True)) if steps else {}
         if host:
             fitted[HOST] = {k: asdict(v) for k, v in sorted(host.items())}
-            gpus = sorted({str(g) for _, _, g in step_sources})
-            source = {"run": [r for r, _, _ in step_sources], "git_sha": [c for _, c, _ in step_sources],
-                      "gpu": gpus[0] if len(gpus) == 1 else gpus}
-            sources[HOST] = {k: dict(source) for k in host}  # by system: a later fit of some keeps the others'
-        if a.only and HOST in a.only and HOST not in fitted:
-            raise ConfigError(f"no step series of a measured rate sweep with CUDA graphs (steps/) to fit {HOST} from "
-                              f"in {', '.join(map(str, a.run_dirs))}")
+            # by system: a later fit of some systems keeps the others' values and sources (write)
+            sources[HOST] = {k: runs_source(step_sources) for k in host}
         if a.only:
             if missing := sorted(set(a.only) - set(fitted)):
-                raise ConfigError(f"no measured rows to fit {', '.join(missing)} from in "
+                what = " or ".join(sorted({STEPS_NEEDED if k == HOST else "measured rows" for k in missing}))
+                raise ConfigError(f"no {what} to fit {', '.join(missing)} from in "
                                   f"{', '.join(map(str, a.run_dirs))}; they fit {', '.join(sorted(fitted))}")
             fitted, sources = {k: fitted[k] for k in a.only}, {k: sources[k] for k in a.only}
     except ConfigError as e:

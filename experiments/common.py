@@ -109,8 +109,8 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     check(isinstance(warm, bool), f"executor.warmup_pass must be true or false; got {warm!r}")
     pipelining = Pipelining.from_config(executor)
     pipelining.check_system(SystemPolicy("directkv", directkv_variant(cfg)))
-    # graphs are a property of the measured executor (the simulation has no kernel launches); directkv's
-    # pipelining is simulated too (systems.pipelined_step_cost)
+    # graphs run in the measured executor only; the simulation models their setting as the host time of the steps
+    # they leave eager (sim_graphs; host_time.py). directkv's pipelining is simulated too (systems.pipelined_step_cost)
     return Setup(model, hw, CostModel.for_hardware(hw), mem, sched, device, mode_for(hw), graphs and device == "cuda",
                  cpu_kernel, pipelining, new_pass, slots, warm, hbm_prefill, chunk_mib, no_past_prefill, graphs)
 

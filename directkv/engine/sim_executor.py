@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from directkv.costmodel import CostModel
 from directkv.engine.loop import ServeResult, activation_bytes, serve
@@ -26,6 +27,7 @@ from directkv.engine.systems import (
     step_cost,
 )
 from directkv.errors import KVCapacityError
+from directkv.host_time import HostTime
 from directkv.kernels.traffic_model import (
     SERVING_STREAM_CHUNK_MIB,
     SERVING_STREAM_SLOTS,
@@ -70,14 +72,18 @@ class CostModelStepper:
     no_past_prefill: str = DEFAULT_NO_PAST_PREFILL  # what attends directkv's prompt chunks with no past
     cuda_graphs: bool = True  # the measured executor's setting being modelled: without graphs every step issues eagerly
 
+    @cached_property
+    def host(self) -> HostTime:
+        """This system's host time per step, looked up once (not per step)."""
+        return self.cm.host_for(self.policy.label)
+
     def run_step(self, step: Step) -> StepCost:
         cost = step_cost(self.policy, step, self.model, self.cm, self.pipelining, page_size=self.page_size,
                          stream_slots=self.stream_slots, stream_chunk_mib=self.stream_chunk_mib,
                          hbm_prefill=self.hbm_prefill, no_past_prefill=self.no_past_prefill)
         # the measured executor's host time (planning; issuing a step too large for its graphs): host_time.py
-        host = self.cm.host_for(self.policy.label)
-        cost = replace(cost, time_s=host.step_seconds(cost.time_s, len(step.decodes), step.num_tokens,
-                                                       self.model.num_layers, self.cuda_graphs))
+        cost = replace(cost, time_s=self.host.step_seconds(cost.time_s, len(step.decodes), step.num_tokens,
+                                                            self.model.num_layers, self.cuda_graphs))
         if self.on_step is not None:
             self.on_step(step, cost)
         return cost
