@@ -26,10 +26,14 @@ factors a run used). Each factor is a median over the run's points of measured r
 * host_time  not a factor: each system's host time per step (planning; issuing a step too large for the CUDA
              graphs), fitted from the step series (steps/) of measured rate sweeps with graphs on
              (directkv/host_time.py); stored by system in the file's "host_time" section.
-* flexgen_us_per_layer, cpu_attn_us_per_layer  not ratios: the system's per-token latency minus hbm's, at
-             the lowest rate where a run holds both (same dataset, graphs on), over the model's layers: the
-             fixed time per layer the system adds where its roofline work is almost nil (FlexGen's unfused
-             quantise / dequantise kernels; cpu_attn's Q / O handoffs to the CPU worker).
+* flexgen_us_per_layer  not a ratio: FlexGen's per-token latency minus hbm's, at the lowest rate where a run
+             holds both (same dataset, graphs on), over the model's layers: the fixed time per layer its
+             unfused quantise / dequantise kernels add where its roofline work is almost nil.
+* cpu_attn_us_per_layer, cpu_attn_us_per_decode  not fitted here: cpu_attn's handoffs per part and layer and its
+             CPU work per decode, fitted to a step series by
+             results/h200/cpu-attn-model-20261202/fit_cpu_attn.py (the same latency difference at rate 1 also
+             held cpu_attn's CPU attention and planning, which the model charges on their own since
+             2026-12-02).
 """
 
 from __future__ import annotations
@@ -112,9 +116,8 @@ def _cpu_factors(cpu: pd.DataFrame, hw: HardwareSpec) -> dict[str, float]:
 
 
 def _serving_floors(ok: pd.DataFrame) -> dict[str, float]:
-    """dense_us_per_layer from measured rate-sweep rows of hbm; flexgen_us_per_layer and cpu_attn_us_per_layer
-    (its default CPU kernel) from theirs beside hbm's (module docstring). Rows with CUDA graphs only, where the
-    rows say; the overheads only from rows that say."""
+    """dense_us_per_layer from measured rate-sweep rows of hbm; flexgen_us_per_layer from FlexGen's beside hbm's
+    (module docstring). Rows with CUDA graphs only, where the rows say; the overhead only from rows that say."""
     if "exp" not in ok or "system" not in ok:
         return {}
     rows = ok[ok["exp"] == "rate_sweep"]
@@ -134,14 +137,11 @@ def _serving_floors(ok: pd.DataFrame) -> dict[str, float]:
 
     out = {"dense_us_per_layer": per_layer_at_lowest_rate(hbm, hbm["tpot_ms"])}
     key = ["dataset", "rate", "model"]
-    for system in ("flexgen", "cpu_attn") if graphs_known else ():
-        sys_rows = rows[rows["system"] == system]
-        if system == "cpu_attn" and "cpu_attn_kernel" in sys_rows:
-            sys_rows = sys_rows[sys_rows["cpu_attn_kernel"] == DEFAULT_CPU_ATTN_KERNEL]
-        both = sys_rows.merge(hbm[key + ["tpot_ms"]], on=key, suffixes=("", "_hbm"))
+    if graphs_known:
+        both = rows[rows["system"] == "flexgen"].merge(hbm[key + ["tpot_ms"]], on=key, suffixes=("", "_hbm"))
         if len(both):
             extra = per_layer_at_lowest_rate(both, both["tpot_ms"] - both["tpot_ms_hbm"])
-            out[f"{system}_us_per_layer"] = max(0.0, extra)
+            out["flexgen_us_per_layer"] = max(0.0, extra)
     return out
 
 

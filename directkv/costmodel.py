@@ -45,6 +45,9 @@ class Efficiency:
     # CPU worker's wake-up, O back to the GPU). Microseconds, 0 (not modelled) unless fitted to a rate sweep.
     flexgen_us_per_layer: float = 0.0
     cpu_attn_us_per_layer: float = 0.0
+    # cpu_attn's CPU time per decode per layer beyond its K/V reads (the kernel's per-sequence work, the worker's
+    # per-row share of Q / O): microseconds, 0 (not modelled) unless fitted to a step series
+    cpu_attn_us_per_decode: float = 0.0
 
 
 # Per-hardware fitted factors, loaded on first use from directkv/specs/calibration/*.json (written by

@@ -75,16 +75,16 @@ def load_steps(run_dir: Path, layers: int) -> pd.DataFrame:
 def fit(steps: pd.DataFrame) -> dict[str, HostTime]:
     """Per system: planning by least squares of host_prep_ms on decodes, each term then clipped at 0;
     eager_us_per_layer the median, per layer, of the host's time to queue a step beyond its planning, over the
-    steps of more than GRAPH_MAX_TOKENS tokens where the host led (HOST_LED; all such steps if none did; 0 where
-    the series has none)."""
+    steps of more than GRAPH_MAX_TOKENS tokens where the host led (HOST_LED); 0 where none did: then the host's
+    queue time is the device's (cpu_attn and FlexGen, whose host waits on the GPU in every layer, 2026-12-02), and a
+    floor made of it would stand the measured step for the model's)."""
     out = {}
     for label, g in steps.groupby("system"):
         a = np.vstack([np.ones(len(g)), g["decodes"].to_numpy(float)]).T
         (plan, per_decode), *_ = np.linalg.lstsq(a, g["host_prep_ms"].to_numpy(float), rcond=None)
         eager = g[g["decodes"] + g["prompt_tokens"] > GRAPH_MAX_TOKENS]
         led = eager[eager["host_queue_ms"] < HOST_LED * eager["device_ms"]]
-        eager = led if len(led) else eager
-        issue = ((eager["host_queue_ms"] - eager["host_prep_ms"]) / eager["layers"]).tolist()
+        issue = ((led["host_queue_ms"] - led["host_prep_ms"]) / led["layers"]).tolist()
         out[str(label)] = HostTime(max(0.0, plan * 1e3), max(0.0, per_decode * 1e3),
                                    statistics.median(issue) * 1e3 if issue else 0.0)
     return out

@@ -124,14 +124,14 @@ def test_dense_floor_is_fitted_from_hbm_at_the_lowest_rate_with_graphs():
 ALPACA = Path(__file__).resolve().parents[1] / "results" / "h200" / "rate_sweep" / "combined-20261129g-alpaca"
 
 
-def test_system_overheads_are_fitted_beside_hbm_at_the_lowest_rate():
-    """flexgen / cpu_attn per-layer time over hbm's at Alpaca 1 req/s (53.4 / 51.6 vs 10.0 ms per token)."""
+def test_flexgen_overhead_is_fitted_beside_hbm_at_the_lowest_rate_and_cpu_attn_s_is_not():
+    """flexgen's per-layer time over hbm's at Alpaca 1 req/s (53.4 vs 10.0 ms per token); cpu_attn's fixed times
+    come from its step series (fit_cpu_attn.py), not from this difference, which also holds its CPU attention."""
     rows, hw, f = _fitted(ALPACA)
     assert (53.4 - 10.0) * 1e3 / 32 == pytest.approx(f["flexgen_us_per_layer"], rel=0.01)
-    assert (51.6 - 10.0) * 1e3 / 32 == pytest.approx(f["cpu_attn_us_per_layer"], rel=0.01)
-    assert "cpu_attn_us_per_layer" not in fit(rows.assign(cpu_attn_kernel="flash"), hw)  # another kernel
+    assert "cpu_attn_us_per_layer" not in f
     no_hbm = rows[rows["system"] != "hbm"]
-    assert not {"flexgen_us_per_layer", "cpu_attn_us_per_layer"} & set(fit(no_hbm, hw))  # nothing to subtract
+    assert "flexgen_us_per_layer" not in fit(no_hbm, hw)  # nothing to subtract
 
 
 PREFILL_RUN = Path(__file__).resolve().parents[1] / "results" / "h200" / "kernel_ablation" / "20261202-030939"

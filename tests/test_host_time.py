@@ -71,6 +71,16 @@ def test_fit_without_eager_steps_or_with_a_falling_planning_time_clips_at_zero()
     assert got.plan_us_per_decode == 0.0 and got.plan_us == pytest.approx(5000.0)
 
 
+def test_a_series_whose_host_never_led_fits_no_eager_floor():
+    """cpu_attn's host waits on the GPU in every layer (queue time = device time in every step, H200 2026-12-02): no
+    eager step shows the host's own issue time, and a floor made of the queue time would be the measured step."""
+    s = _series("cpu_attn", H)
+    waited = s.assign(device_ms=s["host_queue_ms"])  # every step: the host's queue time is the device's
+    got = fit(waited)["cpu_attn"]
+    assert got.eager_us_per_layer == 0.0
+    assert got.plan_us == pytest.approx(H.plan_us)  # planning is still the host's own
+
+
 def test_the_eager_cut_is_the_graphs_largest_bucket_and_graphs_off_makes_every_step_eager():
     from directkv.model.graphs import BUCKETS
 

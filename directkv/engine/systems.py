@@ -26,6 +26,7 @@ from directkv.costmodel import CostModel
 from directkv.engine import step_traffic as st
 from directkv.engine.state import Step
 from directkv.errors import ConfigError, check, unknown_name
+from directkv.host_time import BASE, GRAPH_MAX_TOKENS
 from directkv.kernels.reference.common import ceil_div
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import (
@@ -279,7 +280,8 @@ class StepCost:
 def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
               pipelining: Pipelining | None = None, *, page_size: int = 16,
               stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
-              hbm_prefill: str = "kernel", no_past_prefill: str = DEFAULT_NO_PAST_PREFILL) -> StepCost:
+              hbm_prefill: str = "kernel", no_past_prefill: str = DEFAULT_NO_PAST_PREFILL,
+              graphs: bool = True) -> StepCost:
     """Time of one engine step for `policy`, by layer: linear work + the system's attention path. With
     `pipelining` enabled, directkv's steps that the measured executor cuts run as two parts
     (pipelined_step_cost). page_size: tokens per KV page (directkv stream's in-place rule counts pages).
@@ -288,7 +290,8 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
     holds it in slots of stream_chunk_mib MiB of K (executor.directkv_stream_chunk_mib; decode_ring). hbm_prefill: what attends
     prompt chunks over HBM pages in hbm, swap, flexgen and cpu_attn (executor.hbm_prefill; hbm_attention).
     no_past_prefill: what attends directkv's prompt chunks with no past (executor.directkv_no_past_prefill:
-    its kernel, or one SDPA call each, zero_copy_attention)."""
+    its kernel, or one SDPA call each, zero_copy_attention). graphs: the executor's CUDA graphs
+    (executor.cuda_graphs), which cpu_attn's uncut steps need to know (cpu_attn_layer)."""
     if pipelining is not None and policy.name == "directkv":
         cut = pipelining.cut(policy, step, model.kv_bytes_per_token_per_layer())
         if cut is not None:
@@ -327,23 +330,57 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
         layer_traffic = lin + attn + Traffic(link_read_bytes=stored, link_write_bytes=new_stored)
         staging = 2 * stored + (2 * past if name == "flexgen" else 0)
     elif name == "cpu_attn":
-        dec_tokens = sum(step.decode_kv_lens)
-        t_cpu = cm.cpu_attention_time(dec_tokens * kvl, dec_tokens * model.num_heads)
-        # prefill attention stays on the GPU with its past copied in; Q and O of decodes cross the link
-        pre, t_pre = hbm_attention(st.only_prefills(step), model, cm, policy, hbm_prefill)
-        pre_past = st.past_kv_tokens(st.only_prefills(step)) * kvl
-        qo = len(step.decodes) * 2 * model.q_dim * model.dtype_bytes
-        # the new K/V are stored by SM writes first; the CPU's attention waits for them (Q crosses after the store)
-        t_store = sm_store_time(cm, new_kv)
-        t_gpu = t_lin + t_store + t_pre + cm.copy_time(qo)
-        layer_t = max(t_gpu, t_store + t_cpu, cm.copy_time(pre_past, "h2d"))
-        if step.decodes:  # the handoffs to and from the CPU sit on the layer's critical path
-            layer_t += cm.layer_overhead("cpu_attn")
-        layer_traffic = lin + pre + Traffic(link_read_bytes=pre_past + qo // 2, link_write_bytes=new_kv + qo // 2)
-        staging = 2 * pre_past
+        cut = (pipelining or NO_PIPELINING).cut(policy, step, kvl)
+        layer_t, layer_traffic, staging = cpu_attn_layer(step, cut, model, cm, policy, hbm_prefill, graphs)
     else:  # pragma: no cover - SystemPolicy validates names
         raise AssertionError(name)
     return StepCost(L * layer_t + t_head, layer_traffic.scaled(L) + head, staging)
+
+
+def cpu_attn_layer(step: Step, cut: int | None, model: ModelSpec, cm: CostModel, policy: SystemPolicy,
+                   hbm_prefill: str, graphs: bool = True) -> tuple[float, Traffic, int]:
+    """cpu_attn's (Neo-like) layer: (seconds, traffic, HBM staging bytes). Decode attention runs on the CPU over the
+    host pages, each decode's Q and O crossing the link; a prompt chunk attends on the GPU over its past, copied in
+    (staged like swap's) during the layer.
+
+    A decode-only step the executor cuts (`cut`: the first part's rows, Pipelining.cut) runs as two parts
+    (runner.forward_pipelined): the GPU does both parts' dense work, the CPU worker both parts' attention, and each
+    part waits for its own attention, with its handoffs (Q to the host, the worker's wake-up, O back:
+    Efficiency.cpu_attn_us_per_layer), before its next layer, so a layer takes the longest of those four sums.
+    Any other step is one batch (CpuAttnPath.attend): the host copies the decodes' Q out after the layer's dense
+    work and store, and the GPU's prompt-chunk attention runs while the CPU attends; the next layer's dense
+    work waits for the decodes' O, so the parts add up rather than overlap (H200, 2026-12-02, ShareGPT 10 req/s:
+    mixed steps of ~42 decodes and ~244 prompt tokens took 78 ms measured against 48 simulated as an overlap).
+    The Q copy drains the GPU's queue, so a step too large for the CUDA graphs (host_time.GRAPH_MAX_TOKENS, or
+    `graphs` off) runs each layer's dense kernels only as fast as the host issues them (the runner's eager issue
+    time per layer, hbm's fit: every system shares the runner)."""
+    kvl = model.kv_bytes_per_token_per_layer()
+    h = cm.layer_overhead("cpu_attn")
+
+    def part(decodes: tuple, prefills: tuple) -> tuple[float, float, Traffic]:
+        """(GPU seconds before the CPU can start, CPU seconds, traffic) of one part's layer."""
+        p = Step(decodes, prefills)
+        lin = st.linear_layer_traffic(model, p.num_tokens)
+        dec_tokens = sum(p.decode_kv_lens)
+        qo = len(decodes) * 2 * model.q_dim * model.dtype_bytes  # Q out and O back
+        new_kv = p.num_tokens * kvl
+        gpu = cm.dense_time(lin) + sm_store_time(cm, new_kv) + cm.copy_time(qo)
+        cpu = (cm.cpu_attention_time(dec_tokens * kvl, dec_tokens * model.num_heads)
+               + len(decodes) * cm.eff.cpu_attn_us_per_decode * 1e-6)
+        return gpu, cpu, lin + Traffic(link_read_bytes=qo // 2, link_write_bytes=new_kv + qo // 2)
+
+    if cut is not None:
+        (g0, c0, t0), (g1, c1, t1) = part(step.decodes[:cut], ()), part(step.decodes[cut:], ())
+        return max(g0 + g1, c0 + c1, g0 + c0 + h, g1 + c1 + h), t0 + t1, 0
+    gpu, cpu, traffic = part(step.decodes, step.prefills)
+    if step.decodes and (step.num_tokens > GRAPH_MAX_TOKENS or not graphs):
+        gpu = max(gpu, cm.host_for(BASE).eager_us_per_layer * 1e-6)
+    # prefill attention stays on the GPU, its past staged in HBM by copies that overlap the layer
+    pre, t_pre = hbm_attention(st.only_prefills(step), model, cm, policy, hbm_prefill)
+    pre_past = st.past_kv_tokens(st.only_prefills(step)) * kvl
+    attend = max(cpu + h, t_pre) if step.decodes else t_pre
+    layer_t = max(gpu + attend, cm.copy_time(pre_past, "h2d"))
+    return layer_t, traffic + pre + Traffic(link_read_bytes=pre_past), 2 * pre_past
 
 
 def pipelined_step_cost(policy: SystemPolicy, step: Step, cut: int, model: ModelSpec, cm: CostModel,
