@@ -41,8 +41,9 @@ class Efficiency:
     # an efficiency: microseconds, 0 (not modelled) unless fitted to a measured serving run.
     dense_us_per_layer: float = 0.0
     # Fixed time per layer a system adds to a small step beyond hbm's, where the roofline sees almost no
-    # work: FlexGen's chain of unfused quantise / dequantise kernels; cpu_attn's handoffs (Q to the host, the
-    # CPU worker's wake-up, O back to the GPU). Microseconds, 0 (not modelled) unless fitted to a rate sweep.
+    # work: FlexGen's chain of unfused quantise / dequantise kernels (fitted to a rate sweep); cpu_attn's handoffs
+    # per part of a step (Q to the host, the CPU worker's wake-up, O back to the GPU; fitted to a step series,
+    # systems.cpu_attn_layer). Microseconds, 0 (not modelled) unless fitted.
     flexgen_us_per_layer: float = 0.0
     cpu_attn_us_per_layer: float = 0.0
     # cpu_attn's CPU time per decode per layer beyond its K/V reads (the kernel's per-sequence work, the worker's

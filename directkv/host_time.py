@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,19 +46,25 @@ HOST_LED = 0.9
 class HostTime:
     plan_us: float = 0.0  # host planning per step, GPU idle
     plan_us_per_decode: float = 0.0
-    eager_us_per_layer: float = 0.0  # host time to issue one layer of a step too large for the graphs
+    # host time to issue one layer of a step too large for the graphs; None: the series showed none (the host never
+    # led), so for_system takes hbm's, the runner every system shares
+    eager_us_per_layer: float | None = 0.0
 
     def step_seconds(self, device_s: float, decodes: int, tokens: int, layers: int, graphs: bool = True) -> float:
         """A step's time: its planning, then the longer of its modelled device time and, for a step of more
         than GRAPH_MAX_TOKENS tokens or any step without graphs, the host's issue of its layers."""
         eager = tokens > GRAPH_MAX_TOKENS or not graphs
-        floor = self.eager_us_per_layer * layers * 1e-6 if eager else 0.0
+        floor = (self.eager_us_per_layer or 0.0) * layers * 1e-6 if eager else 0.0
         return (self.plan_us + self.plan_us_per_decode * decodes) * 1e-6 + max(device_s, floor)
 
 
 def for_system(host: Mapping[str, HostTime], label: str) -> HostTime:
-    """`label`'s host time (SystemPolicy.label, e.g. "directkv-stream"), else hbm's, else none."""
-    return host.get(label) or host.get(BASE) or HostTime()
+    """`label`'s host time (SystemPolicy.label, e.g. "directkv-stream"), else hbm's, else none; an eager issue time
+    the label's series did not show is hbm's."""
+    own, base = host.get(label), host.get(BASE) or HostTime()
+    if own is None:
+        return base
+    return own if own.eager_us_per_layer is not None else replace(own, eager_us_per_layer=base.eager_us_per_layer)
 
 
 def load_steps(run_dir: Path, layers: int) -> pd.DataFrame:
@@ -75,9 +81,10 @@ def load_steps(run_dir: Path, layers: int) -> pd.DataFrame:
 def fit(steps: pd.DataFrame) -> dict[str, HostTime]:
     """Per system: planning by least squares of host_prep_ms on decodes, each term then clipped at 0;
     eager_us_per_layer the median, per layer, of the host's time to queue a step beyond its planning, over the
-    steps of more than GRAPH_MAX_TOKENS tokens where the host led (HOST_LED); 0 where none did: then the host's
-    queue time is the device's (cpu_attn and FlexGen, whose host waits on the GPU in every layer, 2026-12-02), and a
-    floor made of it would stand the measured step for the model's)."""
+    steps of more than GRAPH_MAX_TOKENS tokens where the host led (HOST_LED); 0 where the series has no such step;
+    None where it has some but the host led in none: their queue time is the device's (cpu_attn and FlexGen, whose
+    host waits on the GPU in every layer, 2026-12-02), and a floor made of it would stand the measured step for the
+    model's, so for_system takes hbm's."""
     out = {}
     for label, g in steps.groupby("system"):
         a = np.vstack([np.ones(len(g)), g["decodes"].to_numpy(float)]).T
@@ -85,6 +92,6 @@ def fit(steps: pd.DataFrame) -> dict[str, HostTime]:
         eager = g[g["decodes"] + g["prompt_tokens"] > GRAPH_MAX_TOKENS]
         led = eager[eager["host_queue_ms"] < HOST_LED * eager["device_ms"]]
         issue = ((led["host_queue_ms"] - led["host_prep_ms"]) / led["layers"]).tolist()
-        out[str(label)] = HostTime(max(0.0, plan * 1e3), max(0.0, per_decode * 1e3),
-                                   statistics.median(issue) * 1e3 if issue else 0.0)
+        floor = statistics.median(issue) * 1e3 if issue else (None if len(eager) else 0.0)
+        out[str(label)] = HostTime(max(0.0, plan * 1e3), max(0.0, per_decode * 1e3), floor)
     return out

@@ -80,6 +80,21 @@ def test_an_eager_mixed_step_runs_its_dense_work_at_the_host_s_issue_pace():
     assert step_cost(CPU, big, LLAMA, slow).time_s > L * 5e-3
     assert step_cost(CPU, small, LLAMA, slow).time_s == pytest.approx(step_cost(CPU, small, LLAMA, BARE).time_s)
     assert step_cost(CPU, small, LLAMA, slow, graphs=False).time_s > L * 5e-3
-    prompt_only = Step((), _chunk(1024))  # no decodes: no Q copy, no drain
+    prompt_only = Step((), _chunk(1024))  # no decodes: no Q copy; its eager floor is the host time's (step_seconds)
     assert step_cost(CPU, prompt_only, LLAMA, slow).time_s == pytest.approx(
         step_cost(CPU, prompt_only, LLAMA, BARE).time_s)
+    cut = Step(_decodes(600, 64), ())  # two parts of 300 rows: each issues eagerly after waiting on its CPU half
+    assert step_cost(CPU, cut, LLAMA, slow).time_s > 2 * L * 5e-3
+
+
+def test_the_simulation_hands_its_graphs_setting_to_the_layer_model():
+    """CostModelStepper passes executor.cuda_graphs to step_cost: with graphs off, cpu_attn's small steps pay the
+    eager pace in their layers (cpu_attn's own host time here has no floor, so only the layer model can add it)."""
+    from directkv.engine.sim_executor import MemoryConfig, simulate
+    from workloads import synthetic_workload
+
+    cm = replace(BARE, host={"hbm": HostTime(0.0, 0.0, 5000.0), "cpu_attn": HostTime(0.0, 0.0, 0.0)})
+    reqs = synthetic_workload(1, 256, 4).requests
+    mem = MemoryConfig(hbm_budget_bytes=96e9, host_budget_bytes=100e9)
+    on, off = (simulate(reqs, CPU, LLAMA, cm, mem=mem, cuda_graphs=g).metrics["mean_tpot_ms"] for g in (True, False))
+    assert on < L * 5.0 <= off

@@ -71,14 +71,19 @@ def test_fit_without_eager_steps_or_with_a_falling_planning_time_clips_at_zero()
     assert got.plan_us_per_decode == 0.0 and got.plan_us == pytest.approx(5000.0)
 
 
-def test_a_series_whose_host_never_led_fits_no_eager_floor():
+def test_a_series_whose_host_never_led_takes_hbm_s_eager_issue_time():
     """cpu_attn's host waits on the GPU in every layer (queue time = device time in every step, H200 2026-12-02): no
-    eager step shows the host's own issue time, and a floor made of the queue time would be the measured step."""
+    eager step shows the host's own issue time, and a floor made of the queue time would be the measured step. The
+    fit leaves it unset (None), and for_system fills in hbm's: the runner's, which every system shares."""
     s = _series("cpu_attn", H)
     waited = s.assign(device_ms=s["host_queue_ms"])  # every step: the host's queue time is the device's
     got = fit(waited)["cpu_attn"]
-    assert got.eager_us_per_layer == 0.0
+    assert got.eager_us_per_layer is None
     assert got.plan_us == pytest.approx(H.plan_us)  # planning is still the host's own
+    hbm = HostTime(100.0, 5.0, 700.0)
+    looked_up = for_system({"cpu_attn": got, "hbm": hbm}, "cpu_attn")
+    assert looked_up.eager_us_per_layer == 700.0 and looked_up.plan_us == got.plan_us
+    assert for_system({"cpu_attn": got}, "cpu_attn").step_seconds(0.0, 0, 1024, 32) == pytest.approx(H.plan_us * 1e-6)
 
 
 def test_the_eager_cut_is_the_graphs_largest_bucket_and_graphs_off_makes_every_step_eager():

@@ -347,15 +347,17 @@ def cpu_attn_layer(step: Step, cut: int | None, model: ModelSpec, cm: CostModel,
     (runner.forward_pipelined): the GPU does both parts' dense work, the CPU worker both parts' attention, and each
     part waits for its own attention, with its handoffs (Q to the host, the worker's wake-up, O back:
     Efficiency.cpu_attn_us_per_layer), before its next layer, so a layer takes the longest of those four sums.
-    Any other step is one batch (CpuAttnPath.attend): the host copies the decodes' Q out after the layer's dense
-    work and store, and the GPU's prompt-chunk attention runs while the CPU attends; the next layer's dense
-    work waits for the decodes' O, so the parts add up rather than overlap (H200, 2026-12-02, ShareGPT 10 req/s:
-    mixed steps of ~42 decodes and ~244 prompt tokens took 78 ms measured against 48 simulated as an overlap).
-    The Q copy drains the GPU's queue, so a step too large for the CUDA graphs (host_time.GRAPH_MAX_TOKENS, or
-    `graphs` off) runs each layer's dense kernels only as fast as the host issues them (the runner's eager issue
-    time per layer, hbm's fit: every system shares the runner)."""
+    Any other step is one batch (CpuAttnPath.attend): the host's blocking copy of the decodes' Q returns after the
+    layer's dense work and store, then queues the prompt chunk's GPU attention, which runs while the CPU attends,
+    and O goes back after both; the next layer's dense work waits for it, so the parts add up rather than overlap
+    (H200, 2026-12-02, ShareGPT 10 req/s: mixed steps of ~42 decodes and ~244 prompt tokens took 78 ms measured
+    against 48 simulated as an overlap). Waiting on the CPU drains the GPU's queue, so a part with decodes too
+    large for the CUDA graphs (host_time.GRAPH_MAX_TOKENS rows, or `graphs` off) runs its dense kernels only as
+    fast as the host issues them (the runner's eager issue time per layer, hbm's fit: every system shares the
+    runner)."""
     kvl = model.kv_bytes_per_token_per_layer()
     h = cm.layer_overhead("cpu_attn")
+    eager = (cm.host_for(BASE).eager_us_per_layer or 0.0) * 1e-6
 
     def part(decodes: tuple, prefills: tuple) -> tuple[float, float, Traffic]:
         """(GPU seconds before the CPU can start, CPU seconds, traffic) of one part's layer."""
@@ -365,6 +367,8 @@ def cpu_attn_layer(step: Step, cut: int | None, model: ModelSpec, cm: CostModel,
         qo = len(decodes) * 2 * model.q_dim * model.dtype_bytes  # Q out and O back
         new_kv = p.num_tokens * kvl
         gpu = cm.dense_time(lin) + sm_store_time(cm, new_kv) + cm.copy_time(qo)
+        if decodes and (p.num_tokens > GRAPH_MAX_TOKENS or not graphs):
+            gpu = max(gpu, eager)
         cpu = (cm.cpu_attention_time(dec_tokens * kvl, dec_tokens * model.num_heads)
                + len(decodes) * cm.eff.cpu_attn_us_per_decode * 1e-6)
         return gpu, cpu, lin + Traffic(link_read_bytes=qo // 2, link_write_bytes=new_kv + qo // 2)
@@ -373,12 +377,10 @@ def cpu_attn_layer(step: Step, cut: int | None, model: ModelSpec, cm: CostModel,
         (g0, c0, t0), (g1, c1, t1) = part(step.decodes[:cut], ()), part(step.decodes[cut:], ())
         return max(g0 + g1, c0 + c1, g0 + c0 + h, g1 + c1 + h), t0 + t1, 0
     gpu, cpu, traffic = part(step.decodes, step.prefills)
-    if step.decodes and (step.num_tokens > GRAPH_MAX_TOKENS or not graphs):
-        gpu = max(gpu, cm.host_for(BASE).eager_us_per_layer * 1e-6)
     # prefill attention stays on the GPU, its past staged in HBM by copies that overlap the layer
     pre, t_pre = hbm_attention(st.only_prefills(step), model, cm, policy, hbm_prefill)
     pre_past = st.past_kv_tokens(st.only_prefills(step)) * kvl
-    attend = max(cpu + h, t_pre) if step.decodes else t_pre
+    attend = h + max(cpu, t_pre) if step.decodes else t_pre
     layer_t = max(gpu + attend, cm.copy_time(pre_past, "h2d"))
     return layer_t, traffic + pre + Traffic(link_read_bytes=pre_past), 2 * pre_past
 
