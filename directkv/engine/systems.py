@@ -291,7 +291,7 @@ def step_cost(policy: SystemPolicy, step: Step, model: ModelSpec, cm: CostModel,
     prompt chunks over HBM pages in hbm, swap, flexgen and cpu_attn (executor.hbm_prefill; hbm_attention).
     no_past_prefill: what attends directkv's prompt chunks with no past (executor.directkv_no_past_prefill:
     its kernel, or one SDPA call each, zero_copy_attention). graphs: the executor's CUDA graphs
-    (executor.cuda_graphs), which cpu_attn's uncut steps need to know (cpu_attn_layer)."""
+    (executor.cuda_graphs), which cpu_attn's layer needs: a part above the graphs issues eagerly (cpu_attn_layer)."""
     if pipelining is not None and policy.name == "directkv":
         cut = pipelining.cut(policy, step, model.kv_bytes_per_token_per_layer())
         if cut is not None:
