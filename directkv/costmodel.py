@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from directkv.errors import unknown_name
-from directkv.host_time import HostTime, for_system
+from directkv.host_time import BASE, HostTime, for_system
 from directkv.kernels.traffic import Traffic
 from directkv.specs import HardwareSpec
 
@@ -78,6 +79,12 @@ class CostModel:
     def host_for(self, label: str) -> HostTime:
         """The host time per step of the system `label` (SystemPolicy.label): its own fit, else hbm's, else none."""
         return for_system(self.host, label)
+
+    @cached_property
+    def runner_eager_s(self) -> float:
+        """Seconds the host takes to issue one layer's kernels eagerly: hbm's fit, as every system shares the
+        runner (0 where none is fitted). Looked up once per cost model, not per simulated step."""
+        return (self.host_for(BASE).eager_us_per_layer or 0.0) * 1e-6
 
 
     def terms(self, t: Traffic, *, flops_kind: str = "attention", link: str = "sm", hbm_eff: float | None = None

@@ -26,7 +26,7 @@ from directkv.costmodel import CostModel
 from directkv.engine import step_traffic as st
 from directkv.engine.state import Step
 from directkv.errors import ConfigError, check, unknown_name
-from directkv.host_time import BASE, GRAPH_MAX_TOKENS
+from directkv.host_time import GRAPH_MAX_TOKENS
 from directkv.kernels.reference.common import ceil_div
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import (
@@ -357,7 +357,6 @@ def cpu_attn_layer(step: Step, cut: int | None, model: ModelSpec, cm: CostModel,
     runner)."""
     kvl = model.kv_bytes_per_token_per_layer()
     h = cm.layer_overhead("cpu_attn")
-    eager = (cm.host_for(BASE).eager_us_per_layer or 0.0) * 1e-6
 
     def part(decodes: tuple, prefills: tuple) -> tuple[float, float, Traffic]:
         """(GPU seconds before the CPU can start, CPU seconds, traffic) of one part's layer."""
@@ -368,7 +367,7 @@ def cpu_attn_layer(step: Step, cut: int | None, model: ModelSpec, cm: CostModel,
         new_kv = p.num_tokens * kvl
         gpu = cm.dense_time(lin) + sm_store_time(cm, new_kv) + cm.copy_time(qo)
         if decodes and (p.num_tokens > GRAPH_MAX_TOKENS or not graphs):
-            gpu = max(gpu, eager)
+            gpu = max(gpu, cm.runner_eager_s)
         cpu = (cm.cpu_attention_time(dec_tokens * kvl, dec_tokens * model.num_heads)
                + len(decodes) * cm.eff.cpu_attn_us_per_decode * 1e-6)
         return gpu, cpu, lin + Traffic(link_read_bytes=qo // 2, link_write_bytes=new_kv + qo // 2)
