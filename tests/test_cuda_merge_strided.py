@@ -122,25 +122,31 @@ def test_merge_strided_refuses_cpu_tensors_with_what_it_got():
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("chunk_pages,merge,merged_by", [(16, "kernel", "merge_strided"), (1, "kernel", "merge_passes"),
-                                                         (16, "torch", "merge_passes")])
-def test_prefill_stream_merges_its_passes_in_one_launch(monkeypatch, chunk_pages, merge, merged_by):
-    """The prefill stream variant merges its passes with merge_strided, and with the torch-op merge when they are
-    more than the kernel takes (one-page chunks of a 1,000-token past: 63 ring passes) or when asked to
-    (merge="torch"); each against float64."""
+@pytest.mark.parametrize("chunk_pages,merge,merged_by", [(16, "kernel", "merge_strided"), (1, "kernel", "merge_strided"),
+                                                         (1, "torch", "merge_passes")])
+def test_prefill_stream_merges_its_passes_as_they_come(monkeypatch, chunk_pages, merge, merged_by):
+    """The prefill stream variant merges its passes with merge_strided (or the torch-op merge when asked:
+    merge="torch"), in one launch when they are few (16-page chunks of a 1,000-token past); with one-page chunks
+    (~47 ring passes) it folds them as they come, so no merge takes more than STREAM_HELD_PASSES passes and the
+    merges are the folds traffic_model.fold_count counts plus the final one; each against float64."""
     import directkv.kernels.cuda.prefill_attention as pa
+    from directkv.kernels.traffic_model import STREAM_HELD_PASSES, fold_count
     from tests.test_cuda_prefill import BF16, assert_matches, dense_reference, make_inputs, page_bytes_of
 
-    used = []
+    used, added = [], []
     for owner, name, label in ((pa.merge_strided, "run", "merge_strided"), (pa.merge_strided, "merge_passes",
                                                                            "merge_passes")):
         fn = getattr(owner, name)
-        monkeypatch.setattr(owner, name, (lambda f, n: lambda *a, **k: used.append(n) or f(*a, **k))(fn, label))
+        monkeypatch.setattr(owner, name, (lambda f, n: lambda p, *a: used.append((n, len(p))) or f(p, *a))(fn, label))
+    add = ms.RunningMerge.add
+    monkeypatch.setattr(ms.RunningMerge, "add", lambda self, o, lse: added.append(1) or add(self, o, lse))
     q, k_new, v_new, kv_cpu, kv = make_inputs((65, 1000, 8, 2, 128, BF16, 16), hbm_fraction=0.25)
     out = torch.full_like(q, math.nan)
     pa.prefill_attention(q, k_new, v_new, kv, variant="stream", out=out,
                          chunk_bytes=chunk_pages * page_bytes_of(kv_cpu), merge=merge)
-    assert used == [merged_by]
+    assert {n for n, _ in used} == {merged_by}
+    assert max(k for _, k in used) <= STREAM_HELD_PASSES
+    assert len(used) == fold_count(len(added)) + 1 and (len(used) == 1) == (chunk_pages == 16)
     assert_matches(out, dense_reference(q, k_new, v_new, kv_cpu, causal=True, scale=1 / math.sqrt(q.shape[-1])))
 
 

@@ -254,10 +254,14 @@ def test_stream_prefill_is_flash_passes_over_ring_chunks_by_hand():
     row, kv_tok = 32 * 128 * 2, 2 * 8 * 128 * 2
     t = stream_prefill_traffic(1000, 10_000, num_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2,
                                   chunk_bytes=2 << 20)
-    passes = 11
+    # 11 passes, 8 held at most: one fold, whose fp32 running O (2 x row per query) is written once and read once
+    passes, running = 11, 1000 * 2 * row
     assert t.link_read_bytes == 10_000 * kv_tok and t.link_write_bytes == 0
-    assert t.hbm_read_bytes == passes * 1000 * row + 10_000 * kv_tok + 1000 * kv_tok + passes * 1000 * row
-    assert t.hbm_write_bytes == 10_000 * kv_tok + passes * 1000 * row + 1000 * row
+    assert t.hbm_read_bytes == passes * 1000 * row + 10_000 * kv_tok + 1000 * kv_tok + passes * 1000 * row + running
+    assert t.hbm_write_bytes == 10_000 * kv_tok + passes * 1000 * row + 1000 * row + running
+    few = stream_prefill_traffic(1000, 7168, num_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2,
+                                 chunk_bytes=2 << 20)  # 7 past passes + the new tokens': held whole, no fold
+    assert few.hbm_write_bytes == 7168 * kv_tok + 8 * 1000 * row + 1000 * row
     tiled = prefill_traffic(1000, 10_000, num_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2, variant="tiled")
     assert t.flops == tiled.flops and t.link_read_bytes == tiled.link_read_bytes
     assert t.hbm_read_bytes + t.hbm_write_bytes < tiled.hbm_read_bytes + tiled.hbm_write_bytes  # no partial state

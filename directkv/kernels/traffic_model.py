@@ -338,6 +338,19 @@ def prefill_traffic(
     )  # fmt: skip
 
 
+# stream prefill: passes whose O are held before they are folded into one fp32 pass (merge_strided.RunningMerge).
+# Held to the end, a prompt chunk's passes grow with its past: OPT-13B, 8,192 new tokens over a 24K past made 16
+# flash outputs of 84 MB (1.3 GB, at the step's peak of GPU memory: results/h200/README.md, twenty-eighth session).
+STREAM_HELD_PASSES = 8
+
+
+def fold_count(passes: int, held: int = STREAM_HELD_PASSES) -> int:
+    """Folds of `passes` passes merged as they come with at most `held` held (merge_strided.RunningMerge): the
+    first once held + 1 have come, then one per held - 1 more."""
+    check(held >= 2 and passes >= 0, f"need held >= 2 and passes >= 0; got held={held}, passes={passes}")
+    return 0 if passes <= held else ceil_div(passes - held, held - 1)
+
+
 def stream_prefill_traffic(
     q_len: int,
     past_len: int,
@@ -352,9 +365,11 @@ def stream_prefill_traffic(
     """Traffic of the prefill `stream` variant as serving runs it (pass_kernel "flash", every past token on the
     host): the copy engine writes the past into an HBM ring in chunks of chunk_bytes of K (and as much V); one
     FlashAttention pass per chunk reads Q and the chunk and writes its O, a causal pass over the new tokens reads
-    Q and the new K/V and writes its O, and the merge reads every pass's O and writes the output. No partial state
-    per KV tile, where the tiled kernel's closed form (prefill_traffic) has one. (What made the simulation's stream
-    chunks slow was their FLOP rate rather than these bytes: costmodel.Efficiency.flash_attention.)"""
+    Q and the new K/V and writes its O, and the merge reads every pass's O and writes the output; past
+    STREAM_HELD_PASSES passes each fold (fold_count) writes an fp32 running O that the next fold or the merge
+    reads. No partial state per KV tile, where the tiled kernel's closed form (prefill_traffic) has one. (What made
+    the simulation's stream chunks slow was their FLOP rate rather than these bytes:
+    costmodel.Efficiency.flash_attention.)"""
     heads = _Heads(num_heads, num_kv_heads, head_dim, dtype_bytes)
     check(q_len >= 1 and past_len >= 0, f"need q_len >= 1 and past_len >= 0; got {q_len}, {past_len}")
     chunk_tokens = max(1, chunk_bytes // (num_kv_heads * head_dim * dtype_bytes))
@@ -363,10 +378,11 @@ def stream_prefill_traffic(
     flops = 4 * head_dim * num_heads * (q_len * past_len + sums.rows_tokens)
     past, new, out = past_len * heads.kv_tok, q_len * heads.kv_tok, q_len * heads.row
     merge = 0 if passes == 1 else passes * out  # each pass's O read once by the merge (a single pass is the output)
+    running = fold_count(passes) * q_len * num_heads * head_dim * 4  # the folds' fp32 O, written and read once each
     return Traffic(
         link_read_bytes=past,
-        hbm_read_bytes=passes * out + past + new + merge,  # Q per pass, the ring, the new K/V, the merge
-        hbm_write_bytes=past + passes * out + (out if passes > 1 else 0),  # the ring, each pass's O, the output
+        hbm_read_bytes=passes * out + past + new + merge + running,  # Q per pass, the ring, the new K/V, the merge
+        hbm_write_bytes=past + passes * out + (out if passes > 1 else 0) + running,  # + each pass's O, the output
         flops=flops,
     )
 

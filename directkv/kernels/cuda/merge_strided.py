@@ -5,6 +5,7 @@ out of torch's flash kernel as permuted views in the query dtype, or in fp32 fro
 reads each pass's O once where it lies and writes the merged rows; merge_passes (below), the torch-op
 merge it replaces there, costs an fp32 read-modify-write of the whole output per pass (H200, 2026-12-02: at 16K
 past and 2,048 new tokens 8 ring chunks were slower than 4, by about what that merge costs per pass).
+RunningMerge folds the passes as they come, so a long past's passes are not all alive at once.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from functools import cache
 
 import torch
 
-from directkv.errors import ConfigError
+from directkv.errors import ConfigError, check
 from directkv.kernels.cuda import build
+from directkv.kernels.traffic_model import STREAM_HELD_PASSES
 
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 MAX_PARTS = 32  # kMergeMaxParts
@@ -91,3 +93,43 @@ def merge_passes(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tens
     for (o, _), w in zip(parts, weights, strict=True):
         acc += torch.where(w != 0, o * w, 0.0)  # w NaN: NaN; w 0: 0 whatever O holds
     out.view(acc.shape).copy_(acc)
+
+
+def merge_any(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor, kernel: bool = True) -> None:
+    """out (contiguous `[A, B, C, D]`) = the passes merged: by merge_strided where `kernel` and it takes them,
+    else by merge_passes. Either reads each element of every pass before it writes that element of out, so out
+    may be one of the passes' O (RunningMerge's running pass)."""
+    if kernel and accepts(parts, out):
+        run(parts, out)
+    else:
+        merge_passes(parts, out)
+
+
+class RunningMerge:
+    """Passes (O `[A, B, C, D]`, LSE `[A, B, C]`) merged as they come, so at most `held` of them are alive.
+
+    A pass added to `held` held ones first folds those into one: O merged into an fp32 buffer kept for the call
+    (merge_any, which may write over its own input, so the running pass is one of the folded ones), LSE their
+    logsumexp. That pass stands for them exactly in a later merge: its weight exp(LSE - total) times its O is the
+    sum of theirs. A row no pass saw keeps a -inf LSE and zeros. Each fold but the first reads the running O once
+    more and every fold writes it (traffic_model.fold_count). `parts` holds what the final merge takes.
+    """
+
+    def __init__(self, held: int = STREAM_HELD_PASSES, kernel: bool = True):
+        check(isinstance(held, int) and held >= 2, f"RunningMerge holds >= 2 passes; got held={held!r}")
+        self.held, self.kernel = held, kernel
+        self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._running: torch.Tensor | None = None
+
+    def add(self, o: torch.Tensor, lse: torch.Tensor) -> None:
+        if len(self.parts) == self.held:
+            self._fold()
+        self.parts.append((o, lse))
+
+    def _fold(self) -> None:
+        o0 = self.parts[0][0]
+        if self._running is None:
+            self._running = torch.empty(o0.shape, dtype=torch.float32, device=o0.device)
+        lse = torch.logsumexp(torch.stack([lse for _, lse in self.parts]), dim=0)  # -inf where every pass is -inf
+        merge_any(self.parts, self._running, self.kernel)
+        self.parts = [(self._running, lse)]

@@ -15,7 +15,8 @@ stream : as decode_attention's stream: the copy engine moves the host pages a ch
          stream_slots) on a side stream while the GPU attends the queries to the
          previous chunk; every pass (the new tokens alone, first, then each ring chunk and the HBM-resident pages)
          gives O (q's dtype from flash passes, fp32 from tiled ones) and its LSE, and the passes are merged with a
-         softmax over the LSEs in one launch (merge_strided). Past K/V cross the
+         softmax over the LSEs in one launch (merge_strided), folded as they come past a few (RunningMerge) so
+         their outputs do not grow with the past. Past K/V cross the
          link once, by DMA instead of SM loads. Its schedule and ring are in prefill_stream.py. The ring and
          new-token passes run torch's FlashAttention-2 forward by default (pass_kernel="flash": an HBM
          attention core faster than ours; the G query heads of a KV head are folded into rows, exact since a
@@ -284,9 +285,10 @@ def prefill_attention(
         once; over 2048 new tokens without a past it ran at ~100 TFLOPS on the H200 (serving profile,
         2026-12-01), where FlashAttention-2 runs at several times that. The closed-form Traffic is tiled's.
     merge : stream only: how its passes' outputs are merged by LSE: "kernel" (default; merge_strided, one launch
-        reading each pass once where it lies; more than merge_strided.MAX_PARTS passes fall back to torch) or
-        "torch" (merge_strided.merge_passes: an fp32 read-modify-write of the output per pass). Tiled with
-        new_pass="flash" always merges its two passes with merge_strided.
+        reading each pass once where it lies) or "torch" (merge_strided.merge_passes: an fp32 read-modify-write
+        of the output per pass). Either way the passes are merged as they come (merge_strided.RunningMerge), so
+        at most traffic_model.STREAM_HELD_PASSES of their O are alive at once. Tiled with new_pass="flash" always
+        merges its two passes with merge_strided.
 
     Returns
     -------
@@ -422,7 +424,10 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
     q_len, num_heads, _ = q.shape
     passes, tables, chunk_pages = plan.passes, plan.tables, plan.chunk_pages
     flash = pass_kernel == "flash"
-    parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (O [q_len, Hq, D], LSE [q_len, Hq]), views allowed
+    merged = merge_strided.RunningMerge(kernel=merge == "kernel")  # a long past's passes are not all held at once
+
+    def add(part: tuple[torch.Tensor, torch.Tensor]) -> None:  # (O [q_len, Hq, D], LSE [q_len, Hq]), views allowed
+        merged.add(*_grouped([part], kv.num_kv_heads)[0])
 
     def tiled_pass(pools, tbl, past: int, include_new: bool) -> None:
         o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -430,7 +435,7 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
         keys = past + (q_len if include_new else 0)
         _launch(q, k_new, v_new, pools, tbl, past, variant="tiled", plan=_plan(keys, q, kv.num_kv_heads, **tiled_opts),
                 include_new=include_new, out_f32=o, lse_out=lse, **launch)
-        parts.append((o, lse))
+        add((o, lse))
 
     main = torch.cuda.current_stream(q.device)
     skip = 0  # ring passes a prefetch already copied from these pools
@@ -456,7 +461,7 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
     # for it): it computes while the copy engine fills the first chunk, whose copy nothing overlapped before.
     # The merge does not care about the order.
     if flash:
-        parts.append(_flash_new(q, k_new, v_new, launch["scale"], launch["causal"]))
+        add(_flash_new(q, k_new, v_new, launch["scale"], launch["causal"]))
     else:
         tiled_pass((kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v), None, 0, True)
     for c, ps in enumerate(passes):
@@ -470,27 +475,30 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
         main.wait_event(filled[slot])
         if flash:
             for start, n in plan.runs[c]:
-                parts.append(_flash_past(q_fold, q_len, rings, start, n, launch["scale"]))
+                add(_flash_past(q_fold, q_len, rings, start, n, launch["scale"]))
         else:
             tiled_pass((*rings, *rings), tables[c], ps.past_len, False)
         freed[slot].record(main)
     # Every row sees at least its first new token in the new tokens' pass, so no row's LSEs are all -inf.
-    _merge(parts, out, kv.num_kv_heads, merge)
+    _merge(merged.parts, out, kv.num_kv_heads, merge)
+
+
+def _grouped(parts: list[tuple[torch.Tensor, torch.Tensor]], num_kv_heads: int) -> list:
+    """The passes (O `[q_len, Hq, D]` or `[q_len, Hkv, G, D]`, LSE without D) as `[q_len, Hkv, G, D]` views:
+    flash passes' permuted views only hold in that form."""
+    def group(t: torch.Tensor, dims: int) -> torch.Tensor:
+        return t if t.dim() == dims else t.unflatten(1, (num_kv_heads, t.shape[1] // num_kv_heads))
+    return [(group(o, 4), group(lse, 3)) for o, lse in parts]
 
 
 def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor, num_kv_heads: int,
            merge: str = "kernel") -> None:
-    """out `[q_len, Hq, D]` = the passes (O `[q_len, Hq, D]` or `[q_len, Hkv, G, D]`, LSE without D) merged by LSE:
-    by merge_strided, one launch reading each pass once where it lies, or by the torch-op merge (an fp32
-    read-modify-write of the whole output per pass) when asked or for what the kernel does not take (an output
-    with gaps, more than MAX_PARTS passes). Both take the passes as [q_len, Hkv, G, D]: flash passes' permuted
-    views only hold in that form."""
-    hkv, g = num_kv_heads, out.shape[1] // num_kv_heads
-    parts = [(o if o.dim() == 4 else o.unflatten(1, (hkv, g)), lse if lse.dim() == 3 else lse.unflatten(1, (hkv, g)))
-             for o, lse in parts]
-    view = out.view(*parts[0][0].shape) if out.is_contiguous() else None
-    if merge == "kernel" and view is not None and merge_strided.accepts(parts, view):
-        merge_strided.run(parts, view)
+    """out `[q_len, Hq, D]` = the passes (see _grouped) merged by LSE: by merge_strided, one launch reading each
+    pass once where it lies, or by the torch-op merge (an fp32 read-modify-write of the whole output per pass)
+    when asked or for what the kernel does not take (an output with gaps)."""
+    parts = _grouped(parts, num_kv_heads)
+    if out.is_contiguous():
+        merge_strided.merge_any(parts, out.view(*parts[0][0].shape), merge == "kernel")
     else:
         merge_strided.merge_passes(parts, out)
 
