@@ -18,7 +18,9 @@ host calls that can block on the device, with their callers. With --python the p
 instead (none of the above): host time per Python function (cumulative), to find which of the executor's calls
 a host-bound step spends its time in. A run of more than 60 steps (a --schedule replay, typically) prints
 per-class means instead of every step, then the cost model's run of the same requests per class (--hardware),
-so the classes of step where the simulation is optimistic show.
+so the classes of step where the simulation is optimistic show. With --memory the caching allocator's history is
+recorded for the whole run and the reserved segments and the allocated peak are printed by the code that allocated
+them (memory_report; step times of such a run are slowed by the recording).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections import Counter
 import torch
 
 from directkv.costmodel import CostModel
+from directkv.engine.gpu import memory_report
 from directkv.engine.gpu.executor import run_gpu
 from directkv.engine.gpu.stepper import GPUStepper
 from directkv.engine.scheduler import SchedulerConfig
@@ -225,7 +228,9 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
             schedule: str | None = None, min_decodes: int = 0, hardware: str = "h200-pcie5",
             prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS,
             stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB, hbm_prefill: str = "kernel",
-            no_past_prefill: str = DEFAULT_NO_PAST_PREFILL) -> None:
+            no_past_prefill: str = DEFAULT_NO_PAST_PREFILL, memory: bool = False) -> None:
+    check(not memory or torch.cuda.is_available(), "--memory reads the CUDA caching allocator's history: it needs a "
+          "CUDA GPU, and this machine has none")
     check(not (python and stacks), "--stacks records torch.profiler stacks and --python runs cProfile instead; "
           "got both: pass one")
     check(all(isinstance(x, int) and x >= 0 for x in (skip, count, min_decodes)),
@@ -264,6 +269,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         return cost
 
     GPUStepper.run_step = run_step
+    if memory:
+        memory_report.start_recording()
     try:
         res, extra = run_gpu(requests, policy, spec, mem=mem, sched_cfg=sched,
                              device="cuda" if torch.cuda.is_available() else "cpu", cuda_graphs=graphs,
@@ -272,6 +279,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
                              no_past_prefill=no_past_prefill)
     finally:
         GPUStepper.run_step = inner
+        snapshot = memory_report.stop_recording() if memory else None
     what = f"schedule {schedule} ({len(requests)} requests)" if schedule else f"context {context} batch {batch} output {output}"
     print(f"== {system} {model} {what}: {res.steps} steps, "
           f"{res.duration_s:.2f} s engine time, TPOT {res.metrics['mean_tpot_ms']:.1f} ms, "
@@ -292,6 +300,8 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         print("steps (kind: decodes d + prompt tokens p, * = profiled; device ms / host ms to queue the step / "
               "host ms to plan it):",
               ", ".join(f"{k} {t * 1e3:.1f}/{h * 1e3:.1f}/{p * 1e3:.1f}" for k, t, h, p in steps))
+    if snapshot is not None:
+        print("\n".join(memory_report.report(snapshot, top=rows)))
     if count == 0:
         return
     if not first or len(steps) < first[0] + count:
@@ -353,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                     "of --context / --batch / --output; more than 60 steps print as per-class statistics")
     ap.add_argument("--hardware", default="h200-pcie5",
                     help="hardware spec of the cost model run beside a long replay (per-class model step times)")
+    ap.add_argument("--memory", action="store_true", help="record the allocator's history and print GPU memory by the "
+                    "code that allocated it (reserved segments, tensors at the allocated peak)")
     ap.add_argument("--python", action="store_true", help="cProfile the picked steps (host time per Python function)")
     ap.add_argument("--stacks", action="store_true",
                     help="record Python stacks and print the longest blocking host calls with their callers")
@@ -384,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                 pipelining=Pipelining(a.pipelined, a.side_ctas or None, a.min_kv_mb, not a.no_mixed), python=a.python,
                 stacks=a.stacks, schedule=a.schedule, min_decodes=a.min_decodes, hardware=a.hardware,
                 prefill_new_pass=a.prefill_new_pass, stream_slots=slots,
-                stream_chunk_mib=a.stream_chunk_mib, hbm_prefill=a.hbm_prefill, no_past_prefill=a.no_past_prefill)
+                stream_chunk_mib=a.stream_chunk_mib, hbm_prefill=a.hbm_prefill, no_past_prefill=a.no_past_prefill,
+                memory=a.memory)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
