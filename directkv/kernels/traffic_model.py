@@ -340,7 +340,9 @@ def prefill_traffic(
 
 # stream prefill: passes whose O are held before they are folded into one fp32 pass (merge_strided.RunningMerge).
 # Held to the end, a prompt chunk's passes grow with its past: OPT-13B, 8,192 new tokens over a 24K past made 16
-# flash outputs of 84 MB (1.3 GB, at the step's peak of GPU memory: results/h200/README.md, twenty-eighth session).
+# flash outputs of 84 MB (1.3 GB, at the step's peak of GPU memory). H200, 2026-12-03, OPT-13B 3 x 32K with 8 held:
+# the allocated peak 0.49 GB lower, the reserved one 0.17 GB (24 slots; results/h200/README.md, twenty-eighth
+# session); TPOT 1.009x swap's (0.993-1.007x before, within swap's own spread there).
 STREAM_HELD_PASSES = 8
 
 
