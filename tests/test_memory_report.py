@@ -8,18 +8,20 @@ import torch
 
 from directkv.engine.gpu import memory_report as mr
 
-RING = [{"filename": "/torch/nn/functional.py", "line": 9, "name": "pad"},
-        {"filename": "/x/directkv/kernels/cuda/prefill_stream.py", "line": 120, "name": "prefill_ring"},
-        {"filename": "/x/directkv/engine/gpu/paths.py", "line": 150, "name": "_plan_streams"}]
-PASS = [{"filename": "/x/directkv/kernels/cuda/prefill_attention.py", "line": 470, "name": "_flash_past"}]
+PKG = mr.PACKAGE_DIR  # frames of this package, wherever it is installed
+RING = [{"filename": "/usr/lib/python3/site-packages/torch/nn/functional.py", "line": 9, "name": "pad"},
+        {"filename": PKG + "kernels/cuda/prefill_stream.py", "line": 120, "name": "prefill_ring"},
+        {"filename": PKG + "engine/gpu/paths.py", "line": 150, "name": "_plan_streams"}]
+PASS = [{"filename": PKG + "kernels/cuda/prefill_attention.py", "line": 470, "name": "_flash_past"}]
 TEST = [{"filename": "/usr/lib/python3/site-packages/torch/cuda/memory.py", "line": 1, "name": "f"},
-        {"filename": "/home/u/bench.py", "line": 7, "name": "main"}]
+        {"filename": "/home/u/directkv/bench.py", "line": 7, "name": "main"}]  # a checkout named directkv: not ours
 
 
 def _snapshot() -> dict:
-    """A ring segment of 100 (60 in use at the end) and a pass segment of 50 (empty at the end), both made during
-    the history; one segment from before it. The tensors: the ring's 60 for good, two passes of 20 and 25 freed
-    after the peak (105), a pass of 30 after them (90 then)."""
+    """A ring segment of 100 made first; a pass segment of 50, freed (the allocator at its cap) and made again as
+    40; one segment of 7 from before the history. Reserved: 7 + 100 + 50 = 157 at its peak, 147 at the end. The
+    tensors: the ring's 60 for good, two passes of 20 and 25 freed after the peak (105), a pass of 30 after them
+    (90 then)."""
     trace = [
         {"action": "segment_alloc", "addr": 1000, "size": 100, "frames": RING},
         {"action": "alloc", "addr": 1000, "size": 60, "frames": RING},
@@ -29,13 +31,15 @@ def _snapshot() -> dict:
         {"action": "free_requested", "addr": 2000, "size": 20, "frames": PASS},
         {"action": "free_completed", "addr": 2000, "size": 20, "frames": PASS},
         {"action": "free_completed", "addr": 2020, "size": 25, "frames": PASS},
-        {"action": "alloc", "addr": 2000, "size": 30, "frames": PASS},
-        {"action": "free_completed", "addr": 2000, "size": 30, "frames": PASS},
+        {"action": "segment_free", "addr": 2000, "size": 50, "frames": []},
+        {"action": "segment_alloc", "addr": 3000, "size": 40, "frames": PASS},
+        {"action": "alloc", "addr": 3000, "size": 30, "frames": PASS},
+        {"action": "free_completed", "addr": 3000, "size": 30, "frames": PASS},
     ]
     segments = [{"address": 1000, "total_size": 100, "allocated_size": 60},
-                {"address": 2000, "total_size": 50, "allocated_size": 0},
+                {"address": 3000, "total_size": 40, "allocated_size": 0},
                 {"address": 500, "total_size": 7, "allocated_size": 7}]
-    return {"segments": segments, "device_traces": [trace]}
+    return {"segments": segments, "device_traces": [[], trace]}
 
 
 def test_origin_is_the_innermost_frame_of_the_package_else_outside_torch():
@@ -44,15 +48,16 @@ def test_origin_is_the_innermost_frame_of_the_package_else_outside_torch():
     assert mr.origin([]) == mr.origin(TEST[:1]) == "(no stack)"
 
 
-def test_reserved_segments_by_the_allocation_that_made_them():
-    shares = mr.reserved_by_origin(_snapshot())
-    assert [(s.origin.split(" ")[0], s.count, s.bytes, s.used) for s in shares] == [
-        ("directkv/kernels/cuda/prefill_stream.py:120", 1, 100, 60),
-        ("directkv/kernels/cuda/prefill_attention.py:470", 1, 50, 0),
-        ("(before", 1, 7, 7)]
+def test_reserved_peak_replayed_with_the_segments_alive_then():
+    peak, shares, freed = mr.reserved_by_origin(_snapshot())
+    assert (peak, freed) == (157, 1)
+    assert [(s.origin.split(" ")[0], s.count, s.bytes) for s in shares] == [
+        ("directkv/kernels/cuda/prefill_stream.py:120", 1, 100),
+        ("directkv/kernels/cuda/prefill_attention.py:470", 1, 50),
+        ("(before", 1, 7)]
 
 
-def test_the_allocated_peak_and_what_was_alive_then():
+def test_the_active_peak_and_what_was_alive_then():
     peak, shares = mr.peak_by_origin(_snapshot())
     assert peak == 105  # the ring's 60 and two passes; the later single pass made only 90
     assert [(s.origin.split(" ")[0], s.count, s.bytes) for s in shares] == [
@@ -63,9 +68,10 @@ def test_the_allocated_peak_and_what_was_alive_then():
 def test_report_lines_and_a_full_history_said():
     snap = _snapshot()
     lines = mr.report(snap, top=2)
-    assert lines[0].startswith("reserved at the end (the reserved peak):   0.000 GB in 3 segments") and "dropped" not in lines[0]
-    assert "prefill_stream.py:120 prefill_ring" in lines[2] and "(before the history)" not in "\n".join(lines)  # top 2
-    assert "dropped" in mr.report(snap, max_entries=len(snap["device_traces"][0]))[0]
+    assert lines[0].startswith("reserved peak 0.000 GB in 3 segments (1 segments freed in the run)")
+    assert "dropped" not in lines[0] and "prefill_stream.py:120 prefill_ring" in lines[2]
+    assert "(before the history)" not in "\n".join(lines)  # the top 2 only
+    assert "dropped" in mr.report(snap, max_entries=len(snap["device_traces"][1]))[0]
 
 
 def test_profile_memory_refuses_without_a_gpu(capsys):
@@ -80,20 +86,22 @@ def test_profile_memory_refuses_without_a_gpu(capsys):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_real_history_names_this_file():
-    """torch's own snapshot format (the device's torch may differ from this one): a 48 MiB tensor made here shows
-    in a segment of its own (the cache emptied first, so no cached segment serves it) and among the tensors at the
-    peak, charged to this test."""
+    """torch's own snapshot format (the device's torch may differ from this one): a tensor larger than all the free
+    space in torch's cache (so no cached segment can serve it) shows in a segment made for it and among the
+    tensors at the active peak, charged to this test."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
+    size = torch.cuda.memory_reserved() - torch.cuda.memory_allocated() + (48 << 20)
     mr.start_recording()
     try:
-        x = torch.empty(48 << 20, dtype=torch.uint8, device="cuda")
+        x = torch.empty(size, dtype=torch.uint8, device="cuda")
         x.fill_(1)
         del x
     finally:
         snap = mr.stop_recording()
     here = "test_memory_report.py"
     peak, alive = mr.peak_by_origin(snap)
-    assert peak >= 48 << 20 and any(here in s.origin and s.bytes >= 48 << 20 for s in alive)
-    assert any(here in s.origin and s.bytes >= 48 << 20 for s in mr.reserved_by_origin(snap))
-    assert mr.report(snap)[0].startswith("reserved at the end")
+    assert peak >= size and any(here in s.origin and s.bytes >= size for s in alive)
+    _, segments, _ = mr.reserved_by_origin(snap)
+    assert any(here in s.origin and s.bytes >= size for s in segments)
+    assert mr.report(snap)[0].startswith("reserved peak")

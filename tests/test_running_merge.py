@@ -76,5 +76,6 @@ def test_fold_count_by_hand_and_bad_arguments():
     assert [fold_count(n, 2) for n in (2, 3, 4, 5)] == [0, 1, 2, 3]
     with pytest.raises(ConfigError, match="held=1"):
         fold_count(5, 1)
-    with pytest.raises(ConfigError, match="RunningMerge holds >= 2 passes; got held=1"):
-        ms.RunningMerge(1)
+    for held in (1, ms.MAX_PARTS + 1):
+        with pytest.raises(ConfigError, match=rf"RunningMerge holds 2\.\.32 passes \(the kernel merges at most 32\); got held={held}"):
+            ms.RunningMerge(held)

@@ -262,6 +262,7 @@ def test_stream_prefill_is_flash_passes_over_ring_chunks_by_hand():
     few = stream_prefill_traffic(1000, 7168, num_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2,
                                  chunk_bytes=2 << 20)  # 7 past passes + the new tokens': held whole, no fold
     assert few.hbm_write_bytes == 7168 * kv_tok + 8 * 1000 * row + 1000 * row
+    assert few.hbm_read_bytes == 8 * 1000 * row + 7168 * kv_tok + 1000 * kv_tok + 8 * 1000 * row
     tiled = prefill_traffic(1000, 10_000, num_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2, variant="tiled")
     assert t.flops == tiled.flops and t.link_read_bytes == tiled.link_read_bytes
     assert t.hbm_read_bytes + t.hbm_write_bytes < tiled.hbm_read_bytes + tiled.hbm_write_bytes  # no partial state

@@ -1,13 +1,16 @@
 """What holds a serving run's GPU memory, by the code that allocated it (the profiler's --memory).
 
-The results' `gpu_mem_gb` is torch's reserved peak: the caching allocator's segments (its cudaMalloc calls), which a
-run never gives back, so the segments alive at the end of a run are its reserved peak. `gpu_peak_allocated_gb` is
-the most its tensors held at once. The gap between the two is segment space no tensor used at that moment. With the
-allocator's history recorded (Python stacks, for the whole run) this module sums both by origin, the innermost
-`directkv` frame of the allocation (else the innermost frame outside torch):
+The results' `gpu_mem_gb` is torch's reserved peak: the caching allocator's segments (its cudaMalloc calls), kept
+until an allocation at the memory cap makes it free cached ones. `gpu_peak_allocated_gb` is the most its tensors held
+at once. The gap between the two is segment space no tensor used at that moment. With the allocator's history
+recorded (Python stacks of the allocations, for the whole run) this module sums both by origin, the innermost frame
+in the directkv package (else the innermost frame outside torch):
 
-* reserved_by_origin: the live segments, each charged to the allocation that made torch cudaMalloc it;
-* peak_by_origin: the tensors alive at the allocated peak, replayed from the history.
+* reserved_by_origin: the segments alive at the reserved peak, replayed from the history, each charged to the
+  allocation that made torch cudaMalloc (or map) it; segments made before the history count as alive throughout;
+* peak_by_origin: the tensors alive at the active peak, replayed from the history: sizes as requested (torch's
+  allocated counter counts them rounded to its blocks) and freed when torch completed the free (a block used by
+  another stream is freed after that stream's work), so it is close to, not equal to, `gpu_peak_allocated_gb`.
 
 H200, 2026-12-03, OPT-13B 3 x 32K: folding the prefill stream's passes took 0.49 GB off the allocated peak but only
 0.17 GB off the reserved one; this is the tool that says which segments keep the rest. Recording stacks slows every
@@ -16,18 +19,25 @@ allocation, so a recorded run's step times are not comparable with others.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-HISTORY_ENTRIES = 2_000_000  # allocator events kept (a ring: a longer run loses its first ones, and says so)
-PACKAGE = "/directkv/"
+# allocator events kept (a ring: a longer run loses its first ones, and the report says so); each holds a stack of
+# a few KB, so this is a few hundred MB of host memory at most (an OPT-13B 3 x 32K run makes ~10^5)
+HISTORY_ENTRIES = 400_000
+PACKAGE_DIR = str(Path(__file__).resolve().parents[2]) + "/"  # .../directkv/, this package wherever it lies
+SEGMENT_MADE = ("segment_alloc", "segment_map")  # segment_map / _unmap: expandable segments' ranges
+SEGMENT_GONE = ("segment_free", "segment_unmap")
 
 
 def start_recording(max_entries: int = HISTORY_ENTRIES) -> None:
-    """Record the caching allocator's history with Python stacks from now on (current CUDA device)."""
-    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=max_entries)
+    """Record the caching allocator's history from now on (current CUDA device), with the Python stacks of
+    allocations only (a free's stack is never read)."""
+    torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=max_entries)
 
 
 def stop_recording() -> dict:
@@ -37,14 +47,20 @@ def stop_recording() -> dict:
     return snapshot
 
 
+def discard() -> None:
+    """Stop recording without a snapshot, raising nothing: for a run that failed, whose error must show."""
+    with contextlib.suppress(Exception):
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
 def origin(frames: list[dict]) -> str:
-    """"path:line function" of the innermost frame in the package (frames come innermost first, as torch records
+    """"path:line function" of the innermost frame in this package (frames come innermost first, as torch records
     them), else of the innermost frame outside torch; "(no stack)" without frames."""
     def fmt(f: dict) -> str:
         name = f["filename"]
-        name = name[name.rindex(PACKAGE) + 1:] if PACKAGE in name else name.rsplit("/", 1)[-1]
+        name = "directkv/" + name[len(PACKAGE_DIR):] if name.startswith(PACKAGE_DIR) else name.rsplit("/", 1)[-1]
         return f"{name}:{f['line']} {f['name']}"
-    ours = [f for f in frames if PACKAGE in f["filename"]]
+    ours = [f for f in frames if f["filename"].startswith(PACKAGE_DIR)]
     if ours:
         return fmt(ours[0])
     outside = [f for f in frames if "/torch/" not in f["filename"] and f["filename"].endswith(".py")]
@@ -56,7 +72,6 @@ class Share:
     origin: str
     count: int  # segments (reserved_by_origin) or tensors (peak_by_origin)
     bytes: int
-    used: int = 0  # reserved_by_origin: bytes of those segments in use at the end
 
 
 def _trace(snapshot: dict) -> list[dict]:
@@ -69,58 +84,67 @@ def complete(snapshot: dict, max_entries: int = HISTORY_ENTRIES) -> bool:
     return len(_trace(snapshot)) < max_entries
 
 
-def reserved_by_origin(snapshot: dict) -> list[Share]:
-    """The live segments (the reserved peak) summed by the origin of the allocation that made each, largest first;
-    a segment made before the recording (or dropped from a full history) counts as "(before the history)"."""
-    made: dict[int, str] = {}
-    for e in _trace(snapshot):
-        if e["action"] == "segment_alloc":
-            made[e["addr"]] = origin(e.get("frames", []))
-    count, size, used = Counter(), Counter(), Counter()
-    for seg in snapshot.get("segments", []):
-        key = made.get(seg["address"], "(before the history)")
-        count[key] += 1
-        size[key] += seg["total_size"]
-        used[key] += seg["allocated_size"]
-    return sorted((Share(k, count[k], size[k], used[k]) for k in size), key=lambda s: -s.bytes)
-
-
-def peak_by_origin(snapshot: dict) -> tuple[int, list[Share]]:
-    """(the allocated peak in bytes over the history, the tensors alive then summed by origin, largest first).
-    Replayed from alloc / free_completed events; a tensor allocated before the history is not seen."""
-    trace = _trace(snapshot)
-    live, total, peak, at = {}, 0, 0, -1
+def _replay(trace: list[dict], made: tuple, gone: tuple, base: int = 0) -> tuple[int, dict[int, tuple[int, str]]]:
+    """(the peak of bytes alive, what was alive then: address -> (bytes, origin)) over the events `made` and `gone`,
+    from `base` bytes alive before the history; one pass for the peak, one with origins up to it."""
+    live, total, peak, at = {}, base, base, -1
     for i, e in enumerate(trace):
-        if e["action"] == "alloc":
+        if e["action"] in made:
             live[e["addr"]] = e["size"]
             total += e["size"]
             if total > peak:
                 peak, at = total, i
-        elif e["action"] == "free_completed" and e["addr"] in live:
+        elif e["action"] in gone and e["addr"] in live:
             total -= live.pop(e["addr"])
     alive: dict[int, tuple[int, str]] = {}
-    for e in trace[:at + 1]:  # again up to the peak, now with origins (costly: only the live ones are kept)
-        if e["action"] == "alloc":
+    for e in trace[:at + 1]:  # origins only now: formatting every event's stack would cost the most
+        if e["action"] in made:
             alive[e["addr"]] = (e["size"], origin(e.get("frames", [])))
-        elif e["action"] == "free_completed":
+        elif e["action"] in gone:
             alive.pop(e["addr"], None)
+    return peak, alive
+
+
+def _shares(alive) -> list[Share]:
     count, size = Counter(), Counter()
-    for n, key in alive.values():
+    for n, key in alive:
         count[key] += 1
         size[key] += n
-    return peak, sorted((Share(k, count[k], size[k]) for k in size), key=lambda s: -s.bytes)
+    return sorted((Share(k, count[k], size[k]) for k in size), key=lambda s: -s.bytes)
+
+
+def reserved_by_origin(snapshot: dict) -> tuple[int, list[Share], int]:
+    """(the reserved peak in bytes, the segments alive then summed by the origin of the allocation that made each,
+    largest first, how many segments the history saw freed). Segments alive at the end that the history did not
+    see made (made before it, or dropped from a full one) count as "(before the history)", alive throughout."""
+    trace = _trace(snapshot)
+    seen = {e["addr"] for e in trace if e["action"] in SEGMENT_MADE}
+    before = [seg["total_size"] for seg in snapshot.get("segments", []) if seg["address"] not in seen]
+    peak, alive = _replay(trace, SEGMENT_MADE, SEGMENT_GONE, sum(before))
+    freed = sum(e["action"] in SEGMENT_GONE for e in trace)
+    return peak, _shares([*alive.values(), *((n, "(before the history)") for n in before)]), freed
+
+
+def peak_by_origin(snapshot: dict) -> tuple[int, list[Share]]:
+    """(the active peak in bytes over the history (module docstring), the tensors alive then summed by origin,
+    largest first). A tensor allocated before the history is not seen."""
+    peak, alive = _replay(_trace(snapshot), ("alloc",), ("free_completed",))
+    return peak, _shares(alive.values())
 
 
 def report(snapshot: dict, top: int = 15, max_entries: int = HISTORY_ENTRIES) -> list[str]:
-    """Printable lines: the reserved segments and the allocated peak, each by origin (the `top` largest)."""
-    reserved = reserved_by_origin(snapshot)
+    """Printable lines: the reserved segments at the reserved peak and the tensors at the active peak, each by
+    origin (the `top` largest)."""
+    reserved, segments, freed = reserved_by_origin(snapshot)
     peak, at_peak = peak_by_origin(snapshot)
+    end = snapshot.get("segments", [])
     gb = lambda n: f"{n / 1e9:7.3f}"  # noqa: E731
-    lines = [f"reserved at the end (the reserved peak): {gb(sum(s.bytes for s in reserved))} GB in "
-             f"{sum(s.count for s in reserved)} segments; allocated peak over the history: {gb(peak)} GB"
+    lines = [f"reserved peak {gb(reserved).strip()} GB in {sum(s.count for s in segments)} segments ({freed} segments "
+             f"freed in the run); at the end {gb(sum(x['total_size'] for x in end)).strip()} GB reserved, "
+             f"{gb(sum(x['allocated_size'] for x in end)).strip()} GB allocated; active peak {gb(peak).strip()} GB"
              + ("" if complete(snapshot, max_entries) else " (history full: its first events were dropped)"),
-             f"{'reserved GB':>11} {'in use GB':>9} {'segments':>8}  made by"]
-    lines += [f"{gb(s.bytes):>11} {gb(s.used):>9} {s.count:>8}  {s.origin}" for s in reserved[:top]]
-    lines += ["tensors alive at the allocated peak:", f"{'GB':>11} {'tensors':>9}  allocated by"]
+             f"{'GB':>11} {'segments':>9}  made by (at the reserved peak)"]
+    lines += [f"{gb(s.bytes):>11} {s.count:>9}  {s.origin}" for s in segments[:top]]
+    lines += [f"{'GB':>11} {'tensors':>9}  allocated by (at the active peak)"]
     lines += [f"{gb(s.bytes):>11} {s.count:>9}  {s.origin}" for s in at_peak[:top]]
     return lines

@@ -277,9 +277,13 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
                              pipelining=pipelining, prefill_new_pass=prefill_new_pass, stream_slots=stream_slots,
                              stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill,
                              no_past_prefill=no_past_prefill)
+    except BaseException:
+        if memory:
+            memory_report.discard()  # raises nothing, so the run's own error shows
+        raise
     finally:
         GPUStepper.run_step = inner
-        snapshot = memory_report.stop_recording() if memory else None
+    snapshot = memory_report.stop_recording() if memory else None
     what = f"schedule {schedule} ({len(requests)} requests)" if schedule else f"context {context} batch {batch} output {output}"
     print(f"== {system} {model} {what}: {res.steps} steps, "
           f"{res.duration_s:.2f} s engine time, TPOT {res.metrics['mean_tpot_ms']:.1f} ms, "

@@ -98,7 +98,8 @@ def merge_passes(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tens
 def merge_any(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor, kernel: bool = True) -> None:
     """out (contiguous `[A, B, C, D]`) = the passes merged: by merge_strided where `kernel` and it takes them,
     else by merge_passes. Either reads each element of every pass before it writes that element of out, so out
-    may be one of the passes' O (RunningMerge's running pass)."""
+    may be one of the passes' O where that O has out's own layout (RunningMerge's running pass); an O laid out
+    otherwise over out's memory would be read after other threads wrote it."""
     if kernel and accepts(parts, out):
         run(parts, out)
     else:
@@ -106,7 +107,8 @@ def merge_any(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor,
 
 
 class RunningMerge:
-    """Passes (O `[A, B, C, D]`, LSE `[A, B, C]`) merged as they come, so at most `held` of them are alive.
+    """Passes (O `[A, B, C, D]`, LSE `[A, B, C]`) merged as they come: at most `held` of them are held (and the
+    one being added, and the fp32 running pass, twice a half-precision one).
 
     A pass added to `held` held ones first folds those into one: O merged into an fp32 buffer kept for the call
     (merge_any, which may write over its own input, so the running pass is one of the folded ones), LSE their
@@ -116,7 +118,8 @@ class RunningMerge:
     """
 
     def __init__(self, held: int = STREAM_HELD_PASSES, kernel: bool = True):
-        check(isinstance(held, int) and held >= 2, f"RunningMerge holds >= 2 passes; got held={held!r}")
+        check(isinstance(held, int) and 2 <= held <= MAX_PARTS, f"RunningMerge holds 2..{MAX_PARTS} passes (the "
+              f"kernel merges at most {MAX_PARTS}); got held={held!r}")
         self.held, self.kernel = held, kernel
         self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._running: torch.Tensor | None = None

@@ -286,8 +286,8 @@ def prefill_attention(
         2026-12-01), where FlashAttention-2 runs at several times that. The closed-form Traffic is tiled's.
     merge : stream only: how its passes' outputs are merged by LSE: "kernel" (default; merge_strided, one launch
         reading each pass once where it lies) or "torch" (merge_strided.merge_passes: an fp32 read-modify-write
-        of the output per pass). Either way the passes are merged as they come (merge_strided.RunningMerge), so
-        at most traffic_model.STREAM_HELD_PASSES of their O are alive at once. Tiled with new_pass="flash" always
+        of the output per pass). Either way the passes are merged as they come (merge_strided.RunningMerge): at
+        most traffic_model.STREAM_HELD_PASSES of their O are held, plus the one being added and an fp32 running one. Tiled with new_pass="flash" always
         merges its two passes with merge_strided.
 
     Returns
@@ -419,7 +419,7 @@ def _launch(q, k_new, v_new, pools, table, past_len: int, *, variant: str, plan:
 def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, tiled_opts: dict, pass_kernel: str,
                 merge: str = "kernel", ring: PrefillRing | None = None, **launch) -> None:
     """The new tokens' pass first (it needs no ring), then the ring passes (copy on the side stream, attend on
-    the current one) and the HBM-page pass; each gives O and its LSE, merged by _merge. No host sync per
+    the current one) and the HBM-page pass; each gives O and its LSE, folded as they come (RunningMerge) and merged by _merge. No host sync per
     chunk."""
     q_len, num_heads, _ = q.shape
     passes, tables, chunk_pages = plan.passes, plan.tables, plan.chunk_pages
@@ -521,7 +521,7 @@ def _flash_past(q_fold, q_len: int, rings, start: int, n: int, scale: float) -> 
     k, v = (r.view(-1, hkv, d)[start : start + n].permute(1, 0, 2).unsqueeze(0) for r in rings)  # [1, Hkv, n, D]
     o, lse = _FLASH(q_fold, k, v, 0.0, False, False, scale=scale)[:2]
     g = rows // q_len
-    # [q_len, Hkv, G, D] and [q_len, Hkv, G] views, no copies: _merge reads them once
+    # [q_len, Hkv, G, D] and [q_len, Hkv, G] views, no copies: the merges read them once
     o = o.view(hkv, q_len, g, d).permute(1, 0, 2, 3)
     lse = lse.reshape(hkv, -1)[:, :rows].view(hkv, q_len, g).permute(1, 0, 2)
     return o, lse.float()
