@@ -287,8 +287,8 @@ def prefill_attention(
     merge : stream only: how its passes' outputs are merged by LSE: "kernel" (default; merge_strided, one launch
         reading each pass once where it lies) or "torch" (merge_strided.merge_passes: an fp32 read-modify-write
         of the output per pass). Either way the passes are merged as they come (merge_strided.RunningMerge): at
-        most traffic_model.STREAM_HELD_PASSES of their O are held, plus the one being added and an fp32 running one. Tiled with new_pass="flash" always
-        merges its two passes with merge_strided.
+        most traffic_model.STREAM_HELD_PASSES of their O are held, plus the one being added and an fp32 running
+        one. Tiled with new_pass="flash" always merges its two passes with merge_strided.
 
     Returns
     -------
@@ -419,8 +419,8 @@ def _launch(q, k_new, v_new, pools, table, past_len: int, *, variant: str, plan:
 def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, tiled_opts: dict, pass_kernel: str,
                 merge: str = "kernel", ring: PrefillRing | None = None, **launch) -> None:
     """The new tokens' pass first (it needs no ring), then the ring passes (copy on the side stream, attend on
-    the current one) and the HBM-page pass; each gives O and its LSE, folded as they come (RunningMerge) and merged by _merge. No host sync per
-    chunk."""
+    the current one) and the HBM-page pass; each gives O and its LSE, folded as they come (RunningMerge) and
+    merged by _merge. No host sync per chunk."""
     q_len, num_heads, _ = q.shape
     passes, tables, chunk_pages = plan.passes, plan.tables, plan.chunk_pages
     flash = pass_kernel == "flash"
