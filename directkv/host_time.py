@@ -9,6 +9,11 @@ tokens are read back) holds two pieces of host work beside the GPU's:
   directkv/model/graphs.py), or any step where graphs are off: every layer's kernels are launched from Python,
   and where the GPU's work is shorter than that the step waits for the host; a floor of layers x
   eager_us_per_layer under its device time.
+* issuing the prompt chunks of a graph-sized step: their attention (and its staging) runs eagerly between the
+  dense parts' graphs, so such a step's layers wait for the host as well; a floor of layers x chunk_us_per_layer.
+  H200, 2026-12-03, hbm at ShareGPT 10 req/s: its decode-only steps took 7.7 ms (host 5.6), its graph-sized
+  steps with a prompt chunk (median 53 tokens) 11.7 ms with the host queueing for 11.1, where the cost model, which
+  charged no host issue there, gave 8.1 (results/h200/floors-20261203/).
 
 The simulation charges both (sim_executor.CostModelStepper), per system as fitted from its measured step series
 (`python -m directkv.calibration RUN_DIR ... --only host_time --write` with rate-sweep runs that hold steps/); a
@@ -49,13 +54,19 @@ class HostTime:
     # host time to issue one layer of a step too large for the graphs; None: the series showed none (the host never
     # led), so for_system takes hbm's, the runner every system shares
     eager_us_per_layer: float | None = 0.0
+    # host time to issue one layer of a graph-sized step with prompt tokens; None: the series cannot show it (the
+    # host waits on the GPU within its steps), so for_system takes hbm's
+    chunk_us_per_layer: float | None = 0.0
 
     def step_seconds(self, device_s: float, decodes: int, tokens: int, layers: int, graphs: bool = True) -> float:
-        """A step's time: its planning, then the longer of its modelled device time and, for a step of more
-        than GRAPH_MAX_TOKENS tokens or any step without graphs, the host's issue of its layers."""
-        eager = tokens > GRAPH_MAX_TOKENS or not graphs
-        floor = (self.eager_us_per_layer or 0.0) * layers * 1e-6 if eager else 0.0
-        return (self.plan_us + self.plan_us_per_decode * decodes) * 1e-6 + max(device_s, floor)
+        """A step's time: its planning, then the longer of its modelled device time and the host's issue of its
+        layers: eager_us_per_layer each for a step of more than GRAPH_MAX_TOKENS tokens or any step without graphs,
+        chunk_us_per_layer each for a graph-sized step with prompt tokens (more tokens than decodes)."""
+        if tokens > GRAPH_MAX_TOKENS or not graphs:
+            per_layer = self.eager_us_per_layer or 0.0
+        else:
+            per_layer = (self.chunk_us_per_layer or 0.0) if tokens > decodes else 0.0
+        return (self.plan_us + self.plan_us_per_decode * decodes) * 1e-6 + max(device_s, per_layer * layers * 1e-6)
 
 
 def for_system(host: Mapping[str, HostTime], label: str) -> HostTime:
@@ -64,7 +75,8 @@ def for_system(host: Mapping[str, HostTime], label: str) -> HostTime:
     own, base = host.get(label), host.get(BASE) or HostTime()
     if own is None:
         return base
-    return own if own.eager_us_per_layer is not None else replace(own, eager_us_per_layer=base.eager_us_per_layer)
+    unset = {f: getattr(base, f) for f in ("eager_us_per_layer", "chunk_us_per_layer") if getattr(own, f) is None}
+    return replace(own, **unset) if unset else own
 
 
 def load_steps(run_dir: Path, layers: int) -> pd.DataFrame:
@@ -84,14 +96,25 @@ def fit(steps: pd.DataFrame) -> dict[str, HostTime]:
     steps of more than GRAPH_MAX_TOKENS tokens where the host led (HOST_LED); 0 where the series has no such step;
     None where it has some but the host led in none: their queue time is the device's (cpu_attn and FlexGen, whose
     host waits on the GPU in every layer, 2026-12-02), and a floor made of it would stand the measured step for the
-    model's, so for_system takes hbm's."""
+    model's, so for_system takes hbm's. chunk_us_per_layer: the median, per layer, of the host's time to queue a
+    graph-sized step with prompt tokens beyond its planning; such a step's host and device times come out about
+    equal whether the host led or waited, so it is fitted only where most of the series' graph-sized decode-only
+    steps show a host that does not wait on the GPU (queue time under HOST_LED of the device's); else None (cpu_attn,
+    FlexGen: hbm's then), and 0 without such steps."""
     out = {}
     for label, g in steps.groupby("system"):
         a = np.vstack([np.ones(len(g)), g["decodes"].to_numpy(float)]).T
         (plan, per_decode), *_ = np.linalg.lstsq(a, g["host_prep_ms"].to_numpy(float), rcond=None)
-        eager = g[g["decodes"] + g["prompt_tokens"] > GRAPH_MAX_TOKENS]
+        tokens = g["decodes"] + g["prompt_tokens"]
+        eager = g[tokens > GRAPH_MAX_TOKENS]
         led = eager[eager["host_queue_ms"] < HOST_LED * eager["device_ms"]]
         issue = ((led["host_queue_ms"] - led["host_prep_ms"]) / led["layers"]).tolist()
         floor = statistics.median(issue) * 1e3 if issue else (None if len(eager) else 0.0)
-        out[str(label)] = HostTime(max(0.0, plan * 1e3), max(0.0, per_decode * 1e3), floor)
+        small = g[tokens <= GRAPH_MAX_TOKENS]
+        decode_only, chunked = small[small["prompt_tokens"] == 0], small[small["prompt_tokens"] > 0]
+        own_pace = len(decode_only) and (decode_only["host_queue_ms"] < HOST_LED * decode_only["device_ms"]).mean() > 0.5
+        chunk = None if len(chunked) and not own_pace else 0.0
+        if len(chunked) and own_pace:
+            chunk = statistics.median((chunked["host_queue_ms"] - chunked["host_prep_ms"]) / chunked["layers"]) * 1e3
+        out[str(label)] = HostTime(max(0.0, plan * 1e3), max(0.0, per_decode * 1e3), floor, chunk)
     return out

@@ -16,17 +16,26 @@ from directkv.host_time import GRAPH_MAX_TOKENS, HostTime, fit, for_system, load
 from directkv.specs import get_hardware, get_model
 from workloads.request import Request
 
-H = HostTime(plan_us=1200.0, plan_us_per_decode=40.0, eager_us_per_layer=1500.0)
+H = HostTime(plan_us=1200.0, plan_us_per_decode=40.0, eager_us_per_layer=1500.0, chunk_us_per_layer=300.0)
 RATE_RUN = Path(__file__).resolve().parents[1] / "results" / "h200" / "rate_sweep" / "20261202-193958"
 
 
 def test_planning_is_added_and_the_eager_floor_binds_only_above_the_graphs():
-    # a graph-sized step: planning (1.2 ms + 10 decodes x 40 us) then its device time, however short
-    assert H.step_seconds(5e-3, 10, GRAPH_MAX_TOKENS, 32) == pytest.approx(1.6e-3 + 5e-3)
+    # a graph-sized step: planning (1.2 ms + 10 decodes x 40 us), then its device time or, with prompt tokens, its
+    # chunks' issue (32 x 0.3 ms), not the eager issue of its layers
+    assert H.step_seconds(5e-3, 10, GRAPH_MAX_TOKENS, 32) == pytest.approx(1.6e-3 + 9.6e-3)
     # one token more runs eagerly: 32 layers x 1.5 ms of issue bound a 5 ms device time, not a 60 ms one
     assert H.step_seconds(5e-3, 10, GRAPH_MAX_TOKENS + 1, 32) == pytest.approx(1.6e-3 + 48e-3)
     assert H.step_seconds(60e-3, 10, GRAPH_MAX_TOKENS + 1, 32) == pytest.approx(1.6e-3 + 60e-3)
     assert HostTime().step_seconds(5e-3, 10, 4096, 32) == 5e-3  # nothing fitted: nothing charged
+
+
+def test_a_graph_sized_step_with_prompt_tokens_waits_for_its_chunks_issue():
+    # 10 decodes and 40 prompt tokens: 32 layers x 0.3 ms of issue bound a 5 ms device time; decodes alone do not
+    assert H.step_seconds(5e-3, 10, 50, 32) == pytest.approx(1.6e-3 + 9.6e-3)
+    assert H.step_seconds(12e-3, 10, 50, 32) == pytest.approx(1.6e-3 + 12e-3)
+    assert H.step_seconds(5e-3, 10, 10, 32) == pytest.approx(1.6e-3 + 5e-3)
+    assert H.step_seconds(5e-3, 0, 50, 32) == pytest.approx(1.2e-3 + 9.6e-3)  # a prompt-only step too
 
 
 def test_a_system_not_fitted_takes_hbms_host_time():
@@ -44,8 +53,9 @@ def _series(label: str, h: HostTime, n: int = 400, seed: int = 0) -> pd.DataFram
     prompt = np.where(rng.random(n) < 0.3, rng.integers(1, 2048, n), 0)
     prep = (h.plan_us + h.plan_us_per_decode * d) / 1e3
     eager = d + prompt > GRAPH_MAX_TOKENS
-    issue = np.where(eager, h.eager_us_per_layer * 32 / 1e3, 3.0)
-    device = prep + issue * 2
+    chunked = ~eager & (prompt > 0)  # graph-sized with prompt tokens: the host's issue bounds the step
+    issue = np.where(eager, h.eager_us_per_layer * 32 / 1e3, np.where(chunked, h.chunk_us_per_layer * 32 / 1e3, 3.0))
+    device = np.where(chunked, prep + issue + 0.4, prep + issue * 2)
     waited = eager & (rng.random(n) < 0.6)
     issue = np.where(waited, device * 1.5, issue)
     device = np.where(waited, prep + issue, device)
@@ -61,11 +71,13 @@ def test_fit_recovers_planning_and_eager_issue_per_system():
         assert got[label].plan_us == pytest.approx(h.plan_us)
         assert got[label].plan_us_per_decode == pytest.approx(h.plan_us_per_decode)
         assert got[label].eager_us_per_layer == pytest.approx(h.eager_us_per_layer)  # the waiting steps left out
+        assert got[label].chunk_us_per_layer == pytest.approx(h.chunk_us_per_layer)
 
 
 def test_fit_without_eager_steps_or_with_a_falling_planning_time_clips_at_zero():
     small = _series("hbm", H).query("decodes + prompt_tokens <= @GRAPH_MAX_TOKENS")
     assert fit(small)["hbm"].eager_us_per_layer == 0.0
+    assert fit(small.query("prompt_tokens == 0"))["hbm"].chunk_us_per_layer == 0.0  # no step with a prompt chunk
     falling = small.assign(host_prep_ms=5.0 - 0.2 * small["decodes"])  # a negative slope, not a host time
     got = fit(falling)["hbm"]
     assert got.plan_us_per_decode == 0.0 and got.plan_us == pytest.approx(5000.0)
@@ -78,11 +90,12 @@ def test_a_series_whose_host_never_led_takes_hbm_s_eager_issue_time():
     s = _series("cpu_attn", H)
     waited = s.assign(device_ms=s["host_queue_ms"])  # every step: the host's queue time is the device's
     got = fit(waited)["cpu_attn"]
-    assert got.eager_us_per_layer is None
+    assert got.eager_us_per_layer is None and got.chunk_us_per_layer is None  # its decode-only steps wait too
     assert got.plan_us == pytest.approx(H.plan_us)  # planning is still the host's own
-    hbm = HostTime(100.0, 5.0, 700.0)
+    hbm = HostTime(100.0, 5.0, 700.0, 250.0)
     looked_up = for_system({"cpu_attn": got, "hbm": hbm}, "cpu_attn")
-    assert looked_up.eager_us_per_layer == 700.0 and looked_up.plan_us == got.plan_us
+    assert looked_up.eager_us_per_layer == 700.0 and looked_up.chunk_us_per_layer == 250.0
+    assert looked_up.plan_us == got.plan_us
     assert for_system({"cpu_attn": got}, "cpu_attn").step_seconds(0.0, 0, 1024, 32) == pytest.approx(H.plan_us * 1e-6)
 
 
