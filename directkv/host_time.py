@@ -1,7 +1,7 @@
 """The measured executor's host time per step, which the roofline cannot see, and its fit from step series.
 
 A measured step's time (GPUStepper.run_step: a CUDA event before the host plans the step, another after its
-tokens are read back) holds two pieces of host work beside the GPU's:
+tokens are read back) holds three pieces of host work beside the GPU's:
 
 * planning: plan_step and the path's begin (swap's staging plan, stream's copy schedules) run before the step's
   first kernel, with the GPU idle; a + b x decodes.
@@ -13,9 +13,9 @@ tokens are read back) holds two pieces of host work beside the GPU's:
   dense parts' graphs, so such a step's layers wait for the host as well; a floor of layers x chunk_us_per_layer.
   H200, 2026-12-03, hbm at ShareGPT 10 req/s: its decode-only steps took 7.7 ms (host 5.6), its graph-sized
   steps with a prompt chunk (median 53 tokens) 11.7 ms with the host queueing for 11.1, where the cost model, which
-  charged no host issue there, gave 8.1 (results/h200/floors-20261203/).
+  charged no host issue there, gave 7.9 (results/h200/floors-20261203/).
 
-The simulation charges both (sim_executor.CostModelStepper), per system as fitted from its measured step series
+The simulation charges all three (sim_executor.CostModelStepper), per system as fitted from its measured step series
 (`python -m directkv.calibration RUN_DIR ... --only host_time --write` with rate-sweep runs that hold steps/); a
 system without a fit takes hbm's, the engine and runner every system shares, and with no fit at all (hardware
 without a calibration file's host_time) nothing is charged. Fitted on rate sweeps (short contexts): stream's
@@ -70,8 +70,8 @@ class HostTime:
 
 
 def for_system(host: Mapping[str, HostTime], label: str) -> HostTime:
-    """`label`'s host time (SystemPolicy.label, e.g. "directkv-stream"), else hbm's, else none; an eager issue time
-    the label's series did not show is hbm's."""
+    """`label`'s host time (SystemPolicy.label, e.g. "directkv-stream"), else hbm's, else none; an eager or chunk
+    issue time the label's series did not show (None) is hbm's."""
     own, base = host.get(label), host.get(BASE) or HostTime()
     if own is None:
         return base
@@ -96,25 +96,24 @@ def fit(steps: pd.DataFrame) -> dict[str, HostTime]:
     steps of more than GRAPH_MAX_TOKENS tokens where the host led (HOST_LED); 0 where the series has no such step;
     None where it has some but the host led in none: their queue time is the device's (cpu_attn and FlexGen, whose
     host waits on the GPU in every layer, 2026-12-02), and a floor made of it would stand the measured step for the
-    model's, so for_system takes hbm's. chunk_us_per_layer: the median, per layer, of the host's time to queue a
-    graph-sized step with prompt tokens beyond its planning; such a step's host and device times come out about
-    equal whether the host led or waited, so it is fitted only where most of the series' graph-sized decode-only
-    steps show a host that does not wait on the GPU (queue time under HOST_LED of the device's); else None (cpu_attn,
-    FlexGen: hbm's then), and 0 without such steps."""
+    model's, so for_system takes hbm's. chunk_us_per_layer the same over the graph-sized steps with prompt tokens:
+    the median, per layer, of the queue time beyond planning where the host led; 0 without such steps, None where
+    the host led in none (cpu_attn, FlexGen: hbm's then)."""
     out = {}
     for label, g in steps.groupby("system"):
         a = np.vstack([np.ones(len(g)), g["decodes"].to_numpy(float)]).T
         (plan, per_decode), *_ = np.linalg.lstsq(a, g["host_prep_ms"].to_numpy(float), rcond=None)
         tokens = g["decodes"] + g["prompt_tokens"]
-        eager = g[tokens > GRAPH_MAX_TOKENS]
-        led = eager[eager["host_queue_ms"] < HOST_LED * eager["device_ms"]]
-        issue = ((led["host_queue_ms"] - led["host_prep_ms"]) / led["layers"]).tolist()
-        floor = statistics.median(issue) * 1e3 if issue else (None if len(eager) else 0.0)
-        small = g[tokens <= GRAPH_MAX_TOKENS]
-        decode_only, chunked = small[small["prompt_tokens"] == 0], small[small["prompt_tokens"] > 0]
-        own_pace = len(decode_only) and (decode_only["host_queue_ms"] < HOST_LED * decode_only["device_ms"]).mean() > 0.5
-        chunk = None if len(chunked) and not own_pace else 0.0
-        if len(chunked) and own_pace:
-            chunk = statistics.median((chunked["host_queue_ms"] - chunked["host_prep_ms"]) / chunked["layers"]) * 1e3
-        out[str(label)] = HostTime(max(0.0, plan * 1e3), max(0.0, per_decode * 1e3), floor, chunk)
+        floor = _led_issue_us(g[tokens > GRAPH_MAX_TOKENS])
+        out[str(label)] = HostTime(max(0.0, plan * 1e3), max(0.0, per_decode * 1e3), floor,
+                                   _led_issue_us(g[(tokens <= GRAPH_MAX_TOKENS) & (g["prompt_tokens"] > 0)]))
     return out
+
+
+def _led_issue_us(steps: pd.DataFrame) -> float | None:
+    """Median host issue time per layer (us: queue time beyond planning) over the steps where the host led
+    (HOST_LED); 0.0 for no steps, None where the host led in none (its queue time was the device's)."""
+    led = steps[steps["host_queue_ms"] < HOST_LED * steps["device_ms"]]
+    if not len(led):
+        return None if len(steps) else 0.0
+    return statistics.median((led["host_queue_ms"] - led["host_prep_ms"]) / led["layers"]) * 1e3

@@ -46,8 +46,9 @@ def test_a_system_not_fitted_takes_hbms_host_time():
 
 
 def _series(label: str, h: HostTime, n: int = 400, seed: int = 0) -> pd.DataFrame:
-    """A step series whose planning is exactly h's and whose eager steps issue in h's time where the host led;
-    most eager steps instead show the host waiting on a longer GPU (queue time = device time)."""
+    """A step series whose planning is exactly h's and whose eager steps, and graph-sized steps with prompt tokens,
+    issue in h's times where the host led; most of those instead show the host waiting on a longer GPU (queue time =
+    device time)."""
     rng = np.random.default_rng(seed)
     d = rng.integers(0, 64, n)
     prompt = np.where(rng.random(n) < 0.3, rng.integers(1, 2048, n), 0)
@@ -55,8 +56,8 @@ def _series(label: str, h: HostTime, n: int = 400, seed: int = 0) -> pd.DataFram
     eager = d + prompt > GRAPH_MAX_TOKENS
     chunked = ~eager & (prompt > 0)  # graph-sized with prompt tokens: the host's issue bounds the step
     issue = np.where(eager, h.eager_us_per_layer * 32 / 1e3, np.where(chunked, h.chunk_us_per_layer * 32 / 1e3, 3.0))
-    device = np.where(chunked, prep + issue + 0.4, prep + issue * 2)
-    waited = eager & (rng.random(n) < 0.6)
+    device = np.where(chunked, prep + issue * 1.2, prep + issue * 2)  # chunked: led, if by less than eager steps
+    waited = (eager | chunked) & (rng.random(n) < 0.6)
     issue = np.where(waited, device * 1.5, issue)
     device = np.where(waited, prep + issue, device)
     return pd.DataFrame(dict(system=label, layers=32, decodes=d, prompt_tokens=prompt, host_prep_ms=prep,
@@ -64,7 +65,7 @@ def _series(label: str, h: HostTime, n: int = 400, seed: int = 0) -> pd.DataFram
 
 
 def test_fit_recovers_planning_and_eager_issue_per_system():
-    other = HostTime(800.0, 20.0, 900.0)
+    other = HostTime(800.0, 20.0, 900.0, 450.0)
     got = fit(pd.concat([_series("swap", H), _series("directkv-stream", other, seed=1)]))
     assert set(got) == {"swap", "directkv-stream"}
     for label, h in (("swap", H), ("directkv-stream", other)):
