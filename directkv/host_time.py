@@ -47,6 +47,12 @@ STEP_FILE = re.compile(r"^(?P<label>.+?)-(?:[a-z0-9_]+-rate[\d.]+|context\d+)$")
 HOST_LED = 0.9
 
 
+def eager(tokens: int, graphs: bool = True) -> bool:
+    """Whether the executor issues a step of `tokens` tokens eagerly: above the graphs' largest bucket, or with
+    graphs off."""
+    return tokens > GRAPH_MAX_TOKENS or not graphs
+
+
 @dataclass(frozen=True)
 class HostTime:
     plan_us: float = 0.0  # host planning per step, GPU idle
@@ -62,7 +68,7 @@ class HostTime:
         """A step's time: its planning, then the longer of its modelled device time and the host's issue of its
         layers: eager_us_per_layer each for a step of more than GRAPH_MAX_TOKENS tokens or any step without graphs,
         chunk_us_per_layer each for a graph-sized step with prompt tokens (more tokens than decodes)."""
-        if tokens > GRAPH_MAX_TOKENS or not graphs:
+        if eager(tokens, graphs):
             per_layer = self.eager_us_per_layer or 0.0
         else:
             per_layer = (self.chunk_us_per_layer or 0.0) if tokens > decodes else 0.0

@@ -26,7 +26,7 @@ from directkv.costmodel import CostModel
 from directkv.engine import step_traffic as st
 from directkv.engine.state import Step
 from directkv.errors import ConfigError, check, unknown_name
-from directkv.host_time import GRAPH_MAX_TOKENS
+from directkv.host_time import eager
 from directkv.kernels.reference.common import ceil_div
 from directkv.kernels.traffic import Traffic
 from directkv.kernels.traffic_model import (
@@ -366,7 +366,7 @@ def cpu_attn_layer(step: Step, cut: int | None, model: ModelSpec, cm: CostModel,
         qo = len(decodes) * 2 * model.q_dim * model.dtype_bytes  # Q out and O back
         new_kv = p.num_tokens * kvl
         gpu = cm.dense_time(lin) + sm_store_time(cm, new_kv) + cm.copy_time(qo)
-        if decodes and (p.num_tokens > GRAPH_MAX_TOKENS or not graphs):
+        if decodes and eager(p.num_tokens, graphs):
             gpu = max(gpu, cm.runner_eager_s)
         cpu = (cm.cpu_attention_time(dec_tokens * kvl, dec_tokens * model.num_heads)
                + len(decodes) * cm.eff.cpu_attn_us_per_decode * 1e-6)

@@ -427,7 +427,7 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
     merged = merge_strided.RunningMerge(kernel=merge == "kernel")  # a long past's passes are not all held at once
 
     def add(part: tuple[torch.Tensor, torch.Tensor]) -> None:  # (O [q_len, Hq, D], LSE [q_len, Hq]), views allowed
-        merged.add(*_grouped([part], kv.num_kv_heads)[0])
+        merged.add(*_grouped(part, kv.num_kv_heads))
 
     def tiled_pass(pools, tbl, past: int, include_new: bool) -> None:
         o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -483,12 +483,12 @@ def _run_stream(q, k_new, v_new, kv: PagedKV, out, plan: PrefillStreamPlan, *, t
     _merge(merged.parts, out, kv.num_kv_heads, merge)
 
 
-def _grouped(parts: list[tuple[torch.Tensor, torch.Tensor]], num_kv_heads: int) -> list:
-    """The passes (O `[q_len, Hq, D]` or `[q_len, Hkv, G, D]`, LSE without D) as `[q_len, Hkv, G, D]` views:
-    flash passes' permuted views only hold in that form."""
+def _grouped(part: tuple[torch.Tensor, torch.Tensor], num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pass (O `[q_len, Hq, D]` or `[q_len, Hkv, G, D]`, LSE without D) as `[q_len, Hkv, G, D]` views: flash
+    passes' permuted views only hold in that form."""
     def group(t: torch.Tensor, dims: int) -> torch.Tensor:
         return t if t.dim() == dims else t.unflatten(1, (num_kv_heads, t.shape[1] // num_kv_heads))
-    return [(group(o, 4), group(lse, 3)) for o, lse in parts]
+    return group(part[0], 4), group(part[1], 3)
 
 
 def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor, num_kv_heads: int,
@@ -496,7 +496,7 @@ def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor, nu
     """out `[q_len, Hq, D]` = the passes (see _grouped) merged by LSE: by merge_strided, one launch reading each
     pass once where it lies, or by the torch-op merge (an fp32 read-modify-write of the whole output per pass)
     when asked or for what the kernel does not take (an output with gaps)."""
-    parts = _grouped(parts, num_kv_heads)
+    parts = [_grouped(p, num_kv_heads) for p in parts]
     if out.is_contiguous():
         merge_strided.merge_any(parts, out.view(*parts[0][0].shape), merge == "kernel")
     else:
