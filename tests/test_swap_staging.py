@@ -104,3 +104,22 @@ def test_swap_on_the_gpu_attends_what_zero_copy_attends_from_a_poisoned_staging_
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert res.metrics["completed"] == 5 and extra["hbm_prefill"] == hbm_prefill
     assert errors and all(e < 2e-2 for e in errors), errors  # a NaN fails the comparison
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_growing_staging_pool_reserves_one_pair_not_every_size_it_had():
+    """Swap's pool grows by a quarter as the step's pages grow; torch once kept every outgrown pair cached (an OPT-13B
+    3 x 32K run reserved 15.8 GB for 7.4 GB of staging). The device's reserved memory must follow the pair held."""
+    pool = torch.randn(200, 64, 1024).pin_memory()  # 256 KB pages
+    stager = _Stager(lambda layer: [pool], torch.device("cuda"))
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved()
+    sizes = []
+    for pages in range(64, 201, 8):  # ~6 growths: 64, 80, 100, 125, 156, 195, 243
+        stager.plan([list(range(pages))])
+        sizes.append(stager.capacity)
+    assert len(set(sizes)) >= 6, sizes
+    held = stager.nbytes
+    assert held == 2 * stager.capacity * pool[0].numel() * 4
+    assert torch.cuda.memory_reserved() - base <= held + (8 << 20), (torch.cuda.memory_reserved() - base, held)
