@@ -86,8 +86,10 @@ class KVCacheManager:
     # ---- storage ---------------------------------------------------------------------------
     def _materialize(self, dtype: torch.dtype, hbm_device, arena: HostArena | None) -> None:
         m = self.model
-        self.arena = arena or HostArena.allocate(m, self.capacity_pages["host"], self.page_size, dtype=dtype)
         dev = hbm_device or ("cuda" if torch.cuda.is_available() else "cpu")
+        # pinned, with a zero-copy view, only for a CUDA device: a CPU run on a machine with a GPU reads it as is
+        self.arena = arena or HostArena.allocate(m, self.capacity_pages["host"], self.page_size, dtype=dtype,
+                                                 pin=torch.device(dev).type == "cuda")
         shape = (m.num_layers, self.capacity_pages["hbm"], self.page_size, m.num_kv_heads, m.head_dim)
         self.hbm_k = torch.empty(shape, dtype=dtype, device=dev)
         self.hbm_v = torch.empty(shape, dtype=dtype, device=dev)

@@ -43,7 +43,7 @@ from directkv.specs import ModelSpec
 from workloads.request import Request
 
 _runners: dict[tuple[str, str], ModelRunner] = {}
-_arenas: dict[tuple[str, int], HostArena] = {}
+_arenas: dict[tuple[str, int, bool], HostArena] = {}
 
 
 def runner_for(model: ModelSpec, device: torch.device) -> ModelRunner:
@@ -55,12 +55,12 @@ def runner_for(model: ModelSpec, device: torch.device) -> ModelRunner:
     return _runners[key]
 
 
-def arena_for(model: ModelSpec, pages: int, page_size: int) -> HostArena:
-    key = (model.name, page_size)
+def arena_for(model: ModelSpec, pages: int, page_size: int, *, pin: bool) -> HostArena:
+    key = (model.name, page_size, pin)
     have = _arenas.get(key)
     if have is None or have.k.shape[1] < pages:
         _arenas.pop(key, None)
-        _arenas[key] = HostArena.allocate(model, pages, page_size)
+        _arenas[key] = HostArena.allocate(model, pages, page_size, pin=pin)
     return _arenas[key]
 
 
@@ -159,7 +159,7 @@ def run_gpu(requests: list[Request], policy: SystemPolicy, model: ModelSpec, *, 
     arena = None
     if policy.kv_tier == "host" and policy.name != "flexgen":
         t0 = time.perf_counter()
-        arena = arena_for(model, host_kv // (mem.page_size * per_token), mem.page_size)
+        arena = arena_for(model, host_kv // (mem.page_size * per_token), mem.page_size, pin=cuda)
         extra["pin_s"] = time.perf_counter() - t0
     if cuda:
         torch.cuda.synchronize()

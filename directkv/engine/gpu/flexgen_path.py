@@ -42,7 +42,8 @@ class FlexgenPath(StagedPath):
         self.host = {name: pinned_empty((*shape, *tail), dt) for name, tail, dt in (
             ("ck", (m.head_dim // 2,), torch.uint8), ("cv", (m.head_dim // 2,), torch.uint8),
             ("sk", (m.head_dim // GROUP, 2), torch.float16), ("sv", (m.head_dim // GROUP, 2), torch.float16))}
-        self.views = {k: device_view(t) for k, t in self.host.items()}
+        on_cuda = torch.device(device).type == "cuda"  # a CPU run reads the pools themselves
+        self.views = {k: device_view(t) if on_cuda else t for k, t in self.host.items()}
         super().__init__(kv, device=device,
                          host_pools=lambda layer: [self.host[n][layer] for n in ("ck", "cv", "sk", "sv")])
         dev = torch.device(device)

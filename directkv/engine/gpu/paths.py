@@ -58,8 +58,10 @@ from directkv.kernels.traffic_model import (
 from directkv.memory import KVCacheManager
 
 
-def kernel_backend() -> str:
-    return "cuda" if torch.cuda.is_available() else "reference"
+def kernel_backend(device: torch.device | str) -> str:
+    """Our CUDA kernels for tensors on a CUDA device, the torch reference elsewhere: a CPU run on a machine with a
+    GPU (the CPU tests under `pytest` there) stays on the reference, as on a machine without one."""
+    return "cuda" if torch.device(device).type == "cuda" else "reference"
 
 
 class ZeroCopyPath:
@@ -67,7 +69,8 @@ class ZeroCopyPath:
 
 
     def __init__(self, kv: KVCacheManager, tier: str, variant: str, *, side_ctas: int | None = None,
-                 stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB):
+                 stream_slots: int = SERVING_STREAM_SLOTS, stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB,
+                 device: torch.device | str | None = None):
         """side_ctas: attend_async's kernels are split to about this many CTAs (None: the kernel's own plan,
         which fills every SM and leaves none to the other half's dense layers). stream_slots: the stream
         variant's rings' HBM, in slots of 16 MiB of K and of V (executor.directkv_stream_slots): how much the copy
@@ -81,7 +84,8 @@ class ZeroCopyPath:
         self.kv, self.tier, self.variant, self.side_ctas = kv, tier, variant, side_ctas
         self.stream_slots = stream_slots
         self.decode_slots, self.decode_chunk_bytes = decode_ring(stream_slots, stream_chunk_mib)
-        backend = kernel_backend()
+        self.device = torch.device(device) if device is not None else kv.hbm_k.device  # the run's device
+        backend = kernel_backend(self.device)
         # the CUDA kernels write their rows of the step's output in place (out=): a copy after them was a
         # device-to-device cudaMemcpy on the main stream per layer, which seems to queue behind the ring's
         # copies (H200, 2026-12-01, ShareGPT at 30 req/s: stream 1.33x swap with it, 1.15x without, two calls)
@@ -437,9 +441,9 @@ class StagedPath(ZeroCopyPath):
 
     def __init__(self, kv: KVCacheManager, *, device: torch.device | None = None, host_pools=None):
         """host_pools(layer) -> the pinned CPU tensors to stage, page-major (default: the arena's K and V)."""
-        super().__init__(kv, "host", "tiled")
+        super().__init__(kv, "host", "tiled", device=device)
         pools = host_pools or (lambda layer: [kv.arena.k[layer], kv.arena.v[layer]])
-        self.stager = _Stager(pools, torch.device(device) if device is not None else kv.hbm_k.device)
+        self.stager = _Stager(pools, self.device)
 
     def begin(self, plan: StepPlan) -> None:
         super().begin(plan)
