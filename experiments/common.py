@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from directkv.costmodel import CostModel, mode_for
+from directkv.device import resolve_device
 from directkv.engine.scheduler import SchedulerConfig
 from directkv.engine.sim_executor import MemoryConfig
 from directkv.engine.systems import (
@@ -33,8 +33,6 @@ from directkv.kernels.traffic_model import (
 )
 from directkv.specs import HardwareSpec, ModelSpec, get_hardware, get_model
 
-DEVICES = ("auto", "cpu", "cuda")
-
 
 @dataclass(frozen=True)
 class Setup:
@@ -55,16 +53,6 @@ class Setup:
     stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB  # directkv stream: the K per slot its decode ring cuts its HBM into
     no_past_prefill: str = DEFAULT_NO_PAST_PREFILL  # measured and simulated: directkv's prompt chunks with no past by its kernel or SDPA
     sim_graphs: bool = True  # executor.cuda_graphs as the simulation models it (the host time per step), also on a CPU
-
-
-def resolve_device(requested: str) -> str:
-    if requested not in DEVICES:
-        raise ConfigError(f"unknown device {requested!r}; valid: {', '.join(DEVICES)}")
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda but no CUDA GPU is visible; use device=auto or device=cpu to simulate")
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return requested
 
 
 def budgets(cfg: DictConfig, hw: HardwareSpec) -> tuple[float, float]:

@@ -69,8 +69,9 @@ def _experiment(name: str):
 
 def run_experiment(cfg: DictConfig, run_dir: Path) -> Path:
     """Run one configured experiment into `run_dir`; returns the results path. Raises ConfigError."""
+    from directkv.device import resolve_device
     from directkv.results import ResultsWriter
-    from experiments.common import plain, resolve_device
+    from experiments.common import plain
 
     module = _experiment(cfg.exp_name)
     device = resolve_device(cfg.device)

@@ -95,8 +95,8 @@ def test_cpu_attention_runs_flash_on_its_threads_and_restores_torchs(tmp_path, m
 
 
 def test_gemm_simulates_row_panels_beside_column_panels(tmp_path):
-    cfg = _compose(["+exp=gemm_case_study", "run_id=t", "progress=false", "render=false", "sizes=[4096]",
-                    "variants=[stream,stream:k]"])
+    cfg = _compose(["+exp=gemm_case_study", "run_id=t", "progress=false", "render=false", "device=cpu",
+                    "sizes=[4096]", "variants=[stream,stream:k]"])
     df = pd.read_parquet(run_experiment(cfg, tmp_path)).set_index("variant")
     assert df.loc["stream", "panel_cols"] == 576 and df.loc["stream:k", "panel_rows"] == 576  # 8 panels each
     # the same bytes cross the link by the copy engine; row panels also read and write C once per panel
@@ -170,7 +170,7 @@ def test_bad_input_gets_one_line_and_exit_2(args, needle, tmp_path):
 
 def test_multirun_outputs_do_not_collide(tmp_path):
     p = _cli("-m", "+exp=context_sweep", "system=directkv,hbm", "model=tiny", "contexts=[256]", "batch_size=2",
-             "output_len=4", "render=false", "progress=false", f"results_root={tmp_path}", cwd=tmp_path)
+             "output_len=4", "render=false", "progress=false", "device=cpu", f"results_root={tmp_path}", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     runs = sorted((tmp_path / "context_sweep").glob("*/results.parquet"))
     assert len(runs) == 2
@@ -218,7 +218,8 @@ def test_a_figure_that_fails_keeps_the_results_and_says_how_to_render_them(tmp_p
         raise ValueError("no palette")
 
     monkeypatch.setattr(plots.render, "render_run", broken)
-    cfg = _compose(["+exp=gemm_case_study", "run_id=t", "progress=false", "sizes=[4096]", "variants=[stream]"])
+    cfg = _compose(["+exp=gemm_case_study", "run_id=t", "progress=false", "device=cpu", "sizes=[4096]",
+                    "variants=[stream]"])
     with caplog.at_level("ERROR"):
         path = run_experiment(cfg, tmp_path)
     assert len(pd.read_parquet(path)) > 0 and (tmp_path / "manifest.json").exists()

@@ -74,13 +74,20 @@ def test_report_lines_and_a_full_history_said():
     assert "dropped" in mr.report(snap, max_entries=len(snap["device_traces"][1]))[0]
 
 
-def test_profile_memory_refuses_without_a_gpu(capsys):
+def test_profile_memory_refuses_a_cpu_run(capsys):
+    from directkv.engine.gpu.profile import main
+
+    assert main(["--system", "swap", "--memory", "--device", "cpu"]) == 2
+    assert "--memory reads the CUDA caching allocator's history: it needs the run on a CUDA GPU" in capsys.readouterr().err
+
+
+def test_profile_refuses_cuda_without_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     from directkv.engine.gpu.profile import main
 
-    assert main(["--system", "swap", "--memory"]) == 2
-    assert "--memory reads the CUDA caching allocator's history: it needs a CUDA GPU" in capsys.readouterr().err
+    assert main(["--system", "swap", "--device", "cuda"]) == 2
+    assert "device=cuda but no CUDA GPU is visible" in capsys.readouterr().err
 
 
 @pytest.mark.gpu

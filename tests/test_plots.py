@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import matplotlib.image as mpimg
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
@@ -344,6 +345,17 @@ def test_figure_title_ignores_a_gpu_recorded_as_none() -> None:
 
     assert figure_title("Fig. X", ["measured"], {"gpu": "none"}) == "Fig. X (measured)"
     assert figure_title("Fig. X", ["measured"], {"gpu": "NVIDIA H200"}) == "Fig. X (measured on NVIDIA H200)"
+
+
+def test_cpu_attention_title_names_the_cpu_not_the_machines_gpu() -> None:
+    """cpu_attention measures the host CPU; its manifest records the GPU wherever one is present."""
+    from plots.figures.cpu_attention import fig_cpu_attention
+
+    fig = fig_cpu_attention(pd.DataFrame(cpu_attention_rows()), {"gpu": "NVIDIA H200"})
+    title = fig._suptitle.get_text().replace("\n", " ")
+    plt.close(fig)
+    assert title.startswith("CPU decode attention (cpu_attn)") and title.endswith("(measured)"), title
+    assert "H200" not in title
 
 
 def test_mode_suffix_rejects_unknown_mode() -> None:

@@ -22,7 +22,7 @@ class HostArena:
 
     k: torch.Tensor
     v: torch.Tensor
-    k_view: torch.Tensor  # CUDA-visible view of `k` (zero-copy) or `k` itself without CUDA
+    k_view: torch.Tensor  # CUDA-visible view of `k` (zero-copy) or, unpinned, `k` itself
     v_view: torch.Tensor
     pinned: bool
     pin_seconds: float
@@ -30,9 +30,9 @@ class HostArena:
 
     @classmethod
     def allocate(cls, model: ModelSpec, num_pages: int, page_size: int, *, dtype: torch.dtype = torch.bfloat16,
-                 pin: bool | None = None) -> HostArena:
+                 pin: bool) -> HostArena:
+        """pin: page-locked with a zero-copy CUDA view (a CUDA run), else plain host tensors that are their own view."""
         shape = (model.num_layers, num_pages, page_size, model.num_kv_heads, model.head_dim)
-        pin = torch.cuda.is_available() if pin is None else pin
         pin = pin and num_pages > 0  # an empty tensor cannot be page-locked (HBM-only systems)
         t0 = time.perf_counter()
         if pin:

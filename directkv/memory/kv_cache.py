@@ -53,7 +53,8 @@ class KVCacheManager:
     hbm_budget_bytes, host_budget_bytes : capacity of each tier for KV (>= 0).
     bytes_per_token : KV bytes of one token over all layers; defaults to the model's bf16 size
         (a compressed cache such as FlexGen's 4-bit one passes its smaller size).
-    materialize : allocate real page pools (host pinned when CUDA is present) so kernels can run.
+    materialize : allocate real page pools so kernels can run: the HBM tier's on `hbm_device` (the CPU unless a
+        CUDA device is named), the host tier's pinned with a zero-copy view when that device is CUDA.
     """
 
     def __init__(self, model: ModelSpec, *, page_size: int = 16, hbm_budget_bytes: float, host_budget_bytes: float,
@@ -86,7 +87,7 @@ class KVCacheManager:
     # ---- storage ---------------------------------------------------------------------------
     def _materialize(self, dtype: torch.dtype, hbm_device, arena: HostArena | None) -> None:
         m = self.model
-        dev = hbm_device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dev = hbm_device or "cpu"  # named, not guessed from CUDA's presence: a CPU run on a GPU machine stays there
         # pinned, with a zero-copy view, only for a CUDA device: a CPU run on a machine with a GPU reads it as is
         self.arena = arena or HostArena.allocate(m, self.capacity_pages["host"], self.page_size, dtype=dtype,
                                                  pin=torch.device(dev).type == "cuda")

@@ -49,4 +49,5 @@ def fig_cpu_attention(df: pd.DataFrame, manifest: Mapping[str, Any]) -> Figure:
     outside_legend(axes[0, -1], list(axes.flat))
     hw = df["hardware"].iloc[0] if "hardware" in df.columns and df["hardware"].nunique() == 1 else "CPU"
     threads = f", {int(df['threads'].iloc[0])} threads" if "threads" in df.columns and df["threads"].nunique() == 1 else ""
-    return finish(fig, f"CPU decode attention (cpu_attn), {hw}{threads}", df, manifest)
+    # measured on the CPU the title names: not "on <GPU>", which the manifest records wherever a GPU was present
+    return finish(fig, f"CPU decode attention (cpu_attn), {hw}{threads}", df, {**manifest, "gpu": "none"})

@@ -39,10 +39,11 @@ class FlexgenPath(StagedPath):
         # the base class's pinned bf16 arena is replaced by compressed pools of the same page count
         m, pages, ps = kv.model, kv.capacity_pages["host"], kv.page_size
         shape = (m.num_layers, pages, ps, m.num_kv_heads)
-        self.host = {name: pinned_empty((*shape, *tail), dt) for name, tail, dt in (
+        on_cuda = torch.device(device).type == "cuda"  # a CPU run keeps plain host pools and reads them as they are
+        new = pinned_empty if on_cuda else (lambda shape, dtype: torch.empty(shape, dtype=dtype))
+        self.host = {name: new((*shape, *tail), dt) for name, tail, dt in (
             ("ck", (m.head_dim // 2,), torch.uint8), ("cv", (m.head_dim // 2,), torch.uint8),
             ("sk", (m.head_dim // GROUP, 2), torch.float16), ("sv", (m.head_dim // GROUP, 2), torch.float16))}
-        on_cuda = torch.device(device).type == "cuda"  # a CPU run reads the pools themselves
         self.views = {k: device_view(t) if on_cuda else t for k, t in self.host.items()}
         super().__init__(kv, device=device,
                          host_pools=lambda layer: [self.host[n][layer] for n in ("ck", "cv", "sk", "sv")])

@@ -9,6 +9,7 @@ first decode-only step of that many decodes on) run under the
 profiler (a whole 16K-context run under it took minutes to parse on the H200).
 
 Run: python -m directkv.engine.gpu.profile --system swap --context 16384 --batch 4 --output 4 --skip 8 --count 2
+(on the GPU where one is visible; --device cpu serves on the CPU, as the tests do on any machine)
 
 Under torch.profiler it also prints how busy the GPU was in the picked steps (device_busy): the host-to-device
 copies' time (the copy engine's work in swap and directkv `stream`), the kernels' on any stream, and how much
@@ -35,6 +36,7 @@ from collections import Counter
 import torch
 
 from directkv.costmodel import CostModel
+from directkv.device import DEVICES, resolve_device
 from directkv.engine.gpu import memory_report
 from directkv.engine.gpu.executor import run_gpu
 from directkv.engine.gpu.stepper import GPUStepper
@@ -228,9 +230,10 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
             schedule: str | None = None, min_decodes: int = 0, hardware: str = "h200-pcie5",
             prefill_new_pass: str = "kernel", stream_slots: int = SERVING_STREAM_SLOTS,
             stream_chunk_mib: int = SERVING_STREAM_CHUNK_MIB, hbm_prefill: str = "kernel",
-            no_past_prefill: str = DEFAULT_NO_PAST_PREFILL, memory: bool = False) -> None:
-    check(not memory or torch.cuda.is_available(), "--memory reads the CUDA caching allocator's history: it needs a "
-          "CUDA GPU, and this machine has none")
+            no_past_prefill: str = DEFAULT_NO_PAST_PREFILL, memory: bool = False, device: str = "auto") -> None:
+    device = resolve_device(device)
+    check(not memory or device == "cuda", "--memory reads the CUDA caching allocator's history: it needs the run on "
+          "a CUDA GPU (--device auto or cuda where one is visible); got the CPU")
     check(not (python and stacks), "--stacks records torch.profiler stacks and --python runs cProfile instead; "
           "got both: pass one")
     check(all(isinstance(x, int) and x >= 0 for x in (skip, count, min_decodes)),
@@ -245,7 +248,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
     steps: list[tuple[str, float, float, float]] = []
     inner = GPUStepper.run_step
     activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
+    if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     prof = cProfile.Profile() if python else torch.profiler.profile(activities=activities, with_stack=stacks)
     start, stop = (prof.enable, prof.disable) if python else (prof.start, prof.stop)
@@ -273,7 +276,7 @@ def profile(system: str, *, model: str = "llama-3.1-8b", variant: str = "tiled",
         memory_report.start_recording()
     try:
         res, extra = run_gpu(requests, policy, spec, mem=mem, sched_cfg=sched,
-                             device="cuda" if torch.cuda.is_available() else "cpu", cuda_graphs=graphs,
+                             device=device, cuda_graphs=graphs,
                              pipelining=pipelining, prefill_new_pass=prefill_new_pass, stream_slots=stream_slots,
                              stream_chunk_mib=stream_chunk_mib, hbm_prefill=hbm_prefill,
                              no_past_prefill=no_past_prefill)
@@ -367,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                     "of --context / --batch / --output; more than 60 steps print as per-class statistics")
     ap.add_argument("--hardware", default="h200-pcie5",
                     help="hardware spec of the cost model run beside a long replay (per-class model step times)")
+    ap.add_argument("--device", choices=DEVICES, default="auto",
+                    help="where to serve: auto is the GPU where one is visible, else the CPU")
     ap.add_argument("--memory", action="store_true", help="record the allocator's history and print GPU memory by the "
                     "code that allocated it (reserved segments, tensors at the allocated peak)")
     ap.add_argument("--python", action="store_true", help="cProfile the picked steps (host time per Python function)")
@@ -401,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                 stacks=a.stacks, schedule=a.schedule, min_decodes=a.min_decodes, hardware=a.hardware,
                 prefill_new_pass=a.prefill_new_pass, stream_slots=slots,
                 stream_chunk_mib=a.stream_chunk_mib, hbm_prefill=a.hbm_prefill, no_past_prefill=a.no_past_prefill,
-                memory=a.memory)
+                memory=a.memory, device=a.device)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
