@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device session on a lent GPU machine: environment, build, GPU tests, then the named experiments.
-# Usage: bash experiments/device/h200.sh [STEP ...]   (steps: env build test probe kernels gemm ncu context rate cpu profile)
+# Usage: bash experiments/device/h200.sh [STEP ...]   (steps: env build test all probe kernels gemm ncu context rate cpu profile)
 # STEP_TIMEOUT=S stops an experiment step after S seconds (SIGINT; finished points are already on disk) so the
 # device call's own limit never cuts the packing of results.
 # The device image has no Hydra: carry its wheels in .whl/ (pip download hydra-core omegaconf; pip wheel
@@ -39,6 +39,8 @@ for step in "${steps[@]}"; do
     test) python3 -m pytest -q -m gpu tests 2>&1 | tee $OUT/gpu_tests.log | tail -25
           # the CPU kernel is built with -march=native: check it (and each item it can compile) on this CPU too
           python3 -m pytest -q tests/test_cpu_decode_attention.py tests/test_cpu_decode_paths.py 2>&1 | tee $OUT/cpu_kernel_tests.log | tail -3 ;;
+    # the whole suite as a user here runs it (README's test command): CPU tests must pass beside a GPU too
+    all) python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee $OUT/all_tests.log | tail -25 ;;
     probe) run python3 -c "from directkv.kernels.cuda.probe import measure_ceilings as m;print(m())" ;;
     kernels) run python3 -m experiments.run +exp=kernel_ablation device=cuda results_root=$RES progress=false ${KERNEL_ARGS:-} ;;
     gemm) run python3 -m experiments.run +exp=gemm_case_study device=cuda results_root=$RES progress=false ${GEMM_ARGS:-} ;;
