@@ -14,7 +14,8 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 def resolve_device(requested: str) -> str:
-    """"cpu" or "cuda" for `requested` (one of DEVICES); "cuda" without a visible GPU is an error."""
+    """The device to run on, `cpu` or `cuda`, for `requested` (one of DEVICES); `cuda` without a visible GPU is an
+    error."""
     if requested not in DEVICES:
         raise ConfigError(f"unknown device {requested!r}; valid: {', '.join(DEVICES)}")
     if requested == "cuda" and not torch.cuda.is_available():

@@ -205,9 +205,9 @@ def test_step_time_columns_mean_and_count_host_bound_steps():
     assert off_gpu["step_ms_mean"] == pytest.approx(10.0) and off_gpu["host_bound_step_share"] != off_gpu["host_bound_step_share"]
 
 
-def test_directkv_stream_refused_without_the_cuda_kernels(runner):
-    with pytest.raises(ConfigError, match="directkv variant 'stream' needs the CUDA kernels \\(a GPU\\); valid without "
-                                          "one: naive, tiled"):
+def test_directkv_stream_refused_on_a_cpu_run(runner):
+    with pytest.raises(ConfigError, match="directkv variant 'stream' needs a CUDA device \\(a GPU\\); this run is on "
+                                          "cpu; valid there: naive, tiled"):
         _serve(SystemPolicy("directkv", "stream"), runner, _requests())
 
 

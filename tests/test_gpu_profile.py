@@ -7,6 +7,8 @@ import re
 import pytest
 import torch
 
+CPU = ["--device", "cpu"]  # served on the CPU wherever the tests run, a machine with a GPU included
+
 
 def test_profiler_refuses_bad_pipelining_in_one_line(capsys):
     from directkv.engine.gpu.profile import main
@@ -22,7 +24,7 @@ def test_profiler_refuses_bad_pipelining_in_one_line(capsys):
 def test_profiler_python_mode_attributes_host_time_of_the_picked_steps(capsys):
     from directkv.engine.gpu.profile import main
 
-    assert main(["--system", "directkv", "--device", "cpu", "--model", "tiny", "--context", "64", "--batch", "4", "--output", "6",
+    assert main([*CPU, "--system", "directkv", "--model", "tiny", "--context", "64", "--batch", "4", "--output", "6",
                  "--skip", "3", "--count", "2", "--python", "--rows", "5"]) == 0
     out = capsys.readouterr().out
     assert "0d+256p*" in out and "4d+0p*" in out  # the picked steps are marked
@@ -31,7 +33,7 @@ def test_profiler_python_mode_attributes_host_time_of_the_picked_steps(capsys):
     assert len(times) >= 6 and all(0 < h <= t + 0.1 for t, h in times)
     assert "Ordered by: cumulative time" in out and "paths.py" in out and "(attend)" in out
     # --min-decodes: the profile starts at the first decode-only step of >= 4 decodes, not at step --skip
-    assert main(["--system", "directkv", "--device", "cpu", "--model", "tiny", "--context", "64", "--batch", "4", "--output", "6",
+    assert main([*CPU, "--system", "directkv", "--model", "tiny", "--context", "64", "--batch", "4", "--output", "6",
                  "--skip", "0", "--count", "1", "--min-decodes", "4", "--python", "--rows", "5"]) == 0
     kinds = re.findall(r"(\d+d\+\d+p\*?) \d", capsys.readouterr().out)
     assert [k for k in kinds if k.endswith("*")] == ["4d+0p*"] and kinds.index("4d+0p*") > 0
@@ -110,14 +112,14 @@ def test_profiler_replays_a_saved_schedule_and_summarises_long_runs(tmp_path, ca
     from workloads import save_schedule, synthetic_workload, with_arrivals
 
     path = save_schedule(with_arrivals(synthetic_workload(3, 40, 5), 50.0), tmp_path / "s.parquet")
-    assert main(["--system", "swap", "--device", "cpu", "--model", "tiny", "--schedule", str(path), "--count", "0"]) == 0
+    assert main([*CPU, "--system", "swap", "--model", "tiny", "--schedule", str(path), "--count", "0"]) == 0
     out = capsys.readouterr().out
     assert f"schedule {path} (3 requests)" in out and "steps (kind" in out and "host calls" not in out
-    assert main(["--system", "swap", "--device", "cpu", "--model", "tiny", "--schedule", str(tmp_path / "none.parquet")]) == 2
+    assert main([*CPU, "--system", "swap", "--model", "tiny", "--schedule", str(tmp_path / "none.parquet")]) == 2
     assert "schedule file not found" in capsys.readouterr().err
     # a run of more than 60 steps: per-class lines, whose counts add up to the steps but the executor's warm-up
     long = save_schedule(with_arrivals(synthetic_workload(2, 30, 70), 50.0), tmp_path / "long.parquet")
-    assert main(["--system", "swap", "--device", "cpu", "--model", "tiny", "--schedule", str(long), "--count", "0"]) == 0
+    assert main([*CPU, "--system", "swap", "--model", "tiny", "--schedule", str(long), "--count", "0"]) == 0
     out = capsys.readouterr().out
     total = int(re.search(r": (\d+) steps,", out).group(1))
     warm = int(re.search(r"the executor's (\d+) warm-up steps left out", out).group(1))
@@ -129,7 +131,7 @@ def test_profiler_replays_a_saved_schedule_and_summarises_long_runs(tmp_path, ca
     sim_counts = [int(line.split()[-3]) for line in simulated.splitlines()
                   if line.startswith(("decode-only", "prompt"))]
     assert simulated.startswith("h200-pcie5 cost model") and sum(sim_counts) == sim_total > 0
-    assert main(["--system", "swap", "--device", "cpu", "--model", "tiny", "--schedule", str(long), "--hardware", "h300"]) == 2
+    assert main([*CPU, "--system", "swap", "--model", "tiny", "--schedule", str(long), "--hardware", "h300"]) == 2
     assert "unknown hardware 'h300'" in capsys.readouterr().err
     steps = ([("4d+0p", 0.010, 0.004, 0.001)] * 50 + [("20d+0p*", 0.030, 0.029, 0.003)] * 5
              + [("3d+300p", 0.050, 0.020, 0.002)] * 7)

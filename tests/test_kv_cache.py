@@ -110,3 +110,9 @@ def test_block_table_and_decode_slots_match_the_per_request_forms():
     want = torch.cat([kv.slots(r, p, 1) for r, p in zip(reqs, positions, strict=True)])
     assert torch.equal(kv.decode_slots(reqs, positions), want)
     assert kv.decode_slots([], []).shape == (0,)
+
+
+def test_a_materialized_cache_names_its_device():
+    with pytest.raises(ConfigError, match=r"a materialized KV cache needs hbm_device, the run's device .*; got None"):
+        KVCacheManager(TINY, page_size=16, hbm_budget_bytes=16 * TOK, host_budget_bytes=16 * TOK, materialize=True,
+                       dtype=torch.float32)

@@ -78,7 +78,8 @@ def test_profile_memory_refuses_a_cpu_run(capsys):
     from directkv.engine.gpu.profile import main
 
     assert main(["--system", "swap", "--memory", "--device", "cpu"]) == 2
-    assert "--memory reads the CUDA caching allocator's history: it needs the run on a CUDA GPU" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--memory reads the CUDA caching allocator's history: it needs the run on a CUDA GPU" in err
 
 
 def test_profile_refuses_cuda_without_a_gpu(capsys):

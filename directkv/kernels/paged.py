@@ -2,7 +2,7 @@
 
 One layer's KV lives in two page pools, one per tier. A block-table entry `e >= 0` names host page
 `e`; `e < 0` names HBM page `-(e + 1)`. The CUDA backend passes both pool base pointers to the kernel;
-on a GPU machine the host pools are zero-copy CUDA views of pinned memory, so no page is staged.
+in a CUDA run the host pools are zero-copy CUDA views of pinned memory, so no page is staged.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The pinned host arena: every host-tier KV page of every layer, allocated once, up front.
 
-On a GPU machine the arena is page-locked and also exposed as a zero-copy CUDA view over the same
+For a CUDA run (`pin=True`) the arena is page-locked and also exposed as a zero-copy CUDA view over the same
 memory, so kernels read host pages across the link and nothing is staged. Pinning is slow (DESIGN.md §2:
-64 GB took 43 s), which is why it happens once and its duration is reported. On a CPU-only machine the
-pools are ordinary tensors and the "device view" is the same tensor.
+64 GB took 43 s), which is why it happens once and its duration is reported. For a CPU run (`pin=False`, on any
+machine) the pools are ordinary tensors and the "device view" is the same tensor.
 """
 
 from __future__ import annotations

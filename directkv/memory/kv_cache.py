@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from directkv.errors import ConfigError, KVCapacityError
+from directkv.errors import ConfigError, KVCapacityError, check
 from directkv.kernels.paged import PagedKV
 from directkv.memory.arena import HostArena
 from directkv.specs import ModelSpec
@@ -53,8 +53,8 @@ class KVCacheManager:
     hbm_budget_bytes, host_budget_bytes : capacity of each tier for KV (>= 0).
     bytes_per_token : KV bytes of one token over all layers; defaults to the model's bf16 size
         (a compressed cache such as FlexGen's 4-bit one passes its smaller size).
-    materialize : allocate real page pools so kernels can run: the HBM tier's on `hbm_device` (the CPU unless a
-        CUDA device is named), the host tier's pinned with a zero-copy view when that device is CUDA.
+    materialize : allocate real page pools so kernels can run: the HBM tier's on `hbm_device` (required then), the
+        host tier's pinned with a zero-copy view when that device is CUDA.
     """
 
     def __init__(self, model: ModelSpec, *, page_size: int = 16, hbm_budget_bytes: float, host_budget_bytes: float,
@@ -72,7 +72,7 @@ class KVCacheManager:
         self.page_bytes = self.page_size * self.bytes_per_token
         self.budget = {"hbm": int(hbm_budget_bytes), "host": int(host_budget_bytes)}
         self.capacity_pages = {t: self.budget[t] // self.page_bytes for t in TIERS}
-        if arena is not None:  # reuse a pinned arena across runs: pinning is slow (DESIGN.md §2)
+        if arena is not None:  # reuse an arena across runs: pinning one is slow (DESIGN.md §2)
             self.capacity_pages["host"] = min(self.capacity_pages["host"], arena.k.shape[1])
         self._recycled: dict[str, list[int]] = {"hbm": [], "host": []}  # freed page ids (min-heaps), reused first
         self._used = {"hbm": 0, "host": 0}
@@ -87,7 +87,10 @@ class KVCacheManager:
     # ---- storage ---------------------------------------------------------------------------
     def _materialize(self, dtype: torch.dtype, hbm_device, arena: HostArena | None) -> None:
         m = self.model
-        dev = hbm_device or "cpu"  # named, not guessed from CUDA's presence: a CPU run on a GPU machine stays there
+        # named, not guessed from CUDA's presence: a CPU run on a GPU machine must stay there
+        check(hbm_device is not None, "a materialized KV cache needs hbm_device, the run's device (e.g. 'cpu', "
+              "'cuda'); got None")
+        dev = hbm_device
         # pinned, with a zero-copy view, only for a CUDA device: a CPU run on a machine with a GPU reads it as is
         self.arena = arena or HostArena.allocate(m, self.capacity_pages["host"], self.page_size, dtype=dtype,
                                                  pin=torch.device(dev).type == "cuda")

@@ -347,7 +347,7 @@ class _Stager:
     """
 
     def __init__(self, host_pools, device: torch.device):
-        self.host_pools = host_pools  # layer -> list of pinned CPU tensors [num_pages, ...]
+        self.host_pools = host_pools  # layer -> list of host tensors [num_pages, ...] (pinned in a CUDA run)
         self.device = device
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
@@ -385,16 +385,20 @@ class _Stager:
         self.layer_bytes = int(copied.sum()) * sum(p[0].numel() * p.element_size() for p in self.host_pools(0))
         n = max(1, len(self.pages))
         if n > self.capacity:  # grow by a quarter at least: a new size every step fragments torch's cache
-            self.capacity = max(n, self.capacity * 5 // 4)
+            capacity = max(n, self.capacity * 5 // 4)
             # Drop the old pair before the new one is made, and hand its segments back to the device: the old
             # pair outlived the new one's allocation, and torch kept every smaller pool cached, so an OPT-13B
             # 3 x 32K run reserved 15.8 GB for 7.4 GB of staging (a Pie-like swap holds one buffer pair).
-            # Growth comes a few times a run; empty_cache's device sync costs ms then, never per step.
+            # The price: while prompts fill the cache the pool grows in ~6 of 14 steps of an OPT-13B 3 x 16K run,
+            # each growth adding 5-20 ms of planning (H200, 2026-12-03); decode-only steps never grow it.
+            if self.cuda:
+                self.stream.synchronize()  # the copy stream writes the pair by pointer: torch cannot track that use
             self.buffers = self._pool = [[], []]
             if self.cuda:
                 torch.cuda.empty_cache()
-            self._pool = [[torch.empty((self.capacity, *p.shape[1:]), dtype=p.dtype, device=self.device)
+            self._pool = [[torch.empty((capacity, *p.shape[1:]), dtype=p.dtype, device=self.device)
                            for p in self.host_pools(0)] for _ in range(2)]
+            self.capacity = capacity  # after the allocation: one that fails leaves no pool claiming a size
         self.buffers = [[t[:n] for t in pair] for pair in self._pool]
         tables = torch.split((-(where + 1)).to(torch.int32), [len(pages) for pages in page_lists])
         return [t.reshape(1, -1) if len(t) else torch.zeros((1, 1), dtype=torch.int32) for t in tables]
@@ -440,7 +444,8 @@ class StagedPath(ZeroCopyPath):
     """Pie-like swap: KV stays in pinned host pages; each layer's pages are staged into HBM by the copy engine."""
 
     def __init__(self, kv: KVCacheManager, *, device: torch.device | None = None, host_pools=None):
-        """host_pools(layer) -> the pinned CPU tensors to stage, page-major (default: the arena's K and V)."""
+        """host_pools(layer) -> the host tensors to stage (pinned in a CUDA run), page-major (default: the arena's K
+        and V)."""
         super().__init__(kv, "host", "tiled", device=device)
         pools = host_pools or (lambda layer: [kv.arena.k[layer], kv.arena.v[layer]])
         self.stager = _Stager(pools, self.device)

@@ -58,7 +58,8 @@ def _system_path(policy: SystemPolicy, kv: KVCacheManager, device: torch.device,
             raise ConfigError("directkv variant 'fused' is not served by the GPU executor (its kernel, proj_attention, "
                               "runs in kernel_ablation); valid on the GPU: naive, tiled, stream")
         if policy.variant == "stream" and kernel_backend(device) != "cuda":
-            raise ConfigError("directkv variant 'stream' needs the CUDA kernels (a GPU); valid without one: naive, tiled")
+            raise ConfigError(f"directkv variant 'stream' needs a CUDA device (a GPU); this run is on {device}; valid "
+                              "there: naive, tiled")
         return ZeroCopyPath(kv, policy.kv_tier, policy.variant or "tiled", side_ctas=directkv_side_ctas,
                             stream_slots=stream_slots, stream_chunk_mib=stream_chunk_mib)
     if policy.name == "swap":

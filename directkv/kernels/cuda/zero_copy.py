@@ -10,7 +10,8 @@ host_memory.cu): torch's pinned allocator rounds every block up to a power of tw
 would lock 128 GB. Locking ordinary memory after the fact (cudaHostRegister, alloc="register") also works
 but SM zero-copy loads read it more slowly on the H200 (measure_ceilings reports both).
 
-Without CUDA the same calls degrade to ordinary CPU tensors, so code above (the KV manager) runs unchanged.
+Without CUDA the same calls degrade to ordinary CPU tensors. A CPU run on a machine with a GPU does not call them
+(the KV manager and flexgen's pools choose by the run's device).
 """
 
 from __future__ import annotations
