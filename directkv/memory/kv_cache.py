@@ -87,11 +87,11 @@ class KVCacheManager:
     # ---- storage ---------------------------------------------------------------------------
     def _materialize(self, dtype: torch.dtype, hbm_device, arena: HostArena | None) -> None:
         m = self.model
-        # named, not guessed from CUDA's presence: a CPU run on a GPU machine must stay there
+        # the device is named, not guessed from CUDA's presence, and the host tier is pinned (with a zero-copy
+        # view) only for a CUDA one: a CPU run on a machine with a GPU stays on the CPU
         check(hbm_device is not None, "a materialized KV cache needs hbm_device, the run's device (e.g. 'cpu', "
               "'cuda'); got None")
         dev = hbm_device
-        # pinned, with a zero-copy view, only for a CUDA device: a CPU run on a machine with a GPU reads it as is
         self.arena = arena or HostArena.allocate(m, self.capacity_pages["host"], self.page_size, dtype=dtype,
                                                  pin=torch.device(dev).type == "cuda")
         shape = (m.num_layers, self.capacity_pages["hbm"], self.page_size, m.num_kv_heads, m.head_dim)
