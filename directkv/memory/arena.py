@@ -35,14 +35,9 @@ class HostArena:
         shape = (model.num_layers, num_pages, page_size, model.num_kv_heads, model.head_dim)
         pin = pin and num_pages > 0  # an empty tensor cannot be page-locked (HBM-only systems)
         t0 = time.perf_counter()
-        if pin:
-            from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
+        from directkv.kernels.cuda.zero_copy import host_buffer
 
-            k, v = pinned_empty(shape, dtype), pinned_empty(shape, dtype)
-            k_view, v_view = device_view(k), device_view(v)
-        else:
-            k, v = torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)
-            k_view, v_view = k, v
+        (k, k_view), (v, v_view) = host_buffer(shape, dtype, pin=pin), host_buffer(shape, dtype, pin=pin)
         return cls(k, v, k_view, v_view, pin, time.perf_counter() - t0)
 
     @property

@@ -91,12 +91,11 @@ class KVCacheManager:
         # view) only for a CUDA one: a CPU run on a machine with a GPU stays on the CPU
         check(hbm_device is not None, "a materialized KV cache needs hbm_device, the run's device (e.g. 'cpu', "
               "'cuda'); got None")
-        dev = hbm_device
         self.arena = arena or HostArena.allocate(m, self.capacity_pages["host"], self.page_size, dtype=dtype,
-                                                 pin=torch.device(dev).type == "cuda")
+                                                 pin=torch.device(hbm_device).type == "cuda")
         shape = (m.num_layers, self.capacity_pages["hbm"], self.page_size, m.num_kv_heads, m.head_dim)
-        self.hbm_k = torch.empty(shape, dtype=dtype, device=dev)
-        self.hbm_v = torch.empty(shape, dtype=dtype, device=dev)
+        self.hbm_k = torch.empty(shape, dtype=dtype, device=hbm_device)
+        self.hbm_v = torch.empty(shape, dtype=dtype, device=hbm_device)
 
     # ---- page accounting ---------------------------------------------------------------------
     def pages_for(self, num_tokens: int) -> int:

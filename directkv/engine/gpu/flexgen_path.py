@@ -12,7 +12,7 @@ import torch
 
 from directkv.engine.gpu.paths import StagedPath
 from directkv.kernels.cuda.scatter_rows import scatter_rows
-from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
+from directkv.kernels.cuda.zero_copy import host_buffer
 from directkv.kernels.paged import PagedKV
 from directkv.memory import KVCacheManager
 
@@ -39,15 +39,14 @@ class FlexgenPath(StagedPath):
         # the base class's pinned bf16 arena is replaced by compressed pools of the same page count
         m, pages, ps = kv.model, kv.capacity_pages["host"], kv.page_size
         shape = (m.num_layers, pages, ps, m.num_kv_heads)
-        on_cuda = torch.device(device).type == "cuda"  # a CPU run keeps plain host pools and reads them as they are
-        new = pinned_empty if on_cuda else (lambda shape, dtype: torch.empty(shape, dtype=dtype))
-        self.host = {name: new((*shape, *tail), dt) for name, tail, dt in (
+        dev = torch.device(device)
+        pools = {name: host_buffer((*shape, *tail), dt, pin=dev.type == "cuda") for name, tail, dt in (
             ("ck", (m.head_dim // 2,), torch.uint8), ("cv", (m.head_dim // 2,), torch.uint8),
             ("sk", (m.head_dim // GROUP, 2), torch.float16), ("sv", (m.head_dim // GROUP, 2), torch.float16))}
-        self.views = {k: device_view(t) if on_cuda else t for k, t in self.host.items()}
+        self.host = {k: host for k, (host, _) in pools.items()}
+        self.views = {k: view for k, (_, view) in pools.items()}
         super().__init__(kv, device=device,
                          host_pools=lambda layer: [self.host[n][layer] for n in ("ck", "cv", "sk", "sv")])
-        dev = torch.device(device)
         self.shadow = torch.empty((pages, ps, m.num_kv_heads, m.head_dim), dtype=kv.dtype, device=dev), \
             torch.empty((pages, ps, m.num_kv_heads, m.head_dim), dtype=kv.dtype, device=dev)
         self._errors: list[torch.Tensor] = []  # 0-d, on the device: read once at the end, not synced per step

@@ -391,10 +391,9 @@ class _Stager:
             # 3 x 32K run reserved 15.8 GB for 7.4 GB of staging (a Pie-like swap holds one buffer pair).
             # The price: while prompts fill the cache the pool grows in ~6 of 14 steps of an OPT-13B 3 x 16K run,
             # each growth adding 5-20 ms of planning (H200, 2026-12-03); decode-only steps never grow it.
-            if self.cuda:
-                self.stream.synchronize()  # the copy stream writes the pair by pointer: torch cannot track that use
             self.buffers = self._pool = [[], []]
             if self.cuda:
+                self.stream.synchronize()  # the copy stream writes the pair by pointer: torch cannot track that use
                 torch.cuda.empty_cache()
             self._pool = [[torch.empty((capacity, *p.shape[1:]), dtype=p.dtype, device=self.device)
                            for p in self.host_pools(0)] for _ in range(2)]

@@ -10,8 +10,8 @@ host_memory.cu): torch's pinned allocator rounds every block up to a power of tw
 would lock 128 GB. Locking ordinary memory after the fact (cudaHostRegister, alloc="register") also works
 but SM zero-copy loads read it more slowly on the H200 (measure_ceilings reports both).
 
-Without CUDA the same calls degrade to ordinary CPU tensors. A CPU run on a machine with a GPU does not call them
-(the KV manager and flexgen's pools choose by the run's device).
+Without CUDA the same calls degrade to ordinary CPU tensors. A CPU run on a machine with a GPU does not call them:
+host_buffer(pin=False) gives it plain tensors (the KV manager's arena and flexgen's pools pin by the run's device).
 """
 
 from __future__ import annotations
@@ -125,6 +125,17 @@ def device_view(pinned: torch.Tensor) -> torch.Tensor:
     if view.data_ptr() != pinned.data_ptr():
         raise RuntimeError("zero-copy view does not alias the pinned memory (a copy was made)")
     return view
+
+
+def host_buffer(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, *, pin: bool
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A host tensor and the tensor kernels read it through: for a CUDA run (pin) page-locked memory and its
+    zero-copy view, for a CPU run on any machine a plain tensor that is its own view."""
+    if not pin:
+        host = torch.empty(tuple(shape), dtype=dtype)
+        return host, host
+    host = pinned_empty(shape, dtype)
+    return host, device_view(host)
 
 
 def _view_through_cupy(holder: _HostArray) -> torch.Tensor:
