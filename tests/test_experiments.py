@@ -115,7 +115,8 @@ def test_context_sweep_directkv_survives_where_hbm_runs_out(tmp_path):
 
 
 def _cli(*args, cwd):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    # the repository first, then the caller's own path (the device machine puts hydra there, not in site-packages)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     return subprocess.run([sys.executable, "-m", "experiments.run", *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=300)
 

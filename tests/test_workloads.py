@@ -307,8 +307,7 @@ def test_alpaca_prompt_composition(tmp_path):
 
 
 @needs_samples
-def test_alpaca_sample_filters_and_seeds(approx, monkeypatch):
-    monkeypatch.delenv(datafiles.DATA_DIR_ENV, raising=False)
+def test_alpaca_sample_filters_and_seeds(approx):
     wl = load_alpaca(num_requests=500, seed=4, max_prompt=64, max_total=200)
     assert wl.dataset == "alpaca" and wl.path == str(ALPACA_SAMPLE.resolve())
     assert all(

@@ -14,7 +14,7 @@ import torch
 
 from directkv.errors import ConfigError, check
 from directkv.kernels.cuda.capture import cuda_capture
-from directkv.model.graphs import BUCKETS, Capture, GraphSet, bucket_for, capture_set
+from directkv.model.graphs import BUCKETS, Capture, GraphSet, SlotBuffers, bucket_for, capture_set
 from directkv.model.layers import RopeCache, layer_norm, mlp, rms_norm, rope
 from directkv.model.weights import LayerWeights, Weights, check_weights
 from directkv.specs.models import ModelSpec
@@ -61,6 +61,8 @@ class ModelRunner:
                      if spec.family == "llama" else None)
         self.graphs_enabled = False  # see enable_graphs
         self._graph_sets: dict[tuple[int, int], GraphSet] = {}  # (bucket, slot) -> captured set
+        self._slot_buffers: dict[int, SlotBuffers] = {}  # slot -> the static tensors its sets share
+        self._slot_pools: dict[int, object] = {}  # slot -> the CUDA graph memory pool its sets share
 
     # ---- CUDA graphs of the dense layer parts (directkv/model/graphs.py) ---------------------------
     def enable_graphs(self, buckets: Sequence[int] = BUCKETS, *, slots: int = 1, capture: Capture | None = None) -> None:
@@ -75,18 +77,27 @@ class ModelRunner:
                 raise ConfigError(f"CUDA graphs need the model on a CUDA device; it is on {self.device}")
             capture = cuda_capture
         spec = self.spec
+        top = max(buckets)
         with torch.no_grad():
-            for size in sorted(buckets):
-                for slot in range(slots):
-                    if (size, slot) in self._graph_sets:
-                        continue
-                    pool = torch.cuda.graph_pool_handle() if capture is cuda_capture else None
-                    self._graph_sets[(size, slot)] = capture_set(
-                        size, hidden=spec.hidden_size, q_shape=(spec.num_heads, spec.head_dim),
+            for slot in range(slots):
+                todo = [b for b in sorted(set(buckets)) if (b, slot) not in self._graph_sets]
+                if not todo:
+                    continue
+                if slot not in self._slot_buffers or self._slot_buffers[slot].rows < top:
+                    # a later, larger bucket gets buffers of its own; the sets captured before keep theirs
+                    self._slot_buffers[slot] = SlotBuffers.make(
+                        top, hidden=spec.hidden_size, q_shape=(spec.num_heads, spec.head_dim),
+                        kv_shape=(spec.num_kv_heads, spec.head_dim),
                         rope_half=spec.head_dim // 2 if self.rope is not None else None,
-                        num_layers=spec.num_layers, pre=lambda i, x, rot: self._pre(self.weights.layers[i], x, rot),
-                        post=lambda i, x, attn: self._post(i, self.weights.layers[i], x, attn), dtype=self.dtype,
-                        device=self.device, capture=capture, pool=pool)
+                        num_layers=spec.num_layers, dtype=self.dtype, device=self.device)
+                if slot not in self._slot_pools:
+                    self._slot_pools[slot] = torch.cuda.graph_pool_handle() if capture is cuda_capture else None
+                for size in todo:
+                    self._graph_sets[(size, slot)] = capture_set(
+                        size, self._slot_buffers[slot],
+                        pre=lambda i, x, rot, out: self._pre(self.weights.layers[i], x, rot, out),
+                        post=lambda i, x, attn, out: self._post(i, self.weights.layers[i], x, attn, dest=out),
+                        capture=capture, pool=self._slot_pools[slot])
         self.graphs_enabled = True
 
     def disable_graphs(self) -> None:
@@ -215,9 +226,11 @@ class ModelRunner:
         q, k, v = self._pre(layer, x, rot)
         return self._post(index, layer, x, attend(index, q, k, v))
 
-    def _pre(self, layer: LayerWeights, x: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor] | None
+    def _pre(self, layer: LayerWeights, x: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor] | None,
+             out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Norm, QKV projection and RoPE: q `[n, Hq, D]`, k, v `[n, Hkv, D]`, contiguous."""
+        """Norm, QKV projection and RoPE: q `[n, Hq, D]`, k, v `[n, Hkv, D]`, contiguous; written into `out` (a
+        graph's static outputs) when given."""
         spec = self.spec
         n, d, hq = x.shape[0], spec.head_dim, spec.num_heads
         h = self._norm(x, layer.attn_norm, layer.attn_norm_bias)
@@ -225,13 +238,17 @@ class ModelRunner:
         qk = qkv[:, : spec.q_dim + spec.kv_dim].view(n, hq + spec.num_kv_heads, d)
         if rot is not None:
             qk = rope(qk, *rot)  # q and k in one pass: half the kernels of rotating each
-        q, k = qk[:, :hq].contiguous(), qk[:, hq:].contiguous()
-        v = qkv[:, spec.q_dim + spec.kv_dim:].reshape(n, spec.num_kv_heads, d).contiguous()
-        return q, k, v
+        parts = (qk[:, :hq], qk[:, hq:], qkv[:, spec.q_dim + spec.kv_dim:].view(n, spec.num_kv_heads, d))
+        if out is None:
+            return tuple(t.contiguous() for t in parts)
+        for src, dst in zip(parts, out, strict=True):
+            torch.mul(src, 1, out=dst)  # one elementwise kernel, as .contiguous() is; not a cudaMemcpy (_graph_post)
+        return out
 
-    def _post(self, index: int, layer: LayerWeights, x: torch.Tensor, out: torch.Tensor, part: int | None = None
-              ) -> torch.Tensor:
-        """Output projection and MLP with residuals, given the attention output `out` `[n, Hq, D]`."""
+    def _post(self, index: int, layer: LayerWeights, x: torch.Tensor, out: torch.Tensor, part: int | None = None,
+              dest: torch.Tensor | None = None) -> torch.Tensor:
+        """Output projection and MLP with residuals, given the attention output `out` `[n, Hq, D]`; the new x
+        `[n, hidden]` is written into `dest` (a graph's static output) when given."""
         spec = self.spec
         n = x.shape[0]
         self._check_attention(index, out, n, x.device, part)
@@ -239,7 +256,7 @@ class ModelRunner:
         out = out.to(x.dtype).reshape(n, spec.q_dim)
         x = x + (out @ layer.wo if layer.bo is None else torch.addmm(layer.bo, out, layer.wo))
         h = self._norm(x, layer.mlp_norm, layer.mlp_norm_bias)
-        return x + mlp(h, layer, spec.family)
+        return torch.add(x, mlp(h, layer, spec.family), out=dest)
 
     def _check_attention(self, index: int, out, n: int, device: torch.device, part: int | None) -> None:
         """`out` must be the attention output `[n, Hq, D]` on `device` (message built only on failure: this
