@@ -17,8 +17,8 @@ A step replays one set per slot, so the sets of a slot share their static tensor
 the largest bucket; a set uses rows [0, size)) and one memory pool, which holds only what a graph frees before
 it ends. Each layer keeps its own q, k, v for the whole step (a system may read them after its `attend`
 returns, e.g. on a side stream); x alternates between two buffers, as each layer reads only the one before.
-Before this, every set held its own outputs in a pool of its own: ~0.95 GB per system for OPT-13B, ~0.5 GB
-for Llama-3.1-8B (torch's reserved memory over the weights, H200, 2026-12-03).
+When every set held its own outputs in a pool of its own, every system held 0.52 GB more for OPT-13B and
+0.24 GB more for Llama-3.1-8B (weights + pools 26.98 -> 26.46 and 16.58 -> 16.34 GB; H200, 2026-12-03).
 """
 
 from __future__ import annotations
