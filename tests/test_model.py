@@ -388,8 +388,7 @@ def test_graphed_pipelined_forward_matches_eager(name):
     attend = _row_mixing_attend(spec)
 
     def attend_async(layer, part, q, k, v):
-        out = attend(layer, q, k, v).clone()  # held across the other part's replays
-        return lambda: out
+        return lambda: attend(layer, q, k, v).clone()  # read at the wait, after the other part's replays
 
     tokens = torch.tensor([3, 17, 5, 9, 11], dtype=torch.int64)
     positions = torch.tensor([4, 0, 7, 2, 30], dtype=torch.int64)

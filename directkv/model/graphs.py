@@ -14,11 +14,14 @@ computed and never read: every op here is per row), and `slot` separates the two
 which are in flight at once. Captured once per process and reused by every point.
 
 A step replays one set per slot, so the sets of a slot share their static tensors (`SlotBuffers`, sized for
-the largest bucket; a set uses rows [0, size)) and one memory pool, which holds only what a graph frees before
-it ends. Each layer keeps its own q, k, v for the whole step (a system may read them after its `attend`
-returns, e.g. on a side stream); x alternates between two buffers, as each layer reads only the one before.
-When every set held its own outputs in a pool of its own, every system held 0.52 GB more for OPT-13B and
-0.24 GB more for Llama-3.1-8B (weights + pools 26.98 -> 26.46 and 16.58 -> 16.34 GB; H200, 2026-12-03).
+the largest bucket; a set uses rows [0, size)) and one memory pool, which holds what a graph frees before it
+ends (and the capture stream's cuBLAS workspace). x alternates between two buffers, as each layer reads only
+the one before. Each layer keeps its own q, k, v for the whole step, as a margin: no system reads them after
+its layer's output is waited for (a review found none), but one that did would read another layer's values if
+they alternated too, which would save ~0.1 GB per slot for Llama-3.1-8B and ~0.3 GB for OPT-13B more. When
+every set held its own outputs in a pool of its own, swap and stream (one slot) held 0.52 GB more for OPT-13B
+and 0.24 GB more for Llama-3.1-8B (weights + pools 26.98 -> 26.46 and 16.58 -> 16.34 GB; H200, 2026-12-03);
+cpu_attn and pipelined directkv capture two slots.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ class ModelRunner:
         self.graphs_enabled = False  # see enable_graphs
         self._graph_sets: dict[tuple[int, int], GraphSet] = {}  # (bucket, slot) -> captured set
         self._slot_buffers: dict[int, SlotBuffers] = {}  # slot -> the static tensors its sets share
-        self._slot_pools: dict[int, object] = {}  # slot -> the CUDA graph memory pool its sets share
+        self._slot_pools: dict[tuple[int, Capture], object] = {}  # (slot, capture) -> the memory pool its sets share
 
     # ---- CUDA graphs of the dense layer parts (directkv/model/graphs.py) ---------------------------
     def enable_graphs(self, buckets: Sequence[int] = BUCKETS, *, slots: int = 1, capture: Capture | None = None) -> None:
@@ -90,14 +90,17 @@ class ModelRunner:
                         kv_shape=(spec.num_kv_heads, spec.head_dim),
                         rope_half=spec.head_dim // 2 if self.rope is not None else None,
                         num_layers=spec.num_layers, dtype=self.dtype, device=self.device)
-                if slot not in self._slot_pools:
-                    self._slot_pools[slot] = torch.cuda.graph_pool_handle() if capture is cuda_capture else None
+                # one pool per slot and capture kind: a CPU stand-in's token must not stand for a CUDA pool later
+                if (slot, capture) not in self._slot_pools:
+                    self._slot_pools[(slot, capture)] = (torch.cuda.graph_pool_handle() if capture is cuda_capture
+                                                         else object())
+                pool = self._slot_pools[(slot, capture)]
                 for size in todo:
                     self._graph_sets[(size, slot)] = capture_set(
                         size, self._slot_buffers[slot],
                         pre=lambda i, x, rot, out: self._pre(self.weights.layers[i], x, rot, out),
                         post=lambda i, x, attn, out: self._post(i, self.weights.layers[i], x, attn, dest=out),
-                        capture=capture, pool=self._slot_pools[slot])
+                        capture=capture, pool=pool)
         self.graphs_enabled = True
 
     def disable_graphs(self) -> None:
