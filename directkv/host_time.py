@@ -1,7 +1,7 @@
 """The measured executor's host time per step, which the roofline cannot see, and its fit from step series.
 
 A measured step's time (GPUStepper.run_step: a CUDA event before the host plans the step, another after its
-tokens are read back) holds three pieces of host work beside the GPU's:
+tokens are read back) holds four pieces of host work beside the GPU's:
 
 * planning: plan_step and the path's begin (swap's staging plan, stream's copy schedules) run before the step's
   first kernel, with the GPU idle; a + b x decodes.
@@ -14,8 +14,12 @@ tokens are read back) holds three pieces of host work beside the GPU's:
   H200, 2026-12-03, hbm at ShareGPT 10 req/s: its decode-only steps took 7.7 ms (host 5.6), its graph-sized
   steps with a prompt chunk (median 53 tokens) 11.7 ms with the host queueing for 11.1, where the cost model, which
   charged no host issue there, gave 7.9 (results/h200/floors-20261203/).
+* issuing a graph-sized decode-only step: the decodes' attention and the system's KV path (swap's staging copies,
+  stream's ring chunks) run eagerly between the graphs; a floor of layers x decode_us_per_layer. H200, 2026-12-03,
+  ShareGPT 5 req/s: swap's and stream's steps of 1-8 decodes took 17.2 / 16.4 ms with the host queueing for 16.9 /
+  16.0, where the model gave 8.7 / 9.1 (results/h200/host-decode-floor-20261203/).
 
-The simulation charges all three (sim_executor.CostModelStepper), per system as fitted from its measured step series
+The simulation charges all four (sim_executor.CostModelStepper), per system as fitted from its measured step series
 (`python -m directkv.calibration RUN_DIR ... --only host_time --write` with rate-sweep runs that hold steps/); a
 system without a fit takes hbm's, the engine and runner every system shares, and with no fit at all (hardware
 without a calibration file's host_time) nothing is charged. Fitted on rate sweeps (short contexts): stream's
@@ -63,16 +67,24 @@ class HostTime:
     # host time to issue one layer of a graph-sized step with prompt tokens; None: the series cannot show it (the
     # host waits on the GPU within its steps), so for_system takes hbm's
     chunk_us_per_layer: float | None = 0.0
+    # host time to issue one layer of a graph-sized decode-only step: its attention and the system's KV path run
+    # eagerly between the graphs; None as above
+    decode_us_per_layer: float | None = 0.0
 
     def step_seconds(self, device_s: float, decodes: int, tokens: int, layers: int, graphs: bool = True) -> float:
         """A step's time: its planning, then the longer of its modelled device time and the host's issue of its
         layers: eager_us_per_layer each for a step of more than GRAPH_MAX_TOKENS tokens or any step without graphs,
-        chunk_us_per_layer each for a graph-sized step with prompt tokens (more tokens than decodes)."""
+        chunk_us_per_layer each for a graph-sized step with prompt tokens (more tokens than decodes),
+        decode_us_per_layer each for a graph-sized decode-only step."""
         if eager(tokens, graphs):
-            per_layer = self.eager_us_per_layer or 0.0
+            per_layer = self.eager_us_per_layer
         else:
-            per_layer = (self.chunk_us_per_layer or 0.0) if tokens > decodes else 0.0
+            per_layer = self.chunk_us_per_layer if tokens > decodes else self.decode_us_per_layer
+        per_layer = per_layer or 0.0
         return (self.plan_us + self.plan_us_per_decode * decodes) * 1e-6 + max(device_s, per_layer * layers * 1e-6)
+
+
+ISSUE_FIELDS = ("eager_us_per_layer", "chunk_us_per_layer", "decode_us_per_layer")  # fitted from host-led steps
 
 
 def for_system(host: Mapping[str, HostTime], label: str) -> HostTime:
@@ -81,7 +93,7 @@ def for_system(host: Mapping[str, HostTime], label: str) -> HostTime:
     own, base = host.get(label), host.get(BASE) or HostTime()
     if own is None:
         return base
-    unset = {f: getattr(base, f) for f in ("eager_us_per_layer", "chunk_us_per_layer") if getattr(own, f) is None}
+    unset = {f: getattr(base, f) for f in ISSUE_FIELDS if getattr(own, f) is None}
     return replace(own, **unset) if unset else own
 
 
@@ -104,15 +116,18 @@ def fit(steps: pd.DataFrame) -> dict[str, HostTime]:
     host waits on the GPU in every layer, 2026-12-02), and a floor made of it would stand the measured step for the
     model's, so for_system takes hbm's. chunk_us_per_layer the same over the graph-sized steps with prompt tokens:
     the median, per layer, of the queue time beyond planning where the host led; 0 without such steps, None where
-    the host led in none (cpu_attn, FlexGen: hbm's then)."""
+    the host led in none (cpu_attn, FlexGen: hbm's then). decode_us_per_layer the same over the graph-sized
+    decode-only steps."""
     out = {}
     for label, g in steps.groupby("system"):
         a = np.vstack([np.ones(len(g)), g["decodes"].to_numpy(float)]).T
         (plan, per_decode), *_ = np.linalg.lstsq(a, g["host_prep_ms"].to_numpy(float), rcond=None)
         tokens = g["decodes"] + g["prompt_tokens"]
         floor = _led_issue_us(g[tokens > GRAPH_MAX_TOKENS])
+        graphed = g[tokens <= GRAPH_MAX_TOKENS]
         out[str(label)] = HostTime(max(0.0, plan * 1e3), max(0.0, per_decode * 1e3), floor,
-                                   _led_issue_us(g[(tokens <= GRAPH_MAX_TOKENS) & (g["prompt_tokens"] > 0)]))
+                                   _led_issue_us(graphed[graphed["prompt_tokens"] > 0]),
+                                   _led_issue_us(graphed[graphed["prompt_tokens"] == 0]))
     return out
 
 

@@ -38,6 +38,17 @@ def test_a_graph_sized_step_with_prompt_tokens_waits_for_its_chunks_issue():
     assert H.step_seconds(5e-3, 0, 50, 32) == pytest.approx(1.2e-3 + 9.6e-3)  # a prompt-only step too
 
 
+def test_a_graph_sized_decode_only_step_waits_for_its_layers_issue():
+    """The attention and KV path of a decode-only step run eagerly between the graphs: 32 layers x 0.25 ms of issue
+    bound a 5 ms device time (H200, ShareGPT 5 req/s, 2026-12-03: swap's and stream's steps of 1-8 decodes took
+    ~17 ms with the host queueing for all but 2-3% of it, where the model without this floor gave ~9)."""
+    h = HostTime(plan_us=1200.0, plan_us_per_decode=40.0, decode_us_per_layer=250.0)
+    assert h.step_seconds(5e-3, 10, 10, 32) == pytest.approx(1.6e-3 + 8e-3)
+    assert h.step_seconds(12e-3, 10, 10, 32) == pytest.approx(1.6e-3 + 12e-3)
+    assert h.step_seconds(5e-3, 10, 50, 32) == pytest.approx(1.6e-3 + 5e-3)  # a prompt chunk: chunk_us_per_layer's
+    assert h.step_seconds(5e-3, 300, 300, 32) == pytest.approx(13.2e-3 + 5e-3)  # eager: eager_us_per_layer's (0)
+
+
 def test_a_system_not_fitted_takes_hbms_host_time():
     hbm = HostTime(plan_us=100.0)
     assert for_system({"swap": H, "hbm": hbm}, "swap") == H
@@ -73,6 +84,7 @@ def test_fit_recovers_planning_and_eager_issue_per_system():
         assert got[label].plan_us_per_decode == pytest.approx(h.plan_us_per_decode)
         assert got[label].eager_us_per_layer == pytest.approx(h.eager_us_per_layer)  # the waiting steps left out
         assert got[label].chunk_us_per_layer == pytest.approx(h.chunk_us_per_layer)
+        assert got[label].decode_us_per_layer == pytest.approx(3e3 / 32)  # _series' decode-only steps issue in 3 ms
 
 
 def test_fit_without_eager_steps_or_with_a_falling_planning_time_clips_at_zero():
@@ -91,11 +103,12 @@ def test_a_series_whose_host_never_led_takes_hbm_s_eager_issue_time():
     s = _series("cpu_attn", H)
     waited = s.assign(device_ms=s["host_queue_ms"])  # every step: the host's queue time is the device's
     got = fit(waited)["cpu_attn"]
-    assert got.eager_us_per_layer is None and got.chunk_us_per_layer is None  # its decode-only steps wait too
+    assert got.eager_us_per_layer is None and got.chunk_us_per_layer is None and got.decode_us_per_layer is None
     assert got.plan_us == pytest.approx(H.plan_us)  # planning is still the host's own
-    hbm = HostTime(100.0, 5.0, 700.0, 250.0)
+    hbm = HostTime(100.0, 5.0, 700.0, 250.0, 150.0)
     looked_up = for_system({"cpu_attn": got, "hbm": hbm}, "cpu_attn")
     assert looked_up.eager_us_per_layer == 700.0 and looked_up.chunk_us_per_layer == 250.0
+    assert looked_up.decode_us_per_layer == 150.0
     assert looked_up.plan_us == got.plan_us
     assert for_system({"cpu_attn": got}, "cpu_attn").step_seconds(0.0, 0, 1024, 32) == pytest.approx(H.plan_us * 1e-6)
 
