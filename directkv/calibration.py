@@ -24,7 +24,7 @@ factors a run used). Each factor is a median over the run's points of measured r
              attention in HBM is short, so the time is the layers' dense parts: the floor of one layer's
              dense part in a small step.
 * host_time  not a factor: each system's host time per step (planning; issuing a step too large for the CUDA
-             graphs; issuing a graph-sized step's prompt chunks), fitted from the step series (steps/) of
+             graphs; issuing a graph-sized step's prompt chunks, or its decodes' attention), fitted from the step series (steps/) of
              measured rate sweeps with graphs on (directkv/host_time.py); stored by system in the file's
              "host_time" section.
 * flexgen_us_per_layer  not a ratio: FlexGen's per-token latency minus hbm's, at the lowest rate where a run

@@ -88,8 +88,8 @@ ISSUE_FIELDS = ("eager_us_per_layer", "chunk_us_per_layer", "decode_us_per_layer
 
 
 def for_system(host: Mapping[str, HostTime], label: str) -> HostTime:
-    """`label`'s host time (SystemPolicy.label, e.g. "directkv-stream"), else hbm's, else none; an eager or chunk
-    issue time the label's series did not show (None) is hbm's."""
+    """`label`'s host time (SystemPolicy.label, e.g. "directkv-stream"), else hbm's, else none; an issue time
+    (ISSUE_FIELDS) the label's series did not show (None) is hbm's."""
     own, base = host.get(label), host.get(BASE) or HostTime()
     if own is None:
         return base

@@ -81,8 +81,8 @@ class CostModelStepper:
         cost = step_cost(self.policy, step, self.model, self.cm, self.pipelining, page_size=self.page_size,
                          stream_slots=self.stream_slots, stream_chunk_mib=self.stream_chunk_mib,
                          hbm_prefill=self.hbm_prefill, no_past_prefill=self.no_past_prefill, graphs=self.cuda_graphs)
-        # the measured executor's host time (planning; issuing a step too large for its graphs, or a graph-sized
-        # step's prompt chunks): host_time.py
+        # the measured executor's host time (planning; issuing a step too large for its graphs, or the eager part
+        # of a graph-sized step: its prompt chunks, or its decodes' attention): host_time.py
         cost = replace(cost, time_s=self.host.step_seconds(cost.time_s, len(step.decodes), step.num_tokens,
                                                             self.model.num_layers, self.cuda_graphs))
         if self.on_step is not None:
