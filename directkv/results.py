@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from directkv import host_pace
 from directkv.errors import ConfigError
 
 REQUIRED = ("exp", "system", "variant", "model", "hardware", "mode", "status")
@@ -36,7 +37,8 @@ def _run(cmd: list[str]) -> str:
 
 
 def environment() -> dict:
-    """Provenance of this process: code version, host, accelerator and library versions."""
+    """Provenance of this process: code version, host (and its pace, host_pace.py), accelerator and library
+    versions."""
     import torch
 
     sha = _run(["git", "rev-parse", "--verify", "-q", "HEAD"])
@@ -54,6 +56,7 @@ def environment() -> dict:
     }
     if torch.cuda.is_available():
         env["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) or "unknown"
+    env.update(host_pace.probe())  # how fast this host dispatches: measured steps that wait for it depend on it
     return env
 
 
