@@ -1,10 +1,12 @@
 """A quick probe of the host's single-thread pace, recorded in every run's manifest (results.environment).
 
-The measured serving steps of small batches wait for the host (directkv/host_time.py), and the host's pace differs
-between machines lent as the same kind: on the H200, 2026-12-03, FlexGen's host-led steps took 38 ms in one call
-and 63 ms in another on the same code, and swap's and stream's small steps queued for 1.4-1.8x the times fitted a
-day earlier. The probe times torch's CPU dispatch of a tiny op, the path a launch from Python also takes, so runs
-can be compared by the pace of the host they ran on. It is provenance, not an input of the cost model.
+The measured serving steps of small batches wait for the host (directkv/host_time.py), and their host time varies
+between runs: over the 40 stored rate sweeps the host times are fitted on (H200, 2026-12-02/03), the per-run median
+host time of swap's steps of 1-8 decodes spans 8.9-21.2 ms, and FlexGen's host-led steps took 63 ms in one call and
+38 ms in the next (two commits whose FlexGen path differed only in how its host pools are made). Code, load and the
+host each differ between those runs; this probe records the host's part. It times Python and torch's dispatcher on
+a tiny CPU op, the part of a launch from Python before the CUDA driver, once when the run's results writer starts
+(a resumed run keeps the last start's). It is provenance, not an input of the cost model.
 """
 
 from __future__ import annotations

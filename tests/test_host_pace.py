@@ -20,3 +20,8 @@ def test_every_manifest_records_the_hosts_pace(tmp_path):
     assert 0 < manifest["host_torch_op_us"] < 1000
     load = manifest["host_loadavg_1m"]
     assert load is None or (math.isfinite(load) and load >= 0)
+
+
+def test_a_platform_without_a_load_average_records_none(monkeypatch):
+    monkeypatch.delattr(host_pace.os, "getloadavg")
+    assert host_pace.probe()["host_loadavg_1m"] is None

@@ -47,6 +47,7 @@ def test_a_graph_sized_decode_only_step_waits_for_its_layers_issue():
     assert h.step_seconds(12e-3, 10, 10, 32) == pytest.approx(1.6e-3 + 12e-3)
     assert h.step_seconds(5e-3, 10, 50, 32) == pytest.approx(1.6e-3 + 5e-3)  # a prompt chunk: chunk_us_per_layer's
     assert h.step_seconds(5e-3, 300, 300, 32) == pytest.approx(13.2e-3 + 5e-3)  # eager: eager_us_per_layer's (0)
+    assert h.step_seconds(5e-3, 10, 10, 32, graphs=False) == pytest.approx(1.6e-3 + 5e-3)  # no graphs: eager's (0)
 
 
 def test_a_system_not_fitted_takes_hbms_host_time():
