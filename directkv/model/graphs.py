@@ -73,8 +73,10 @@ class SlotBuffers:
     def make(cls, rows: int, *, hidden: int, q_shape: tuple[int, int], kv_shape: tuple[int, int],
              rope_half: int | None, num_layers: int, dtype: torch.dtype, device: torch.device) -> SlotBuffers:
         like = dict(dtype=dtype, device=device)
-        table = (lambda: None) if rope_half is None else (
-            lambda: torch.zeros(rows, 1, rope_half, dtype=torch.float32, device=device))
+
+        def table() -> torch.Tensor | None:
+            return None if rope_half is None else torch.zeros(rows, 1, rope_half, dtype=torch.float32, device=device)
+
         return cls(rows, torch.zeros(rows, hidden, **like), table(), table(), torch.zeros(rows, *q_shape, **like),
                    [(torch.zeros(rows, *q_shape, **like), torch.zeros(rows, *kv_shape, **like),
                      torch.zeros(rows, *kv_shape, **like)) for _ in range(num_layers)],
@@ -117,8 +119,9 @@ def capture_set(size: int, buffers: SlotBuffers, *, pre: Callable, post: Callabl
     layer's output x into `out` and returns it: the runner's dense halves.
     """
     check(size <= buffers.rows, f"graph bucket {size} exceeds its slot buffers' {buffers.rows} rows")
-    view = (lambda t: None) if buffers.cos is None else (lambda t: t[:size])
-    gs = GraphSet(size, buffers.x0[:size], view(buffers.cos), view(buffers.sin), buffers.attn[:size])
+    rows = slice(0, size)
+    gs = GraphSet(size, buffers.x0[rows], None if buffers.cos is None else buffers.cos[rows],
+                  None if buffers.sin is None else buffers.sin[rows], buffers.attn[rows])
     rot = None if gs.cos is None else (gs.cos, gs.sin)
     x = gs.x0
     for layer in range(len(buffers.qkv)):
