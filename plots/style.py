@@ -52,11 +52,12 @@ VARIANTS: dict[str, tuple[str, str]] = {  # kernel variant -> (label, colour)
     "sdpa_hbm": ("SDPA, KV in HBM", "#4D4D4D"),
     "sdpa_zero_copy": ("SDPA, zero-copy KV", "#A6A6A6"),
     "swap_sdpa": ("swap to HBM + SDPA", "#8C564B"),
+    "read_probe": ("plain read, same bytes", "#000000"),
     "cublas_hbm": ("cuBLAS, HBM", "#4D4D4D"),
     "cublas_zero_copy": ("cuBLAS, zero-copy", "#A6A6A6"),
 }
 # Anchors are library/baseline reference points, hatched so they read as "not ours".
-ANCHOR_VARIANTS = frozenset({"sdpa_hbm", "sdpa_zero_copy", "swap_sdpa", "cublas_hbm", "cublas_zero_copy"})
+ANCHOR_VARIANTS = frozenset({"sdpa_hbm", "sdpa_zero_copy", "swap_sdpa", "read_probe", "cublas_hbm", "cublas_zero_copy"})
 
 HARDWARE_LABELS = {
     "h200-pcie5": "H200 (PCIe5)",

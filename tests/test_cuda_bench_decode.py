@@ -17,6 +17,32 @@ def test_an_unknown_variant_is_one_line_naming_the_valid_ones():
         bench_decode([64], [1], variants=("tiled", "stream:3chunks"), ceilings=CEILINGS)
 
 
+def test_an_unknown_anchor_is_one_line_naming_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"unknown decode anchor\(s\) \['sdpa'\]; valid: sdpa_hbm, .*read_probe"):
+        bench_decode([64], [1], variants=("tiled",), anchors=("sdpa",), ceilings=CEILINGS)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_read_probe_streams_exactly_the_points_k_and_v():
+    # the probe's per-thread sums of the bytes read as fp32 add up to the sum over the point's K and V of every
+    # copy it is called on, and to nothing more: it reads those bytes, each once
+    from directkv.kernels.cuda.bench_decode import _calls, _Point
+    from directkv.kernels.cuda.zero_copy import pinned_empty
+
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    nbytes = 2 * 64 * 16 * 8 * 128 * 2  # one copy: K and V of 1017 tokens in 64 pages of 16, bf16
+    arena = pinned_empty((2 * nbytes,), torch.uint8)
+    point = _Point(arena, 1017, 1, 2, num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16,
+                   page_size=16, page_order="random", gen=gen)
+    call, link_bytes, _ = _calls(point, "read_probe", {})
+    assert link_bytes == nbytes == point.flat[1].numel()
+    for i in range(2):
+        want = point.flat[i].cpu().view(torch.float32).double()
+        got = call(i, 2).double().sum().cpu()
+        assert abs(float(got - want.sum())) <= 1e-5 * float(want.abs().sum()), i
+
+
 @pytest.mark.gpu
 @needs_gpu
 def test_rows_of_every_variant_are_checked_and_ok():

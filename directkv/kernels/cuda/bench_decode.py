@@ -3,8 +3,9 @@
 Every point (context, batch) gets one row per variant (VARIANTS: "naive", "tiled", "stream", stream's chunk
 cuts and "stream:layers", whose calls are queued as a serving step's layers) and per anchor ("sdpa_hbm": torch
 SDPA on K/V in HBM; "sdpa_zero_copy": SDPA reading the zero-copy view; "swap_sdpa": copy K/V to HBM with the
-copy engine, then SDPA). All sequences of a point hold
-`context` tokens.
+copy engine, then SDPA; "read_probe": the ceilings' plain streaming-read kernel over the same pinned K/V bytes,
+timed like the rows, so a small point's share of the 1 GiB ceiling that no kernel can exceed is measured beside
+it). All sequences of a point hold `context` tokens.
 
 Timing: each timed repeat runs `inner` calls back to back (inner sized so a repeat takes ~target_ms), so the
 host's launch overhead overlaps the GPU as in a real decode step; time_ms is the median repeat / inner.
@@ -24,13 +25,13 @@ import torch.nn.functional as F
 from directkv.errors import check
 from directkv.kernels.cuda import decode_attention as dec
 from directkv.kernels.cuda.decode_attention import decode_attention, prefetch_stream, traffic
-from directkv.kernels.cuda.probe import measure_ceilings
+from directkv.kernels.cuda.probe import measure_ceilings, stream_read_call
 from directkv.kernels.cuda.stream_plan import plan_stream
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 from directkv.kernels.paged import PagedKV
 from directkv.timing import time_fn
 
-ANCHORS = ("sdpa_hbm", "sdpa_zero_copy", "swap_sdpa")
+ANCHORS = ("sdpa_hbm", "sdpa_zero_copy", "swap_sdpa", "read_probe")
 # variant name -> plan_stream options of the stream rows (None: a zero-copy variant, run as named)
 VARIANTS: dict[str, dict | None] = {
     "naive": None,
@@ -64,6 +65,8 @@ class _Point:
         numel = math.prod(shape)
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         self.host, self.views, self.hbm, self.tables = [], [], [], []
+        # copy i's K and V back to back as one uint8 zero-copy view: what read_probe streams
+        self.flat = [device_view(arena[2 * i * nbytes : (2 * i + 2) * nbytes]) for i in range(copies)]
         for i in range(2 * copies):  # K0, V0, K1, V1, ...
             pinned = arena[i * nbytes : (i + 1) * nbytes].view(dtype).view(shape)
             hbm = torch.randn(shape, dtype=dtype, device="cuda", generator=gen)
@@ -147,6 +150,8 @@ def bench_decode(
     """
     bad = [v for v in variants if v not in VARIANTS]
     check(not bad, f"unknown decode variant(s) {bad}; valid: {', '.join(VARIANTS)}")
+    bad = [a for a in anchors if a not in ANCHORS]
+    check(not bad, f"unknown decode anchor(s) {bad}; valid: {', '.join(ANCHORS)}")
     ceilings = ceilings or measure_ceilings()
     esize = torch.empty((), dtype=dtype).element_size()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -195,6 +200,9 @@ def _calls(point: _Point, name: str, opts: dict) -> tuple[Callable[[int, int], t
     or anchor; stream rows get stream_chunks, the ring chunks per call (variants whose plans coincide at a point
     say so)."""
     out = torch.empty_like(point.q)
+    if name == "read_probe":
+        reads = [stream_read_call(view) for view in point.flat]
+        return (lambda i, n: reads[i % point.copies]()), point.flat[0].numel(), {}
     if name in ANCHORS:
         if name == "swap_sdpa":
             stage = [torch.empty_like(t) for t in point.hbm[:2]]

@@ -18,6 +18,8 @@ All in decimal GB/s (1e9 B/s), timed with directkv.timing.time_fn (median of rep
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from directkv.errors import check
@@ -29,26 +31,33 @@ THREADS = 256
 BLOCKS_PER_SM = 8
 
 
-def stream_read_gbps(view: torch.Tensor, *, blocks: int | None = None, warmup: int = 2, repeats: int = 5) -> float:
-    """GB/s of the grid-stride float4 read kernel over all of `view` (contiguous CUDA tensor, nbytes % 16 == 0).
+def stream_read_call(view: torch.Tensor, *, blocks: int | None = None) -> Callable[[], torch.Tensor]:
+    """A call that launches the grid-stride float4 read kernel over all of `view` (contiguous CUDA tensor,
+    nbytes % 16 == 0) on the current stream and returns its sink (one partial sum per thread).
 
     Pointed at a zero-copy view of pinned memory it reads across the link; at an HBM tensor, HBM.
     `blocks` defaults to BLOCKS_PER_SM CTAs of THREADS threads per SM.
     """
-    check(view.device.type == "cuda" and view.is_contiguous(), "stream_read_gbps needs a contiguous CUDA tensor")
+    check(view.device.type == "cuda" and view.is_contiguous(), "stream_read needs a contiguous CUDA tensor")
     nbytes = view.numel() * view.element_size()
     check(nbytes >= 16 and nbytes % 16 == 0 and view.data_ptr() % 16 == 0,
-          f"stream_read_gbps needs a 16-byte aligned buffer of a multiple of 16 bytes; got {nbytes} B")
+          f"stream_read needs a 16-byte aligned buffer of a multiple of 16 bytes; got {nbytes} B")
     mod = build.load("probe")
     blocks = blocks or BLOCKS_PER_SM * mod.num_sms()
     sink = torch.empty(blocks * THREADS, dtype=torch.float32, device=view.device)
 
-    def run() -> None:
+    def run() -> torch.Tensor:
         mod.stream_read(view.data_ptr(), nbytes, sink.data_ptr(), blocks, THREADS,
                         torch.cuda.current_stream(view.device).cuda_stream)
+        return sink
 
-    timing = time_fn(run, warmup=warmup, repeats=repeats, device=view.device)
-    return nbytes / (timing.median_ms * 1e-3) / 1e9
+    return run
+
+
+def stream_read_gbps(view: torch.Tensor, *, blocks: int | None = None, warmup: int = 2, repeats: int = 5) -> float:
+    """GB/s of stream_read_call(view, blocks=blocks), median of `repeats` timed calls after `warmup`."""
+    timing = time_fn(stream_read_call(view, blocks=blocks), warmup=warmup, repeats=repeats, device=view.device)
+    return view.numel() * view.element_size() / (timing.median_ms * 1e-3) / 1e9
 
 
 def _copy_gbps(dst: torch.Tensor, src: torch.Tensor, *, repeats: int, bytes_factor: int = 1) -> float:
@@ -62,17 +71,14 @@ def _concurrent_gbps(host: torch.Tensor, hbm: torch.Tensor, *, sm_half: bool, re
     half = host.numel() // 2 // 16 * 16
     main = torch.cuda.current_stream(hbm.device)
     side = torch.cuda.Stream(hbm.device)
-    view = device_view(host)[half:2 * half]
-    mod = build.load("probe")
-    blocks = BLOCKS_PER_SM * mod.num_sms()
-    sink = torch.empty(blocks * THREADS, dtype=torch.float32, device=hbm.device)
+    read = stream_read_call(device_view(host)[half:2 * half])  # launches on the current stream: main, below
 
     def run() -> None:
         side.wait_stream(main)
         with torch.cuda.stream(side):
             hbm[:half].copy_(host[:half], non_blocking=True)
         if sm_half:
-            mod.stream_read(view.data_ptr(), half, sink.data_ptr(), blocks, THREADS, main.cuda_stream)
+            read()
         else:
             hbm[half:2 * half].copy_(host[half:2 * half], non_blocking=True)
         main.wait_stream(side)
