@@ -111,20 +111,13 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   const T* hbm_v = static_cast<const T*>(p.hbm_v) + kvh * HD;
 
   // Copy i of this thread: row idx / kLanesPerRow, 16-byte chunk idx % kLanesPerRow of K and of V.
-  // entry(): the row's page-table entry, 0 past the end of the sequence (the row is never read then).
-  // issue() reads every entry of a tile before its first copy: a cp.async is a volatile asm with a memory
-  // clobber, so a lookup between two copies could not start before the first was issued, and each copy
-  // would wait one page-table round trip (ncu, H200, 4K x 1: ~40% of warp stall samples sat on those loads).
-  auto entry = [&](int tile, int i) {
-    const int pos = tile * TILE + (tid + i * C::kThreads) / C::kLanesPerRow;
-    return pos < len ? __ldg(bt + (pos >> p.page_shift)) : 0;
-  };
-  // Returns false past the end of the sequence.
-  auto locate = [&](int tile, int stage, int i, int e, const T*& k_src, const T*& v_src, int& s) {
+  // Returns false past the end of the sequence (the row is never read then).
+  auto locate = [&](int tile, int stage, int i, const T*& k_src, const T*& v_src, int& s) {
     const int idx = tid + i * C::kThreads;
     const int r = idx / C::kLanesPerRow, c = idx % C::kLanesPerRow;
     const int pos = tile * TILE + r;
     if (pos >= len) return false;
+    const int e = __ldg(bt + (pos >> p.page_shift));
     const int64_t off = (e >= 0 ? int64_t(e) : int64_t(-e - 1)) * page_stride + (pos & page_mask) * token_stride + c * 8;
     k_src = (e >= 0 ? host_k : hbm_k) + off;
     v_src = (e >= 0 ? host_v : hbm_v) + off;
@@ -134,9 +127,6 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   auto issue = [&](int tile, int stage) {
     const T *k_src, *v_src;
     int s;
-    int e[C::kCopiesPerThread];
-#pragma unroll
-    for (int i = 0; i < C::kCopiesPerThread; ++i) e[i] = entry(tile, i);
     if (p.load_mode == kRegisters) {
 #pragma unroll
       for (int i0 = 0; i0 < C::kCopiesPerThread; i0 += C::kRegBatch) {
@@ -144,7 +134,7 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
         int so[C::kRegBatch];  // ring offset, -1 past the end
 #pragma unroll
         for (int j = 0; j < C::kRegBatch; ++j) {
-          so[j] = locate(tile, stage, i0 + j, e[i0 + j], k_src, v_src, s) ? s : -1;
+          so[j] = locate(tile, stage, i0 + j, k_src, v_src, s) ? s : -1;
           if (so[j] >= 0) {
             kr[j] = *reinterpret_cast<const uint4*>(k_src);
             vr[j] = *reinterpret_cast<const uint4*>(v_src);
@@ -162,7 +152,7 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
     }
 #pragma unroll
     for (int i = 0; i < C::kCopiesPerThread; ++i) {
-      if (locate(tile, stage, i, e[i], k_src, v_src, s)) {
+      if (locate(tile, stage, i, k_src, v_src, s)) {
         switch (p.load_mode) {
           case kCpAsyncL1: cp_async16<1>(ks + s, k_src), cp_async16<1>(vs + s, v_src); break;
           case kCpAsyncL2Line: cp_async16<2>(ks + s, k_src), cp_async16<2>(vs + s, v_src); break;
