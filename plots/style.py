@@ -52,7 +52,7 @@ VARIANTS: dict[str, tuple[str, str]] = {  # kernel variant -> (label, colour)
     "sdpa_hbm": ("SDPA, KV in HBM", "#4D4D4D"),
     "sdpa_zero_copy": ("SDPA, zero-copy KV", "#A6A6A6"),
     "swap_sdpa": ("swap to HBM + SDPA", "#8C564B"),
-    "read_probe": ("plain read, same bytes", "#000000"),
+    "read_probe": ("plain read, same bytes", "#999933"),
     "cublas_hbm": ("cuBLAS, HBM", "#4D4D4D"),
     "cublas_zero_copy": ("cuBLAS, zero-copy", "#A6A6A6"),
 }

@@ -25,8 +25,8 @@ def test_an_unknown_anchor_is_one_line_naming_the_valid_ones():
 @pytest.mark.gpu
 @needs_gpu
 def test_read_probe_streams_exactly_the_points_k_and_v():
-    # the probe's per-thread sums of the bytes read as fp32 add up to the sum over the point's K and V of every
-    # copy it is called on, and to nothing more: it reads those bytes, each once
+    # the probe's per-thread sums of the bytes read as fp32 add up to the sum over copy i's K and V (K_i then V_i)
+    # and to nothing more: it reads those bytes, each once
     from directkv.kernels.cuda.bench_decode import _calls, _Point
     from directkv.kernels.cuda.zero_copy import pinned_empty
 
@@ -37,8 +37,9 @@ def test_read_probe_streams_exactly_the_points_k_and_v():
                    page_size=16, page_order="random", gen=gen)
     call, link_bytes, _ = _calls(point, "read_probe", {})
     assert link_bytes == nbytes == point.flat[1].numel()
-    for i in range(2):
-        want = point.flat[i].cpu().view(torch.float32).double()
+    for i in range(2):  # the expected bytes from the HBM copies of K_i and V_i, not from the view the probe reads
+        k, v = (point.hbm[2 * i + j].contiguous().view(-1).view(torch.uint8) for j in (0, 1))
+        want = torch.cat([k, v]).view(torch.float32).double().cpu()
         got = call(i, 2).double().sum().cpu()
         assert abs(float(got - want.sum())) <= 1e-5 * float(want.abs().sum()), i
 
