@@ -2,9 +2,9 @@
 
 Groups on the x axis are context lengths; q_len, batch, model or hardware are added to the group
 label only when they vary within an op, so a plain sweep keeps short "16K"-style labels. Drawn: the paper's
-variants, plain stream, the anchors, and per point the fastest stream option as one bar, named under the
-point (a GPU run measures ~20 stream options and tiled diagnostics per point; every row stays in
-results.parquet). Fig. 13 marks each prefill bar at its target where rows carry `target_ms`, other ops' bars
+variants, plain stream, the anchors (decode's `read_probe`: a plain read of the same bytes), and per point the
+fastest stream option as one bar, named under the point (a GPU run measures ~20 stream options and tiled
+diagnostics per point; every row stays in results.parquet). Fig. 13 marks each prefill bar at its target where rows carry `target_ms`, other ops' bars
 at the link floor.
 """
 
@@ -25,7 +25,10 @@ from plots.style import context_label, op_label, op_rank, variant_rank
 
 COLUMNS = ("op", "variant", "context_len", "time_ms", "link_read_bytes", "kv_bytes")
 GROUP_EXTRAS = ("q_len", "batch", "model", "hardware")
-SHOWN = ("naive", "tiled", "pipelined", "stream", "separate", "fused", "sdpa_hbm", "sdpa_zero_copy", "swap_sdpa")
+# read_probe (decode, measured runs from 2026-12-03): the plain streaming read of the point's own K/V bytes, what
+# any zero-copy kernel could reach at that size
+SHOWN = ("naive", "tiled", "pipelined", "stream", "separate", "fused", "sdpa_hbm", "sdpa_zero_copy", "swap_sdpa",
+         "read_probe")
 POINT = ("op", "context_len", *GROUP_EXTRAS)  # a bar group: one fastest stream option each
 # column -> (legend label, colour) of the dashed mark drawn across each bar
 MARKS = {"floor_ms": ("link floor (bytes / link BW)", "black"),
