@@ -4,8 +4,8 @@ Groups on the x axis are context lengths; q_len, batch, model or hardware are ad
 label only when they vary within an op, so a plain sweep keeps short "16K"-style labels. Drawn: the paper's
 variants, plain stream, the anchors (decode's `read_probe`: a plain read of the same bytes), and per point the
 fastest stream option as one bar, named under the point (a GPU run measures ~20 stream options and tiled
-diagnostics per point; every row stays in results.parquet). Fig. 13 marks each prefill bar at its target where rows carry `target_ms`, other ops' bars
-at the link floor.
+diagnostics per point; every row stays in results.parquet). Fig. 13 marks each prefill bar at its target where
+rows carry `target_ms`, other ops' bars at the link floor.
 """
 
 from __future__ import annotations
