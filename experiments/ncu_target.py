@@ -57,18 +57,12 @@ def host_bytes(op: str, context: int, batch: int) -> int:
 
 
 def read_probe(nbytes: int):
-    """The SM zero-copy read ceiling's kernel (probe.stream_read) over `nbytes` of pinned memory."""
-    from directkv.kernels.cuda import build
-    from directkv.kernels.cuda.probe import BLOCKS_PER_SM, THREADS
+    """The SM zero-copy read ceiling's kernel (probe.stream_read_call) over `nbytes` of pinned memory."""
+    from directkv.kernels.cuda.probe import stream_read_call
 
     host = pinned_empty((nbytes // 2,), DT)
     host.copy_(torch.randn(host.shape, dtype=DT))
-    view = device_view(host)
-    mod = build.load("probe")
-    blocks = BLOCKS_PER_SM * mod.num_sms()
-    sink = torch.empty(blocks * THREADS, dtype=torch.float32, device="cuda")
-    return lambda: mod.stream_read(view.data_ptr(), nbytes, sink.data_ptr(), blocks, THREADS,
-                                   torch.cuda.current_stream().cuda_stream)
+    return stream_read_call(device_view(host))
 
 
 def call(op: str, variant: str, context: int, batch: int, q_len: int):
