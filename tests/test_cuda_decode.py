@@ -91,6 +91,18 @@ def test_forced_splits(variant, num_splits):
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("num_splits", [1, 2, 5])
+@pytest.mark.parametrize("page_size", [16, 128])
+def test_page_table_in_shared_memory_or_per_copy(num_splits, page_size):
+    # a CTA keeps its split's page-table entries in shared memory up to kDecodeTableCap (512) pages and looks them up
+    # per copy beyond that: 9001 tokens in 16-token pages are 564 pages of 64-token tiles in one split (past the cap),
+    # fewer in two or five; 128-token pages hold two tiles, so a split can begin mid-page
+    kv = make_kv([9001, 130, 4097], page_size=page_size, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16)
+    run_and_check(kv, 8, "tiled", num_splits=num_splits)
+
+
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("load_mode", ["cp_async_l2", "cp_async_l1", "registers", "cp_async_l2_128", "cp_async_l2_256"])
 @pytest.mark.parametrize("split_major", [False, True])
 def test_load_modes_and_grid_orders(load_mode, split_major, monkeypatch):
