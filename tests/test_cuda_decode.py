@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from directkv.errors import ConfigError
 from directkv.kernels.cuda.decode_attention import (
+    HOST_MIN_TILES_PER_SPLIT,
+    TABLE_CAP,
     decode_attention,
     heads_per_cta,
     plan_splits,
     prefetch_stream,
+    table_cap_tiles,
     traffic,
 )
 from directkv.kernels.cuda.stream_plan import host_pages, plan_stream, stream_schedule
@@ -339,6 +343,28 @@ def test_plan_splits_covers_every_tile(groups, max_tiles):
     # small batches are split to fill the GPU, down to two tiles a split
     assert groups * splits >= min(264, groups * math.ceil(max_tiles / 2))
     assert plan_splits(groups, max_tiles, 264, num_splits=1) == (1, max_tiles)
+
+
+@pytest.mark.parametrize("groups", [8, 16, 128, 512])
+@pytest.mark.parametrize("max_tiles", [1, 64, 128, 2048, 8192])
+def test_plan_splits_host_only(groups, max_tiles):
+    # all pages on the host: about half the resident slots (one CTA per SM for tiled), >= 16 tiles a split, but
+    # never more tiles in a split than its page-table entries in shared memory allow
+    splits, per = plan_splits(groups, max_tiles, slots=264, host_only=True, cap_tiles=128)
+    assert splits * per >= max_tiles and (splits - 1) * per < max_tiles
+    assert per <= 128
+    assert per >= min(HOST_MIN_TILES_PER_SPLIT, max_tiles) or per == 128 or splits == 1
+    assert groups * (splits - 1) < 132 or per == 128  # no more splits than about one CTA per SM asks
+    assert plan_splits(8, 64, 264, host_only=True, cap_tiles=128) == (4, 16)  # 4K x 1, Llama: 32 CTAs
+    assert plan_splits(8, 2048, 264, host_only=True, cap_tiles=128) == (17, 121)  # 128K x 1
+
+
+def test_planned_split_fits_the_kernels_page_table_cap():
+    header = (Path(__file__).parents[1] / "csrc/include/directkv/decode_attention.cuh").read_text()
+    assert f"constexpr int kDecodeTableCap = {TABLE_CAP};" in header
+    assert table_cap_tiles(16, 64) == 128 and table_cap_tiles(128, 64) == 1022 and table_cap_tiles(64, 64) == 512
+    # a long sequence in a large batch asks for one split, but gets enough to keep each in the cap
+    assert plan_splits(512, 2048, 264, cap_tiles=128) == (16, 128)
 
 
 def test_heads_per_cta():

@@ -40,7 +40,8 @@ struct DecodeParams {
 enum DecodeLoad : int { kCpAsyncL2 = 0, kCpAsyncL1 = 1, kRegisters = 2, kCpAsyncL2Line = 3, kCpAsyncL2Pair = 4 };
 
 // Page-table entries a CTA keeps in shared memory (2 KB): a split of up to 512 pages (8K tokens of 16-token pages)
-// reads each entry once, up front; a longer split looks entries up per copy, as before.
+// reads each entry once, up front; a longer split looks entries up per copy, which ran 13% slower on the H200 (16K x 1
+// forced into one split), so the host's split plan keeps splits within the cap (decode_attention.TABLE_CAP).
 constexpr int kDecodeTableCap = 512;
 
 template <typename T, int HD, int HPC, int TILE, int STAGES>

@@ -12,7 +12,7 @@ stream : beyond the paper: the copy engine moves host pages into a small HBM rin
 
 Both zero-copy variants split each sequence over CTAs (flash-decoding) when there are too few
 (sequence, head group) pairs to fill the GPU; the split plan is host-side arithmetic on the SM count,
-the kernel's occupancy and the block table's width (no device sync).
+the kernel's occupancy, the block table's width and whether the HBM pools are empty (no device sync).
 """
 
 from __future__ import annotations
@@ -37,6 +37,15 @@ DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
 MIN_TILES_PER_SPLIT = 2
 # CTAs per resident slot to aim for: one full wave plus slack, so no slot idles at the tail.
 WAVES = 2
+# With every page on the host the link, not the SMs, sets the pace, and a few long splits beat many short ones
+# (H200, tiled, all K/V pinned, thirty-second session: 4K x 1 took 340-344 us at 1-4 splits against 350 us at the 32
+# of the plan above, 8K x 1 667-669 against 690; from 16K to 128K x 1 the best counts, 8-32, were within 1% of
+# the plan above). So host-only launches aim at about one CTA per SM, and at least this many tiles a split.
+HOST_WAVES = 0.5
+HOST_MIN_TILES_PER_SPLIT = 16
+# csrc kDecodeTableCap: page-table entries a CTA keeps in shared memory. A longer split looks its entries up per
+# copy, which was 13% slower (16K x 1 in one split), so planned splits stay within it.
+TABLE_CAP = 512
 # csrc DecodeLoad: cp.async .cg / .ca / .cg + L2::128B / .cg + L2::256B, or plain LDG through registers
 LOAD_MODES = {"cp_async_l2": 0, "cp_async_l1": 1, "registers": 2, "cp_async_l2_128": 3, "cp_async_l2_256": 4}
 # Tuning knobs (module-level so a benchmark can sweep them; bench_decode.tune_decode does). Measured on the
@@ -47,17 +56,23 @@ LOAD_MODE = "cp_async_l1"
 SPLIT_MAJOR = False  # grid order: False = CTAs of one split's head groups adjacent, True = splits adjacent
 
 
-def plan_splits(num_groups: int, max_tiles: int, slots: int, num_splits: int | None = None) -> tuple[int, int]:
+def plan_splits(num_groups: int, max_tiles: int, slots: int, num_splits: int | None = None, *,
+                host_only: bool = False, cap_tiles: int | None = None) -> tuple[int, int]:
     """(num_splits, tiles_per_split) for `num_groups` (sequence, head group) CTAs of <= max_tiles tiles.
 
     Splits until about WAVES * slots CTAs exist (slots = SMs x resident CTAs per SM), never below
-    MIN_TILES_PER_SPLIT tiles a split; a forced `num_splits` is clipped to max_tiles. Splits are equal in
-    tiles, so the last one may be short; shorter sequences leave their trailing splits empty.
+    MIN_TILES_PER_SPLIT tiles a split; with `host_only` (no HBM pages) until about HOST_WAVES * slots, never below
+    HOST_MIN_TILES_PER_SPLIT. A planned split holds at most `cap_tiles` tiles (its page-table entries fit the
+    CTA's shared memory); a forced `num_splits` is only clipped to max_tiles. Splits are equal in tiles, so the
+    last one may be short; shorter sequences leave their trailing splits empty.
     """
     max_tiles = max(1, max_tiles)
     if num_splits is None:
-        want = math.ceil(WAVES * slots / max(1, num_groups))
-        num_splits = max(1, min(want, math.ceil(max_tiles / MIN_TILES_PER_SPLIT)))
+        waves, min_tiles = (HOST_WAVES, HOST_MIN_TILES_PER_SPLIT) if host_only else (WAVES, MIN_TILES_PER_SPLIT)
+        want = math.ceil(waves * slots / max(1, num_groups))
+        num_splits = max(1, min(want, math.ceil(max_tiles / min_tiles)))
+        if cap_tiles:
+            num_splits = max(num_splits, math.ceil(max_tiles / cap_tiles))
     num_splits = max(1, min(int(num_splits), max_tiles))
     tiles_per_split = math.ceil(max_tiles / num_splits)
     return math.ceil(max_tiles / tiles_per_split), tiles_per_split
@@ -116,16 +131,24 @@ _WORKSPACES: dict[tuple[int, int], _Workspace] = {}
 _TRAFFIC: dict = {}  # per_table's memo of the closed-form Traffic
 
 
+def table_cap_tiles(page_size: int, tile_kv: int) -> int:
+    """Tiles a split may hold with all its page-table entries in the CTA's TABLE_CAP slots: a page larger than a
+    tile lets a split begin mid-page, so one entry is kept spare then."""
+    return max(1, (TABLE_CAP - (page_size > tile_kv)) * page_size // tile_kv)
+
+
 def _config(q: torch.Tensor, num_kv_heads: int, page_size: int, width: int, *, variant: str, tile_kv: int,
-            num_splits: int | None, stream: int) -> tuple[int, int, int, int, int, int]:
+            num_splits: int | None, stream: int, host_only: bool = False) -> tuple[int, int, int, int, int, int]:
     """(heads_per_cta, num_splits, tiles_per_split, part_o, part_lse, counters) of a launch over block tables of
-    `width` pages: the split plan and the workspace pointers (0 without splits) on `stream`'s workspace."""
+    `width` pages: the split plan and the workspace pointers (0 without splits) on `stream`'s workspace;
+    `host_only`: the HBM pools are empty, so every page is read through the link."""
     batch, num_heads, head_dim = q.shape
     hpc = heads_per_cta(variant, num_heads // num_kv_heads)
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     slots = _occupancy(device, DTYPE_CODES[q.dtype], head_dim, hpc, tile_kv)
     groups = batch * (num_heads // hpc)
-    splits, tiles_per_split = plan_splits(groups, math.ceil(width * page_size / tile_kv), slots, num_splits)
+    splits, tiles_per_split = plan_splits(groups, math.ceil(width * page_size / tile_kv), slots, num_splits,
+                                          host_only=host_only, cap_tiles=table_cap_tiles(page_size, tile_kv))
     if splits == 1:
         return hpc, splits, tiles_per_split, 0, 0, 0
     ws = _WORKSPACES.setdefault((device, stream), _Workspace())
@@ -142,7 +165,7 @@ def _launch(q, host_k, host_v, hbm_k, hbm_v, block_table, seq_lens, *, variant, 
     stream = torch.cuda.current_stream(q.device).cuda_stream if stream is None else stream
     hpc, splits, tiles_per_split, part_o, part_lse, counters = _config(
         q, num_kv_heads, page_size, block_table.shape[1], variant=variant, tile_kv=tile_kv, num_splits=num_splits,
-        stream=stream)
+        stream=stream, host_only=hbm_k.shape[0] == 0)
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
     _module().run(
         q.data_ptr(), host_k.data_ptr(), host_v.data_ptr(), hbm_k.data_ptr(), hbm_v.data_ptr(),
