@@ -354,9 +354,10 @@ def test_plan_splits_host_only(groups, max_tiles):
     assert splits * per >= max_tiles and (splits - 1) * per < max_tiles
     assert per <= 128
     assert per >= min(HOST_MIN_TILES_PER_SPLIT, max_tiles) or per == 128 or splits == 1
-    assert groups * (splits - 1) < 132 or per == 128  # no more splits than about one CTA per SM asks
+    assert groups * splits <= 132 or per == 128 or splits == 1  # at most one CTA per SM, unless the cap asks more
     assert plan_splits(8, 64, 264, host_only=True, cap_tiles=128) == (4, 16)  # 4K x 1, Llama: 32 CTAs
-    assert plan_splits(8, 2048, 264, host_only=True, cap_tiles=128) == (17, 121)  # 128K x 1
+    assert plan_splits(8, 2048, 264, host_only=True, cap_tiles=128) == (16, 128)  # 128K x 1: 128 CTAs, not 136
+    assert plan_splits(8, 512, 264, host_only=True, cap_tiles=128) == (16, 32)  # 32K x 1
 
 
 def test_planned_split_fits_the_kernels_page_table_cap():

@@ -40,7 +40,8 @@ WAVES = 2
 # With every page on the host the link, not the SMs, sets the pace, and a few long splits beat many short ones
 # (H200, tiled, all K/V pinned, thirty-second session: 4K x 1 took 340-344 us at 1-4 splits against 350 us at the 32
 # of the plan above, 8K x 1 667-669 against 690; from 16K to 128K x 1 the best counts, 8-32, were within 1% of
-# the plan above). So host-only launches aim at about one CTA per SM, and at least this many tiles a split.
+# the plan above, and 17 splits of 8 heads, 136 CTAs on 132 SMs, lost 1.5% at 128K). So host-only launches aim at
+# no more than one CTA per SM (half the tiled kernel's two resident slots), and at least this many tiles a split.
 HOST_WAVES = 0.5
 HOST_MIN_TILES_PER_SPLIT = 16
 # csrc kDecodeTableCap: page-table entries a CTA keeps in shared memory. A longer split looks its entries up per
@@ -68,8 +69,10 @@ def plan_splits(num_groups: int, max_tiles: int, slots: int, num_splits: int | N
     """
     max_tiles = max(1, max_tiles)
     if num_splits is None:
-        waves, min_tiles = (HOST_WAVES, HOST_MIN_TILES_PER_SPLIT) if host_only else (WAVES, MIN_TILES_PER_SPLIT)
-        want = math.ceil(waves * slots / max(1, num_groups))
+        if host_only:  # rounded down: a 137th CTA would share an SM, and that SM's splits would finish last
+            want, min_tiles = max(1, int(HOST_WAVES * slots) // max(1, num_groups)), HOST_MIN_TILES_PER_SPLIT
+        else:
+            want, min_tiles = math.ceil(WAVES * slots / max(1, num_groups)), MIN_TILES_PER_SPLIT
         num_splits = max(1, min(want, math.ceil(max_tiles / min_tiles)))
         if cap_tiles:
             num_splits = max(num_splits, math.ceil(max_tiles / cap_tiles))
