@@ -17,6 +17,7 @@ from directkv.kernels.cuda.decode_attention import (
     plan_splits,
     prefetch_stream,
     table_cap_tiles,
+    table_min_splits,
     traffic,
 )
 from directkv.kernels.cuda.stream_plan import host_pages, plan_stream, stream_schedule
@@ -95,11 +96,26 @@ def test_forced_splits(variant, num_splits):
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("variant", ["naive", "tiled"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gqa", [1, 4, 8])
+def test_host_only_plan(variant, dtype, gqa):
+    # empty HBM pools, as serving's host tier passes them, select the host-only plan (few long splits); 9001 tokens of
+    # 16-token pages (563 pages) need two splits to stay within the kernel's 512-entry page table
+    kv = make_kv([9001, 1, 4097, 63], page_size=16, num_kv_heads=2, head_dim=128, dtype=dtype, hbm_fraction=0.0)
+    assert bool((kv.block_table[:, :563][0] >= 0).all())  # every page of the long sequence is a host page
+    empty = kv.hbm_k[:0]
+    host_only = PagedKV(kv.host_k, kv.host_v, empty, empty, kv.block_table, kv.seq_lens)
+    run_and_check(host_only, 2 * gqa, variant)
+
+
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("num_splits", [1, 2, 5])
 @pytest.mark.parametrize("page_size", [16, 128])
 def test_page_table_in_shared_memory_or_per_copy(num_splits, page_size):
     # a CTA keeps its split's page-table entries in shared memory up to kDecodeTableCap (512) pages and looks them up
-    # per copy beyond that: 9001 tokens in 16-token pages are 564 pages of 64-token tiles in one split (past the cap),
+    # per copy beyond that: 9001 tokens in 16-token pages are 563 pages of 64-token tiles in one split (past the cap),
     # fewer in two or five; 128-token pages hold two tiles, so a split can begin mid-page
     kv = make_kv([9001, 130, 4097], page_size=page_size, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16)
     run_and_check(kv, 8, "tiled", num_splits=num_splits)
@@ -366,6 +382,9 @@ def test_planned_split_fits_the_kernels_page_table_cap():
     assert table_cap_tiles(16, 64) == 128 and table_cap_tiles(128, 64) == 1022 and table_cap_tiles(64, 64) == 512
     # a long sequence in a large batch asks for one split, but gets enough to keep each in the cap
     assert plan_splits(512, 2048, 264, cap_tiles=128) == (16, 128)
+    # callers that force a split count (the pipelined path's side CTAs) raise it to this
+    assert [table_min_splits(w, 16) for w in (1, 512, 513, 563, 8192)] == [1, 1, 2, 2, 16]
+    assert table_min_splits(511, 128) == 1 and table_min_splits(512, 128) == 2
 
 
 def test_heads_per_cta():

@@ -323,7 +323,8 @@ def test_directkv_pipelined_parts_on_the_side_stream_match_the_main_stream(graph
             else:
                 paged = self._paged(self.tier, k_pool, v_pool, p.decode_table[rows], p.decode_lens[rows])
                 again, _ = self.decode(q_copy, paged, variant=self.variant,
-                                       num_splits=self.side_splits(q_copy, k_pool.shape[2]))
+                                       num_splits=self.side_splits(q_copy, k_pool.shape[2],
+                                                                   p.decode_table.shape[1], k_pool.shape[1]))
             checked.append("chunks" if rows.start == p.num_decodes else "decodes")
             if not torch.equal(out, again):
                 mismatches.append((layer, rows.start, (out.float() - again.float()).abs().max().item()))

@@ -311,7 +311,7 @@ class ZeroCopyPath:
         if q.device.type != "cuda":
             out = attention()
             return lambda: out
-        splits = None if chunks else self.side_splits(q, k_pool.shape[2])
+        splits = None if chunks else self.side_splits(q, k_pool.shape[2], table.shape[1], k_pool.shape[1])
         main = torch.cuda.current_stream(q.device)
         side = side_stream(q.device, 0)[0]
         side.wait_stream(main)  # q and this part's new K/V are written on the main stream
@@ -331,12 +331,13 @@ class ZeroCopyPath:
 
         return wait
 
-    def side_splits(self, q: torch.Tensor, num_kv_heads: int) -> int | None:
-        """attend_async's split count: CTAs = rows x head groups x splits ~ side_ctas."""
+    def side_splits(self, q: torch.Tensor, num_kv_heads: int, width: int, page_size: int) -> int | None:
+        """attend_async's split count over block tables `width` pages wide: CTAs = rows x head groups x splits ~
+        side_ctas, but no fewer splits than keep each within the kernel's shared-memory page table."""
         if self.side_ctas is None:
             return None
         groups = q.shape[0] * q.shape[1] // cuda_decode.heads_per_cta(self.variant, q.shape[1] // num_kv_heads)
-        return max(1, self.side_ctas // groups)
+        return max(1, self.side_ctas // groups, cuda_decode.table_min_splits(width, page_size))
 
 
 class _Stager:

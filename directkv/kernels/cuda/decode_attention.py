@@ -39,9 +39,10 @@ MIN_TILES_PER_SPLIT = 2
 WAVES = 2
 # With every page on the host the link, not the SMs, sets the pace, and a few long splits beat many short ones
 # (H200, tiled, all K/V pinned, thirty-second session: 4K x 1 took 340-344 us at 1-4 splits against 350 us at the 32
-# of the plan above, 8K x 1 667-669 against 690; from 16K to 128K x 1 the best counts, 8-32, were within 1% of
-# the plan above, and 17 splits of 8 heads, 136 CTAs on 132 SMs, lost 1.5% at 128K). So host-only launches aim at
-# no more than one CTA per SM (half the tiled kernel's two resident slots), and at least this many tiles a split.
+# of the plan above, 8K x 1 667-672 against 690, 16K x 1 1325 at 8 against 1346; from 32K to 128K x 1 the best
+# counts, 8-32, were within 1% of the plan above, and 17 splits of 8 heads, 136 CTAs on 132 SMs, fell a point
+# behind a plain read at 128K). So host-only launches aim at no more than one CTA per SM (half the tiled kernel's
+# two resident slots), and at least this many tiles a split.
 HOST_WAVES = 0.5
 HOST_MIN_TILES_PER_SPLIT = 16
 # csrc kDecodeTableCap: page-table entries a CTA keeps in shared memory. A longer split looks its entries up per
@@ -138,6 +139,12 @@ def table_cap_tiles(page_size: int, tile_kv: int) -> int:
     """Tiles a split may hold with all its page-table entries in the CTA's TABLE_CAP slots: a page larger than a
     tile lets a split begin mid-page, so one entry is kept spare then."""
     return max(1, (TABLE_CAP - (page_size > tile_kv)) * page_size // tile_kv)
+
+
+def table_min_splits(width: int, page_size: int, tile_kv: int = 64) -> int:
+    """Fewest splits that keep every split of block tables `width` pages wide within the kernel's page table (a
+    caller that forces `num_splits` raises it to this to stay off the slower per-copy lookups)."""
+    return math.ceil(math.ceil(width * page_size / tile_kv) / table_cap_tiles(page_size, tile_kv))
 
 
 def _config(q: torch.Tensor, num_kv_heads: int, page_size: int, width: int, *, variant: str, tile_kv: int,
