@@ -118,7 +118,8 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
 
   // Every load from HBM (q, the split's page-table entries) is issued before the first K/V copy: on the H200 HBM loads
   // issued after an SM's host-memory requests appeared to wait behind them (ncu, 4K x 1: 31% of warp-stall samples
-  // on q's load, ~40% on the page-table entry looked up between two copies).
+  // on q's load, ~40% on the page-table entry looked up between two copies). Measured: no gain at 4K x 1's old plan
+  // of 32 two-tile splits, 2% with one split, which the host-only plan's few long splits now use.
   const int first_page = (t_begin * TILE) >> p.page_shift;
   const int n_pages = ((min((t_begin + n) * TILE, len) - 1) >> p.page_shift) - first_page + 1;
   const bool in_smem = n_pages <= kDecodeTableCap;  // else each copy reads its entry from global memory
