@@ -32,6 +32,7 @@ from directkv.kernels.traffic_model import decode_traffic
 
 VARIANTS = ("naive", "tiled", "stream")
 TILES = (32, 64)
+DEFAULT_TILE = 64  # decode_attention's tile_kv, and the tile side_splits' callers launch with
 DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
 # A split of fewer tiles than this spends more on its start-up (q, first loads) than it saves in balance.
 MIN_TILES_PER_SPLIT = 2
@@ -141,7 +142,7 @@ def table_cap_tiles(page_size: int, tile_kv: int) -> int:
     return max(1, (TABLE_CAP - (page_size > tile_kv)) * page_size // tile_kv)
 
 
-def table_min_splits(width: int, page_size: int, tile_kv: int = 64) -> int:
+def table_min_splits(width: int, page_size: int, tile_kv: int = DEFAULT_TILE) -> int:
     """Fewest splits that keep every split of block tables `width` pages wide within the kernel's page table (a
     caller that forces `num_splits` raises it to this to stay off the slower per-copy lookups)."""
     return math.ceil(math.ceil(width * page_size / tile_kv) / table_cap_tiles(page_size, tile_kv))
@@ -239,7 +240,7 @@ def decode_attention(
     kv: PagedKV,
     *,
     variant: str,
-    tile_kv: int = 64,
+    tile_kv: int = DEFAULT_TILE,
     sm_scale: float | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
