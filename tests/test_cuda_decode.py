@@ -10,6 +10,7 @@ import torch
 
 from directkv.errors import ConfigError
 from directkv.kernels.cuda.decode_attention import (
+    CLUSTER_MAX,
     HOST_MIN_TILES_PER_SPLIT,
     TABLE_CAP,
     decode_attention,
@@ -19,6 +20,7 @@ from directkv.kernels.cuda.decode_attention import (
     table_cap_tiles,
     table_min_splits,
     traffic,
+    use_cluster_merge,
 )
 from directkv.kernels.cuda.stream_plan import host_pages, plan_stream, stream_schedule
 from directkv.kernels.paged import PagedKV
@@ -107,6 +109,30 @@ def test_host_only_plan(variant, dtype, gqa):
     empty = kv.hbm_k[:0]
     host_only = PagedKV(kv.host_k, kv.host_v, empty, empty, kv.block_table, kv.seq_lens)
     run_and_check(host_only, 2 * gqa, variant)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("variant", ["naive", "tiled"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("gqa", [1, 4, 8])
+@pytest.mark.parametrize("split_major", [False, True])
+def test_cluster_merge(variant, dtype, head_dim, gqa, split_major, monkeypatch):
+    # every page on the host and 2..8 splits: the splits of a (sequence, head group) run as one thread-block cluster and
+    # merge in distributed shared memory. The short sequences leave most of their cluster's splits without tiles, and
+    # those CTAs must still reach both cluster barriers (a miss hangs the launch); the global merge is checked beside it
+    import directkv.kernels.cuda.decode_attention as dec
+
+    monkeypatch.setattr(dec, "SPLIT_MAJOR", split_major)
+    kv = make_kv([4097, 1, 300, 63, 1000], page_size=16, num_kv_heads=2, head_dim=head_dim, dtype=dtype,
+                 hbm_fraction=0.0)
+    empty = kv.hbm_k[:0]
+    host_only = PagedKV(kv.host_k, kv.host_v, empty, empty, kv.block_table, kv.seq_lens)
+    for cluster in (True, False):
+        monkeypatch.setattr(dec, "CLUSTER_MERGE", cluster)
+        for num_splits in (None, 2, 3, 5, CLUSTER_MAX):  # None: the host-only plan (5 splits of 16 tiles here)
+            run_and_check(host_only, 2 * gqa, variant, num_splits=num_splits, tile_kv=32 if head_dim == 64 else 64)
 
 
 @pytest.mark.gpu
@@ -385,6 +411,14 @@ def test_planned_split_fits_the_kernels_page_table_cap():
     # callers that force a split count (the pipelined path's side CTAs) raise it to this
     assert [table_min_splits(w, 16) for w in (1, 512, 513, 563, 8192)] == [1, 1, 2, 2, 16]
     assert table_min_splits(511, 128) == 1 and table_min_splits(512, 128) == 2
+
+
+def test_cluster_merge_is_chosen_for_host_only_launches_of_2_to_8_splits():
+    header = (Path(__file__).parents[1] / "csrc/include/directkv/decode_attention.cuh").read_text()
+    assert f"constexpr int kDecodeClusterMax = {CLUSTER_MAX};" in header
+    assert [use_cluster_merge(True, s) for s in (1, 2, 8, 9, 16)] == [False, True, True, False, False]
+    assert not use_cluster_merge(False, 4)  # pages in HBM: the global merge, as measured before
+    assert plan_splits(8, 64, 264, host_only=True, cap_tiles=128)[0] == 4  # 4K x 1, Llama: clusters of 4
 
 
 def test_heads_per_cta():

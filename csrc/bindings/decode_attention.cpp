@@ -18,7 +18,7 @@ void decode_attention_run(uintptr_t q, uintptr_t host_k, uintptr_t host_v, uintp
                           uintptr_t lse_out, uintptr_t part_o, uintptr_t part_lse, uintptr_t counters, int batch,
                           int num_heads, int num_kv_heads, int head_dim, int max_pages, int page_size,
                           int num_splits, int tiles_per_split, int heads_per_cta, int tile, float sm_scale,
-                          int dtype, int load_mode, int split_major, uintptr_t stream);
+                          int dtype, int load_mode, int split_major, int cluster_merge, uintptr_t stream);
 void copy_async(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream);
 void copy_runs_packed(const std::vector<uintptr_t>& dst_bases, const std::vector<uintptr_t>& src_bases,
                       uintptr_t runs, int64_t num_runs, size_t unit_bytes, uintptr_t stream);
@@ -34,7 +34,7 @@ PYBIND11_MODULE(_dkv_decode_attention, m) {
         py::arg("batch"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"),
         py::arg("max_pages"), py::arg("page_size"), py::arg("num_splits"), py::arg("tiles_per_split"),
         py::arg("heads_per_cta"), py::arg("tile"), py::arg("sm_scale"), py::arg("dtype"), py::arg("load_mode"),
-        py::arg("split_major"), py::arg("stream"));
+        py::arg("split_major"), py::arg("cluster_merge"), py::arg("stream"));
   m.def("copy_async", &directkv::copy_async, py::arg("dst"), py::arg("src"), py::arg("nbytes"), py::arg("stream"),
         "cudaMemcpyAsync with the direction inferred from UVA (pinned host -> HBM runs on the copy engine)");
   m.def("copy_runs_packed", &directkv::copy_runs_packed, py::arg("dst_bases"), py::arg("src_bases"), py::arg("runs"),

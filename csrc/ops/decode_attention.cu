@@ -94,6 +94,9 @@ void check_launch(const DecodeParams& p, int heads_per_cta) {
     require(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "decode_attention: q and KV pools must be 16-byte aligned");
   }
   require(p.batch <= 65535 && p.num_splits <= 65535, "decode_attention: batch and num_splits must be <= 65535");
+  require(!p.cluster_merge || (p.num_splits >= 2 && p.num_splits <= kDecodeClusterMax),
+          "decode_attention: cluster_merge needs 2.." + std::to_string(kDecodeClusterMax) + " splits, got " +
+              std::to_string(p.num_splits));
   require(p.load_mode >= kCpAsyncL2 && p.load_mode <= kCpAsyncL2Pair,
           "decode_attention: load_mode " + std::to_string(p.load_mode) + " is not in 0..4 (see DecodeLoad)");
 }
@@ -103,8 +106,26 @@ void launch_checked(const DecodeParams& p, int dtype, int head_dim, int heads_pe
   with_kernel(dtype, head_dim, heads_per_cta, tile, [&](auto kernel, size_t smem, int threads) {
     const int groups = p.num_heads / heads_per_cta;
     const dim3 grid = p.split_major ? dim3(p.num_splits, groups, p.batch) : dim3(groups, p.batch, p.num_splits);
-    kernel<<<grid, threads, smem, stream>>>(p);
-    check_cuda(cudaGetLastError(), "decode_attention: kernel launch");
+    if (!p.cluster_merge) {
+      kernel<<<grid, threads, smem, stream>>>(p);
+      check_cuda(cudaGetLastError(), "decode_attention: kernel launch");
+      return;
+    }
+    // one cluster per (sequence, head group): all its splits, so a CTA's cluster rank is its split
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    const unsigned s = static_cast<unsigned>(p.num_splits);
+    attr.val.clusterDim.x = p.split_major ? s : 1;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = p.split_major ? 1 : s;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    check_cuda(cudaLaunchKernelEx(&cfg, kernel, p), "decode_attention: cluster launch");
   });
 }
 
@@ -120,7 +141,7 @@ void decode_attention_run(uintptr_t q, uintptr_t host_k, uintptr_t host_v, uintp
                           uintptr_t lse_out, uintptr_t part_o, uintptr_t part_lse, uintptr_t counters, int batch,
                           int num_heads, int num_kv_heads, int head_dim, int max_pages, int page_size,
                           int num_splits, int tiles_per_split, int heads_per_cta, int tile, float sm_scale,
-                          int dtype, int load_mode, int split_major, uintptr_t stream) {
+                          int dtype, int load_mode, int split_major, int cluster_merge, uintptr_t stream) {
   require(is_pow2(page_size), "decode_attention: page_size " + std::to_string(page_size) + " is not a power of two");
   DecodeParams p{};
   p.q = reinterpret_cast<const void*>(q);
@@ -145,6 +166,7 @@ void decode_attention_run(uintptr_t q, uintptr_t host_k, uintptr_t host_v, uintp
   p.tiles_per_split = tiles_per_split;
   p.load_mode = load_mode;
   p.split_major = split_major;
+  p.cluster_merge = cluster_merge;
   p.scale_log2 = sm_scale * 1.4426950408889634f;
   launch(p, dtype, head_dim, heads_per_cta, tile, reinterpret_cast<cudaStream_t>(stream));
 }

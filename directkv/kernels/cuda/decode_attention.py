@@ -49,6 +49,11 @@ HOST_MIN_TILES_PER_SPLIT = 16
 # csrc kDecodeTableCap: page-table entries a CTA keeps in shared memory. A longer split looks its entries up per
 # copy, which was 13% slower (16K x 1 in one split), so planned splits stay within it.
 TABLE_CAP = 512
+# A host-only launch of 2..CLUSTER_MAX splits runs as thread-block clusters, one per (sequence, head group), whose splits
+# merge through distributed shared memory rather than HBM partials, a fence and an arrival counter (csrc
+# kDecodeClusterMax, the portable cluster size). That merge runs after the call's last K/V byte; see the kernel.
+CLUSTER_MERGE = True
+CLUSTER_MAX = 8
 # csrc DecodeLoad: cp.async .cg / .ca / .cg + L2::128B / .cg + L2::256B, or plain LDG through registers
 LOAD_MODES = {"cp_async_l2": 0, "cp_async_l1": 1, "registers": 2, "cp_async_l2_128": 3, "cp_async_l2_256": 4}
 # Tuning knobs (module-level so a benchmark can sweep them; bench_decode.tune_decode does). Measured on the
@@ -81,6 +86,11 @@ def plan_splits(num_groups: int, max_tiles: int, slots: int, num_splits: int | N
     num_splits = max(1, min(int(num_splits), max_tiles))
     tiles_per_split = math.ceil(max_tiles / num_splits)
     return math.ceil(max_tiles / tiles_per_split), tiles_per_split
+
+
+def use_cluster_merge(host_only: bool, num_splits: int) -> bool:
+    """Whether a launch of `num_splits` splits merges them in thread-block clusters (see CLUSTER_MERGE)."""
+    return CLUSTER_MERGE and host_only and 2 <= num_splits <= CLUSTER_MAX
 
 
 def heads_per_cta(variant: str, group: int) -> int:
@@ -174,16 +184,18 @@ def _launch(q, host_k, host_v, hbm_k, hbm_v, block_table, seq_lens, *, variant, 
     batch, num_heads, head_dim = q.shape
     num_kv_heads, page_size = host_k.shape[2], host_k.shape[1]
     stream = torch.cuda.current_stream(q.device).cuda_stream if stream is None else stream
+    host_only = hbm_k.shape[0] == 0
     hpc, splits, tiles_per_split, part_o, part_lse, counters = _config(
         q, num_kv_heads, page_size, block_table.shape[1], variant=variant, tile_kv=tile_kv, num_splits=num_splits,
-        stream=stream, host_only=hbm_k.shape[0] == 0)
+        stream=stream, host_only=host_only)
+    cluster = int(use_cluster_merge(host_only, splits))
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
     _module().run(
         q.data_ptr(), host_k.data_ptr(), host_v.data_ptr(), hbm_k.data_ptr(), hbm_v.data_ptr(),
         block_table.data_ptr(), seq_lens.data_ptr(), ptr(out), ptr(out_f32), ptr(lse_out), part_o, part_lse,
         counters, batch, num_heads, num_kv_heads, head_dim, block_table.shape[1], page_size, splits,
         tiles_per_split, hpc, tile_kv, sm_scale, DTYPE_CODES[q.dtype], LOAD_MODES[LOAD_MODE], int(SPLIT_MAJOR),
-        stream,
+        cluster, stream,
     )  # fmt: skip
 
 
