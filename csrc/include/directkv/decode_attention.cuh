@@ -345,8 +345,13 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   float* end_o = reinterpret_cast<float*>(smem + C::kMergeBytes);  // cluster_merge: [HPC][HD], then lse [HPC]
   float* end_lse = end_o + HPC * HD;
   const bool single = n_active == 1 && !p.cluster_merge;
-  for (int e = tid; e < HPC * HD; e += C::kThreads) {
-    const int h = e / HD, d = e % HD;
+  // This CTA's outputs, all computed before any is stored: the compiler cannot tell the stores from the shared-memory
+  // reads, and would otherwise finish one output before it reads the next (the loop runs after the last K/V byte)
+  constexpr int kPer = (HPC * HD + C::kThreads - 1) / C::kThreads;
+  float vals[kPer], lse2s[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int e = min(tid + j * C::kThreads, HPC * HD - 1), h = e / HD, d = e % HD;
     float mx = -INFINITY;
 #pragma unroll
     for (int w = 0; w < C::kWarps; ++w) mx = fmaxf(mx, red_m[w * HPC + h]);
@@ -357,16 +362,22 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
       sum += red_l[w * HPC + h] * wt;
       acc += red_o[(w * HPC + h) * HD + d] * wt;
     }
-    const float val = acc / sum, lse2 = mx + log2f(sum);
+    vals[j] = acc / sum;
+    lse2s[j] = mx + log2f(sum);
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int e = tid + j * C::kThreads, h = e / HD, d = e % HD;
+    if (e >= HPC * HD) break;
     if (single) {
-      store_final<T, HD>(p, b, qh0 + h, d, val, lse2);
+      store_final<T, HD>(p, b, qh0 + h, d, vals[j], lse2s[j]);
     } else if (p.cluster_merge) {
-      end_o[e] = val;
-      if (d == 0) end_lse[h] = lse2;
+      end_o[e] = vals[j];
+      if (d == 0) end_lse[h] = lse2s[j];
     } else {
       const int64_t row = (int64_t(split) * p.batch + b) * p.num_heads + qh0 + h;
-      p.part_o[row * HD + d] = val;
-      if (d == 0) p.part_lse[row] = lse2;
+      p.part_o[row * HD + d] = vals[j];
+      if (d == 0) p.part_lse[row] = lse2s[j];
     }
   }
   if (single) return;
