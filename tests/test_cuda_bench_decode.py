@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from directkv.errors import ConfigError
-from directkv.kernels.cuda.bench_decode import ANCHORS, VARIANTS, bench_decode
+from directkv.kernels.cuda.bench_decode import ANCHORS, VARIANTS, ZERO_COPY_OPTIONS, bench_decode
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CEILINGS = {"sm_read_gbps": 50.0, "ce_h2d_gbps": 54.0, "hbm_copy_gbps": 3000.0}
@@ -15,6 +15,18 @@ CEILINGS = {"sm_read_gbps": 50.0, "ce_h2d_gbps": 54.0, "hbm_copy_gbps": 3000.0}
 def test_an_unknown_variant_is_one_line_naming_the_valid_ones():
     with pytest.raises(ConfigError, match=r"unknown decode variant\(s\) \['stream:3chunks'\]; valid: naive, tiled, "):
         bench_decode([64], [1], variants=("tiled", "stream:3chunks"), ceilings=CEILINGS)
+
+
+def test_a_zero_copy_option_row_names_a_kernel_variant_and_its_options():
+    import inspect
+
+    from directkv.kernels.cuda.decode_attention import VARIANTS as KERNEL_VARIANTS
+    from directkv.kernels.cuda.decode_attention import decode_attention
+
+    params = inspect.signature(decode_attention).parameters
+    for name, (base, options) in ZERO_COPY_OPTIONS.items():
+        assert name.startswith(f"{base}:") and base in KERNEL_VARIANTS and name not in VARIANTS
+        assert set(options) <= set(params), (name, options)
 
 
 def test_an_unknown_anchor_is_one_line_naming_the_valid_ones():
@@ -49,13 +61,14 @@ def test_read_probe_streams_exactly_the_points_k_and_v():
 def test_rows_of_every_variant_are_checked_and_ok():
     # 4093 tokens (not a multiple of the page or tile) x 2 sequences: 16 MiB of K, one 16 MiB ring slot, so
     # min_chunks 4 / 8 cut it into 4 MiB / 2 MiB chunks
-    rows = bench_decode([4093], [2], variants=tuple(VARIANTS), repeats=1, target_ms=1.0, ceilings=CEILINGS)
-    assert [r["variant"] for r in rows] == [*VARIANTS, *ANCHORS]
+    variants = (*VARIANTS, *ZERO_COPY_OPTIONS)
+    rows = bench_decode([4093], [2], variants=variants, repeats=1, target_ms=1.0, ceilings=CEILINGS)
+    assert [r["variant"] for r in rows] == [*variants, *ANCHORS]
     assert {r["variant"]: r.get("stream_chunks") for r in rows if r["variant"].startswith("stream")} == {
         "stream": 1, "stream:4chunks": 4, "stream:8chunks": 8, "stream:layers": 1}
     for r in rows:
         assert r["status"] == "ok" and r["time_ms"] > 0 and r["link_gbps"] > 0, r
-        if r["variant"] in VARIANTS:
+        if r["variant"] in variants:
             assert r["rel_err"] < 1e-2, r
             assert r["link_read_bytes"] >= r["kv_bytes"] * (4 if r["variant"] == "naive" else 1) * 0.99, r
 

@@ -1,7 +1,8 @@
 """Decode-attention benchmark: CUDA variants and torch anchors side by side, ceilings from the same run.
 
-Every point (context, batch) gets one row per variant (VARIANTS: "naive", "tiled", "stream", stream's chunk
-cuts and "stream:layers", whose calls are queued as a serving step's layers) and per anchor ("sdpa_hbm": torch
+Every point (context, batch) gets one row per variant (VARIANTS: "naive", "tiled", "tiled:global_merge" (tiled with
+its splits merged through HBM even where it would merge them in thread-block clusters), "stream", stream's chunk cuts
+and "stream:layers", whose calls are queued as a serving step's layers) and per anchor ("sdpa_hbm": torch
 SDPA on K/V in HBM; "sdpa_zero_copy": SDPA reading the zero-copy view; "swap_sdpa": copy K/V to HBM with the
 copy engine, then SDPA; "read_probe": the ceilings' plain streaming-read kernel over the same pinned K/V bytes,
 timed like the rows, so a small point's share of the 1 GiB ceiling that no kernel can exceed is measured beside
@@ -46,7 +47,12 @@ VARIANTS: dict[str, dict | None] = {
     # call alone, its copy after the previous call's kernel freed slot 0
     "stream:layers": {"_layers": True},
 }
-DEFAULT_VARIANTS = ("naive", "tiled", "stream", "stream:layers")
+# zero-copy rows run with decode_attention options: name -> (variant, options)
+ZERO_COPY_OPTIONS: dict[str, tuple[str, dict]] = {
+    # the split merge through HBM partials, a fence and a counter, beside tiled's cluster merge in the same run
+    "tiled:global_merge": ("tiled", {"cluster_merge": False}),
+}
+DEFAULT_VARIANTS = ("naive", "tiled", "tiled:global_merge", "stream", "stream:layers")
 
 
 class _Point:
@@ -148,8 +154,9 @@ def bench_decode(
     link_read_bytes (closed form), floor_ms (kv_bytes / ce_h2d), sm_read_ceiling_gbps, ce_h2d_gbps,
     pct_of_sm_ceiling, rel_err (vs fp32 SDPA; variants only), inner, mode="measured", status, error.
     """
-    bad = [v for v in variants if v not in VARIANTS]
-    check(not bad, f"unknown decode variant(s) {bad}; valid: {', '.join(VARIANTS)}")
+    known = [*VARIANTS, *ZERO_COPY_OPTIONS]
+    bad = [v for v in variants if v not in known]
+    check(not bad, f"unknown decode variant(s) {bad}; valid: {', '.join(known)}")
     bad = [a for a in anchors if a not in ANCHORS]
     check(not bad, f"unknown decode anchor(s) {bad}; valid: {', '.join(ANCHORS)}")
     ceilings = ceilings or measure_ceilings()
@@ -216,6 +223,11 @@ def _calls(point: _Point, name: str, opts: dict) -> tuple[Callable[[int, int], t
         pools = point.hbm if name == "sdpa_hbm" else point.views
         link = 0 if name == "sdpa_hbm" else point.kvs[0].host_k.numel() * 2 * point.q.element_size()
         return (lambda i, n: _sdpa(point.q, *point.dense(pools, i % point.copies))), link, {}
+    if name in ZERO_COPY_OPTIONS:
+        base, extra = ZERO_COPY_OPTIONS[name]
+        return (lambda i, n: decode_attention(point.q, point.kvs[i % point.copies], variant=base, out=out, **opts,
+                                              **extra)[0]), \
+            traffic(point.kvs[0], num_heads=point.q.shape[1], variant=base).link_read_bytes, {}
     if VARIANTS[name] is not None:  # stream: the copy engine reads host DRAM, not L2: one copy suffices
         options = dict(VARIANTS[name])
         layers = options.pop("_layers", False)
@@ -298,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Decode attention benchmark (CUDA variants + torch anchors)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768, 131072])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
-    ap.add_argument("--variants", nargs="*", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="*", default=list(DEFAULT_VARIANTS), choices=[*VARIANTS, *ZERO_COPY_OPTIONS])
     ap.add_argument("--anchors", nargs="*", default=list(ANCHORS))
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--tile-kv", type=int, default=64)

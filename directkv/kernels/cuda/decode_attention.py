@@ -90,9 +90,10 @@ def plan_splits(num_groups: int, max_tiles: int, slots: int, num_splits: int | N
     return math.ceil(max_tiles / tiles_per_split), tiles_per_split
 
 
-def use_cluster_merge(host_only: bool, num_splits: int) -> bool:
-    """Whether a launch of `num_splits` splits merges them in thread-block clusters (see CLUSTER_MERGE)."""
-    return CLUSTER_MERGE and host_only and 2 <= num_splits <= CLUSTER_MAX
+def use_cluster_merge(host_only: bool, num_splits: int, enabled: bool | None = None) -> bool:
+    """Whether a launch of `num_splits` splits merges them in thread-block clusters (`enabled`, default
+    CLUSTER_MERGE, allows it)."""
+    return (CLUSTER_MERGE if enabled is None else enabled) and host_only and 2 <= num_splits <= CLUSTER_MAX
 
 
 def heads_per_cta(variant: str, group: int) -> int:
@@ -180,7 +181,7 @@ def _config(q: torch.Tensor, num_kv_heads: int, page_size: int, width: int, *, v
 
 
 def _launch(q, host_k, host_v, hbm_k, hbm_v, block_table, seq_lens, *, variant, tile_kv, sm_scale, num_splits,
-            out=None, out_f32=None, lse_out=None, stream: int | None = None) -> None:
+            out=None, out_f32=None, lse_out=None, stream: int | None = None, cluster_merge: bool | None = None) -> None:
     """One kernel launch; pools `[pages, page_size, num_kv_heads, head_dim]`, q `[batch, heads, head_dim]`;
     stream: the CUDA stream handle to launch on (default: the current stream's, looked up per call)."""
     batch, num_heads, head_dim = q.shape
@@ -190,7 +191,7 @@ def _launch(q, host_k, host_v, hbm_k, hbm_v, block_table, seq_lens, *, variant, 
     hpc, splits, tiles_per_split, part_o, part_lse, counters = _config(
         q, num_kv_heads, page_size, block_table.shape[1], variant=variant, tile_kv=tile_kv, num_splits=num_splits,
         stream=stream, host_only=host_only)
-    cluster = int(use_cluster_merge(host_only, splits))
+    cluster = int(use_cluster_merge(host_only, splits, cluster_merge))
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
     _module().run(
         q.data_ptr(), host_k.data_ptr(), host_v.data_ptr(), hbm_k.data_ptr(), hbm_v.data_ptr(),
@@ -261,6 +262,7 @@ def decode_attention(
     plan: StreamPlan | None = None,
     last_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     host_table: tuple[torch.Tensor, torch.Tensor] | None = None,
+    cluster_merge: bool | None = None,
 ) -> tuple[torch.Tensor, Traffic]:
     """Attention of each sequence's one query token over its kv.seq_lens[b] cached tokens.
 
@@ -283,6 +285,8 @@ def decode_attention(
     host_table : CPU copies of kv's (block_table, seq_lens), where the caller has them (a serving step): the
         closed-form Traffic (and a stream plan made here) read them instead of reading kv's back from the
         device. (plan_stream still copies its own tables to the device.)
+    cluster_merge : naive/tiled: whether a host-only launch of 2..CLUSTER_MAX splits may merge them in thread-block
+        clusters; None follows CLUSTER_MERGE (False keeps the merge through HBM, for a side-by-side benchmark).
 
     Returns
     -------
@@ -308,7 +312,7 @@ def decode_attention(
         _run_stream(q, kv, plan, out, tile_kv, scale, num_splits, last_kv)
     else:
         _launch(q, kv.host_k, kv.host_v, kv.hbm_k, kv.hbm_v, kv.block_table, kv.seq_lens, variant=variant,
-                tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits, out=out)
+                tile_kv=tile_kv, sm_scale=scale, num_splits=num_splits, out=out, cluster_merge=cluster_merge)
     return out, traffic(kv, num_heads=q.shape[1], variant=variant, host_table=host_table)
 
 
