@@ -116,7 +116,7 @@ def test_host_only_plan(variant, dtype, gqa):
 @pytest.mark.parametrize("variant", ["naive", "tiled"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("gqa", [1, 4, 8])
+@pytest.mark.parametrize("gqa", [1, 2, 4, 8])  # 2: two heads per CTA in tiled
 @pytest.mark.parametrize("split_major", [False, True])
 def test_cluster_merge(variant, dtype, head_dim, gqa, split_major, monkeypatch):
     # every page on the host and 2..8 splits: the splits of a (sequence, head group) run as one thread-block cluster and
@@ -361,6 +361,24 @@ def test_stream_ring_is_sized_by_the_pages_the_batch_reads():
     assert plan.ring_k.shape[1] == (2 << 20) // page_bytes
     run_and_check(short, 32, "stream", plan=plan)
     assert plan_stream(big).ring_k.shape[1] == (16 << 20) // page_bytes  # 20000 tokens read: capped at 16 MiB
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cluster_merge_with_an_empty_sequence():
+    # a sequence of 0 tokens: its whole cluster returns before either barrier, and its outputs are zeros
+    kv = make_kv([4097, 40, 63], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, hbm_fraction=0.0)
+    empty = kv.hbm_k[:0]
+    kv = PagedKV(kv.host_k, kv.host_v, empty, empty, kv.block_table,
+                 torch.tensor([4097, 0, 63], dtype=torch.int32, device="cuda"))
+    q = torch.randn(3, 8, 128, device="cuda").to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, kv, variant="tiled", out=out, num_splits=4, cluster_merge=True)
+    assert torch.equal(out[1], torch.zeros_like(out[1])) and not torch.isnan(out).any()
+    ref = dense_reference(q[[0, 2]], PagedKV(kv.host_k, kv.host_v, empty, empty, kv.block_table[[0, 2]],
+                                             kv.seq_lens[[0, 2]]), 1.0 / math.sqrt(128))
+    err = float((out[[0, 2]].double() - ref).norm() / ref.norm())
+    assert err < TOL[torch.bfloat16], f"rel err {err:.2e}"
 
 
 @pytest.mark.gpu
