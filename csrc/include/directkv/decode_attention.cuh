@@ -89,9 +89,9 @@ __device__ __forceinline__ void store_final(const DecodeParams& p, int b, int qh
 // The cluster's merge. Every split of the cluster has left its normalised O (part_o) and log-sum-exp (part_lse, log2
 // units) in its shared memory, or nothing when it has no tiles (split >= n_active); each CTA, active or not, merges
 // its share of the HPC * HD outputs, reading ranks 0 .. n_active - 1 through distributed shared memory. This replaces
-// the global path's fence, arrival counter and partials written to and read back from HBM, all of which come after
-// the call's last K/V byte (H200, per-CTA trace at 4K x 1: ~4 us of a 6.5 us tail). Every CTA of the cluster must
-// call this, even one with nothing to merge: both barriers count all of them.
+// the global path's fence, arrival counter and partials read back from HBM, all of which come after the call's last
+// K/V byte (H200, per-CTA trace at 4K x 1: that merge took 2.9-3.3 us of a 6.5 us tail, this one a median 1.7). Every
+// CTA of the cluster must call this, even one with nothing to merge: both barriers count all of them.
 template <typename T, int HD, int HPC, int THREADS>
 __device__ __forceinline__ void cluster_merge(const DecodeParams& p, float* part_o, float* part_lse, int n_active,
                                               int b, int qh0) {
