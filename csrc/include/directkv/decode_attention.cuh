@@ -99,6 +99,7 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, float* part
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();  // release / acquire: every split's partial is visible to the cluster
   const int ranks = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  n_active = min(n_active, ranks);  // a plan too short for the sequence must not read past the cluster
   const int share = (HPC * HD + ranks - 1) / ranks;
   const int end = min((rank + 1) * share, HPC * HD);
   for (int e = rank * share + static_cast<int>(threadIdx.x); e < end; e += THREADS) {
@@ -156,11 +157,10 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
     }
     return;
   }
+  float* end_o = reinterpret_cast<float*>(smem + C::kMergeBytes);  // cluster_merge: [HPC][HD], then lse [HPC]
+  float* end_lse = end_o + HPC * HD;
   if (n <= 0) {  // this split lies past the end of a shorter sequence of the batch
-    if (p.cluster_merge) {
-      float* end_o = reinterpret_cast<float*>(smem + C::kMergeBytes);
-      cluster_merge<T, HD, HPC, C::kThreads>(p, end_o, end_o + HPC * HD, n_active, b, qh0);
-    }
+    if (p.cluster_merge) cluster_merge<T, HD, HPC, C::kThreads>(p, end_o, end_lse, n_active, b, qh0);
     return;
   }
 
@@ -342,8 +342,6 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   }
   __syncthreads();
 
-  float* end_o = reinterpret_cast<float*>(smem + C::kMergeBytes);  // cluster_merge: [HPC][HD], then lse [HPC]
-  float* end_lse = end_o + HPC * HD;
   const bool single = n_active == 1 && !p.cluster_merge;
   // This CTA's outputs, all computed before any is stored: the compiler cannot tell the stores from the shared-memory
   // reads, and would otherwise finish one output before it reads the next (the loop runs after the last K/V byte)
