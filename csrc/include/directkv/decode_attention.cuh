@@ -60,6 +60,9 @@ struct DecodeConfig {
   static constexpr int kRowsPerStep = 32 / kLanesPerRow;
   static constexpr int kRowsPerWarp = TILE / kWarps;
   static constexpr int kSteps = kRowsPerWarp / kRowsPerStep;
+  // Steps whose scores a lane holds at once before it updates its softmax state (at most 32 registers of them). With
+  // 8 heads, q and o already take 128 registers and any batch of steps spilled (ptxas sm_90a, head_dim 128): one at a time.
+  static constexpr int kSub = HPC == 8 ? 1 : kSteps;
   static constexpr int kCopiesPerThread = TILE * kLanesPerRow / kThreads;  // 16-byte copies per tensor
   static constexpr int kRegBatch = kCopiesPerThread < 4 ? kCopiesPerThread : 4;  // register path, per tensor
   static constexpr size_t kRingBytes = size_t(STAGES) * 2 * TILE * HD * sizeof(T);
@@ -70,6 +73,7 @@ struct DecodeConfig {
 
   static_assert(HD == 64 || HD == 128, "head_dim must be 64 or 128");
   static_assert(HPC == 1 || HPC == 2 || HPC == 4 || HPC == 8, "heads per CTA must be 1, 2, 4 or 8");
+  static_assert(kSub * HPC <= 32 && kSteps % kSub == 0, "a lane holds at most 32 scores, whole batches of steps");
   static_assert(STAGES >= 2, "the ring needs at least two stages to overlap loads and math");
   static_assert(TILE % (kWarps * kRowsPerStep) == 0, "every warp must get whole steps of a tile");
   static_assert((TILE * kLanesPerRow) % kThreads == 0, "a tile's copies must split evenly over the CTA");
@@ -278,32 +282,51 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
     cp_async_commit();
     const int stage = it % STAGES;
     const int tile_pos = (t_begin + it) * TILE;
+    // kSub steps at a time: their scores first (independent, so their shuffles overlap), then one rescale of the
+    // running state for all of them, then their P V; a row-by-row online softmax chains every row's update to the
+    // last one's max and spends two exponentials per row, and the last tile's math runs after the call's last byte.
 #pragma unroll
-    for (int step = 0; step < C::kSteps; ++step) {
-      const int r = warp * C::kRowsPerWarp + step * C::kRowsPerStep + row_in_step;
-      const bool valid = tile_pos + r < len;
-      const int s = (stage * TILE + r) * HD + chunk * 8;
-      float kf[8], sc[HPC];
-      to_float8(valid ? *reinterpret_cast<const uint4*>(ks + s) : make_uint4(0, 0, 0, 0), T(), kf);
+    for (int s0 = 0; s0 < C::kSteps; s0 += C::kSub) {
+      float sc[C::kSub][HPC];
 #pragma unroll
-      for (int h = 0; h < HPC; ++h) {
-        float dot = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) dot = fmaf(q[h][i], kf[i], dot);
-        sc[h] = group_sum<C::kLanesPerRow>(dot);
-      }
-      if (valid) {
-        float vf[8];
-        to_float8(*reinterpret_cast<const uint4*>(vs + s), T(), vf);
+      for (int j = 0; j < C::kSub; ++j) {
+        const int r = warp * C::kRowsPerWarp + (s0 + j) * C::kRowsPerStep + row_in_step;
+        const bool valid = tile_pos + r < len;
+        float kf[8];
+        to_float8(valid ? *reinterpret_cast<const uint4*>(ks + (stage * TILE + r) * HD + chunk * 8) : make_uint4(0, 0, 0, 0),
+                  T(), kf);
 #pragma unroll
         for (int h = 0; h < HPC; ++h) {
-          const float m_new = fmaxf(m[h], sc[h]);
-          const float alpha = rescale(m[h], m_new);
-          const float pr = exp2f(sc[h] - m_new);
-          l[h] = fmaf(l[h], alpha, pr);
+          float dot = 0.f;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) o[h][i] = fmaf(pr, vf[i], o[h][i] * alpha);
-          m[h] = m_new;
+          for (int i = 0; i < 8; ++i) dot = fmaf(q[h][i], kf[i], dot);
+          dot = group_sum<C::kLanesPerRow>(dot);  // every lane shuffles, valid row or not
+          sc[j][h] = valid ? dot : -INFINITY;
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < HPC; ++h) {
+        float m_new = m[h];
+#pragma unroll
+        for (int j = 0; j < C::kSub; ++j) m_new = fmaxf(m_new, sc[j][h]);
+        const float alpha = rescale(m[h], m_new);  // 0 while this row group has seen no key (m_new may be -inf)
+        l[h] *= alpha;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[h][i] *= alpha;
+        m[h] = m_new;
+      }
+#pragma unroll
+      for (int j = 0; j < C::kSub; ++j) {
+        const int r = warp * C::kRowsPerWarp + (s0 + j) * C::kRowsPerStep + row_in_step;
+        if (tile_pos + r >= len) continue;  // a row past the end: its stale V may hold anything, even NaN
+        float vf[8];
+        to_float8(*reinterpret_cast<const uint4*>(vs + (stage * TILE + r) * HD + chunk * 8), T(), vf);
+#pragma unroll
+        for (int h = 0; h < HPC; ++h) {
+          const float pr = exp2f(sc[j][h] - m[h]);
+          l[h] += pr;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) o[h][i] = fmaf(pr, vf[i], o[h][i]);
         }
       }
     }
