@@ -379,6 +379,34 @@ def test_empty_sequence_gives_zeros():
     assert torch.equal(out[1], torch.zeros_like(out[1])) and not torch.isnan(out[0]).any()
 
 
+@pytest.mark.gpu
+@needs_gpu
+def test_split_plan_shorter_than_the_block_table_is_refused():
+    """A direct caller's split plan one tile a split short of the block table is refused before anything launches:
+    launched, its sequences' tails would go unread and, on the global-merge path, their last split never arrive (no
+    output, an arrival counter left non-zero). The next planned call over the same workspace is exact."""
+    import directkv.kernels.cuda.decode_attention as dec
+
+    kv = make_kv([1000, 300], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16)
+    q = torch.randn(2, 8, 128, device="cuda").to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    stream = torch.cuda.current_stream().cuda_stream
+    width = kv.block_table.shape[1]
+    hpc, splits, tiles, part_o, part_lse, counters = dec._config(q, 2, 16, width, variant="tiled", tile_kv=64,
+                                                                 num_splits=4, stream=stream)
+    assert splits == 4 and splits * tiles * 64 >= width * 16 > splits * (tiles - 1) * 64
+    with pytest.raises(RuntimeError, match=rf"the split plan covers 4 x {tiles - 1} tiles of 64 = {4 * (tiles - 1) * 64} "
+                                           rf"tokens, fewer than the block table's {width} pages x 16 = {width * 16}"):
+        dec._module().run(
+            q.data_ptr(), kv.host_k.data_ptr(), kv.host_v.data_ptr(), kv.hbm_k.data_ptr(), kv.hbm_v.data_ptr(),
+            kv.block_table.data_ptr(), kv.seq_lens.data_ptr(), out.data_ptr(), 0, 0, part_o, part_lse, counters,
+            2, 8, 2, 128, width, 16, splits, tiles - 1, hpc, 64, 1.0 / math.sqrt(128), dec.DTYPE_CODES[q.dtype],
+            dec.LOAD_MODES[dec.LOAD_MODE], 0, 0, stream,
+        )  # fmt: skip
+    assert torch.isnan(out).all()  # nothing ran
+    run_and_check(kv, 8, "tiled", num_splits=4)
+
+
 # ---- GPU: validation and the stream queue ---------------------------------------------------------
 
 

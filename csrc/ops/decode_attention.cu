@@ -77,7 +77,7 @@ std::pair<int, int> decode_attention_occupancy(int dtype, int head_dim, int head
 namespace {
 
 // The checks of a launch's parameters (the stream loop makes them once per layer, before its first copy).
-void check_launch(const DecodeParams& p, int heads_per_cta) {
+void check_launch(const DecodeParams& p, int heads_per_cta, int tile) {
   require(p.batch >= 1 && p.num_heads >= 1 && p.num_kv_heads >= 1, "decode_attention: empty batch or heads");
   require(p.num_heads % p.num_kv_heads == 0, "decode_attention: num_heads " + std::to_string(p.num_heads) +
                                                  " is not a multiple of num_kv_heads " + std::to_string(p.num_kv_heads));
@@ -87,6 +87,14 @@ void check_launch(const DecodeParams& p, int heads_per_cta) {
   require(p.page_shift >= 0 && p.page_shift < 24, "decode_attention: page_size must be a power of two");
   require((1 << p.page_shift) >= 8, "decode_attention: page_size must be >= 8");
   require(p.num_splits >= 1 && p.tiles_per_split >= 1, "decode_attention: num_splits and tiles_per_split must be >= 1");
+  // A split plan shorter than the block table would leave a sequence's tail unread, and on the global-merge path its
+  // last split would never arrive: no output, and an arrival counter left non-zero that breaks the next launch.
+  const int64_t planned = int64_t(p.num_splits) * p.tiles_per_split * tile, table = int64_t(p.max_pages) << p.page_shift;
+  require(planned >= table, "decode_attention: the split plan covers " + std::to_string(p.num_splits) + " x " +
+                                std::to_string(p.tiles_per_split) + " tiles of " + std::to_string(tile) + " = " +
+                                std::to_string(planned) + " tokens, fewer than the block table's " +
+                                std::to_string(p.max_pages) + " pages x " + std::to_string(1 << p.page_shift) +
+                                " = " + std::to_string(table));
   require(p.num_splits == 1 || (p.part_o && p.part_lse && p.counters),
           "decode_attention: num_splits > 1 needs the part_o / part_lse / counters workspace");
   require(p.out || p.out_f32, "decode_attention: no output pointer");
@@ -130,7 +138,7 @@ void launch_checked(const DecodeParams& p, int dtype, int head_dim, int heads_pe
 }
 
 void launch(const DecodeParams& p, int dtype, int head_dim, int heads_per_cta, int tile, cudaStream_t stream) {
-  check_launch(p, heads_per_cta);
+  check_launch(p, heads_per_cta, tile);
   launch_checked(p, dtype, head_dim, heads_per_cta, tile, stream);
 }
 
@@ -352,7 +360,7 @@ std::pair<int64_t, int64_t> StreamQueue::run_layer(uintptr_t main, int64_t first
   p.host_k = p.hbm_k = reinterpret_cast<const void*>(ring_k_);
   p.host_v = p.hbm_v = reinterpret_cast<const void*>(ring_v_);
   p.out = reinterpret_cast<void*>(a.out);
-  check_launch(p, a.heads_per_cta);
+  check_launch(p, a.heads_per_cta, a.tile);
   with_kernel(a.dtype, a.head_dim, a.heads_per_cta, a.tile, [](auto, size_t, int) {});  // a supported kernel
   require(slot_bytes_ % 16 == 0 && a.hbm_k % 16 == 0 && a.hbm_v % 16 == 0,
           "StreamQueue: ring slots and HBM pools must be 16-byte aligned");

@@ -3,8 +3,9 @@
 // One CTA owns HPC query heads of one KV head (HPC = the whole GQA group for variant "tiled", so each K/V
 // byte crosses the link once; HPC = 1 for "naive", which reads K/V once per query head) and one split of
 // the sequence (flash-decoding). K/V tiles stream into a STAGES-deep shared-memory ring with 16-byte
-// cp.async (or LDG, see DecodeLoad), whatever tier a page is in: a host page is read straight from pinned memory through its UVA
-// pointer, nothing is staged. Splits write a normalised partial O and its log-sum-exp to an HBM workspace;
+// cp.async (or LDG, see DecodeLoad), whatever tier a page is in: a host page is read straight from pinned memory
+// through its UVA pointer, nothing is staged. A CTA of 2-8 heads in 64-row tiles does its math on tensor cores
+// (DecodeMma); one head, or 32-row tiles, on CUDA cores, each lane 8 dims of a row. Splits write a normalised partial O and its log-sum-exp to an HBM workspace;
 // the last split of a (sequence, head group) to finish merges them, so there is no second launch. Launched as
 // thread-block clusters (cluster_merge: one cluster per (sequence, head group), <= kDecodeClusterMax splits), the
 // splits leave their partials in shared memory and merge them through distributed shared memory instead.
@@ -13,6 +14,7 @@
 #include <cooperative_groups.h>
 
 #include "directkv/common.cuh"
+#include "directkv/prefill_common.cuh"
 
 namespace directkv {
 
@@ -61,8 +63,13 @@ struct DecodeConfig {
   static constexpr int kRowsPerWarp = TILE / kWarps;
   static constexpr int kSteps = kRowsPerWarp / kRowsPerStep;
   // Steps whose scores a lane holds at once before it updates its softmax state (at most 32 registers of them). With
-  // 8 heads, q and o already take 128 registers and any batch of steps spilled (ptxas sm_90a, head_dim 128): one at a time.
-  static constexpr int kSub = HPC == 8 ? 1 : kSteps;
+  // 8 heads, q and o already take 128 registers and any batch of steps spilled (ptxas sm_90a, head_dim 128); with one
+  // head (naive) batches ran 8% slower over HBM pages on the H200, whose CTAs, four times as many, hide a row's latency.
+  static constexpr int kSub = HPC == 8 || HPC == 1 ? 1 : kSteps;
+  // A GQA group of 2-8 heads in 64-row tiles runs on tensor cores (mma.sync m16n8k16): a warp's 16 rows of a tile are
+  // one M block and the heads, padded to 8, the N side, so S^T = K Q^T and O^T += V^T P^T. The lane math above spends
+  // ~4 shuffles per row and head on the scores, and the last tile's math runs after the call's last K/V byte.
+  static constexpr bool kMma = HPC >= 2 && kRowsPerWarp == 16;
   static constexpr int kCopiesPerThread = TILE * kLanesPerRow / kThreads;  // 16-byte copies per tensor
   static constexpr int kRegBatch = kCopiesPerThread < 4 ? kCopiesPerThread : 4;  // register path, per tensor
   static constexpr size_t kRingBytes = size_t(STAGES) * 2 * TILE * HD * sizeof(T);
@@ -77,6 +84,10 @@ struct DecodeConfig {
   static_assert(STAGES >= 2, "the ring needs at least two stages to overlap loads and math");
   static_assert(TILE % (kWarps * kRowsPerStep) == 0, "every warp must get whole steps of a tile");
   static_assert((TILE * kLanesPerRow) % kThreads == 0, "a tile's copies must split evenly over the CTA");
+
+  // Element offset of 16-byte chunk c of ring row r ([STAGES * TILE][HD]). For the tensor-core math the chunk is XOR-ed
+  // with r % 8, so the eight rows one ldmatrix phase reads (256 B apart) fall in eight different bank groups.
+  static __device__ __forceinline__ int ring(int r, int c) { return r * HD + (kMma ? c ^ (r & 7) : c) * 8; }
 };
 
 template <typename T, int HD>
@@ -131,6 +142,101 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, float* part
   }
   cluster.sync();  // no CTA leaves (and frees its shared memory) while another may still read it
 }
+
+// The tensor-core math of one warp (DecodeConfig::kMma): its 16 rows of each tile against the CTA's HPC <= 8 heads. With
+// g = lane / 4 and t = lane % 4 (prefill_common.cuh), a lane holds the scores of rows g and g + 8 for heads 2t and 2t + 1,
+// that pair of heads' online-softmax state, and O^T for dims g and g + 8 of each 16-dim block, for the same heads.
+// Heads past HPC are zero queries whose outputs are never stored.
+template <typename T, int HD, int HPC, int TILE, int STAGES>
+struct DecodeMma {
+  using C = DecodeConfig<T, HD, HPC, TILE, STAGES>;
+  static constexpr int kBlocks = HD / 16;  // 16-dim blocks: k steps of S^T = K Q^T, M blocks of O^T = V^T P^T
+  uint32_t qf[kBlocks][2];                 // B fragments of Q^T: head g, dims 16 kb + 2t, 2t + 1 (and + 8)
+  float m[2], l[2];                        // heads 2t, 2t + 1: running max (log2 units) and this lane's rows' sum
+  float acc[kBlocks][4];                   // O^T: dims 16 kb + g (+ 8) x heads 2t, 2t + 1
+
+  __device__ __forceinline__ void load_q(const T* q_rows, int lane) {  // q_rows: [HPC][HD] of this CTA's heads
+    const int g = lane / 4, t = lane % 4;
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(q_rows + (g < HPC ? g : 0) * HD);
+#pragma unroll
+    for (int kb = 0; kb < kBlocks; ++kb) {
+      qf[kb][0] = g < HPC ? __ldg(row + 8 * kb + t) : 0u;
+      qf[kb][1] = g < HPC ? __ldg(row + 8 * kb + 4 + t) : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) m[j] = -INFINITY, l[j] = 0.f;
+#pragma unroll
+    for (int kb = 0; kb < kBlocks; ++kb) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[kb][i] = 0.f;
+    }
+  }
+
+  // Rows row0 .. row0 + 15 of a stage (ks / vs: the stage's [TILE][HD] blocks, laid out by C::ring), of which the
+  // first `valid` are keys of the sequence (rows past the end hold zeros).
+  __device__ __forceinline__ void tile(const T* ks, const T* vs, int row0, int valid, float scale_log2, int lane) {
+    const int g = lane / 4;
+    float sa[4] = {0.f, 0.f, 0.f, 0.f}, sb[4] = {0.f, 0.f, 0.f, 0.f};  // two chains over the k steps
+#pragma unroll
+    for (int kb = 0; kb < kBlocks; ++kb) {  // A = K rows: lanes 0-15 address rows 0-15 of chunk 2 kb, 16-31 of 2 kb + 1
+      uint32_t a[4];
+      tc::ldsm_x4(a, ks + C::ring(row0 + lane % 16, 2 * kb + lane / 16));
+      tc::mma16816<T>(kb % 2 ? sb : sa, a, qf[kb][0], qf[kb][1]);
+    }
+    float sc[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sc[i] = (i < 2 ? g : g + 8) < valid ? (sa[i] + sb[i]) * scale_log2 : -INFINITY;
+    float alpha[2], mu[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {  // the max over the warp's 16 rows: rows g, g + 8 here, then over g
+      float mx = fmaxf(sc[j], sc[2 + j]);
+#pragma unroll
+      for (int off = 4; off < 32; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_new = fmaxf(m[j], mx);
+      alpha[j] = rescale(m[j], m_new);
+      m[j] = m_new;
+      mu[j] = m_new == -INFINITY ? 0.f : m_new;  // no key yet: every probability is exp2(-inf) = 0
+    }
+    float pr[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pr[i] = exp2f(sc[i] - mu[i % 2]);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) l[j] = l[j] * alpha[j] + pr[j] + pr[2 + j];
+#pragma unroll
+    for (int kb = 0; kb < kBlocks; ++kb) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[kb][i] *= alpha[i % 2];
+    }
+    // P^T as B: each 8 x 8 half of P (rows x heads, as the C fragment holds it) transposed in registers
+    const uint32_t b0 = tc::movmatrix_trans(tc::pack2<T>(pr[0], pr[1]));
+    const uint32_t b1 = tc::movmatrix_trans(tc::pack2<T>(pr[2], pr[3]));
+#pragma unroll
+    for (int kb = 0; kb < kBlocks; ++kb) {  // A = V^T: transposed 8 x 8 blocks (rows 0-7 / 8-15) x (dims +0 / +8)
+      uint32_t a[4];
+      tc::ldsm_x4_trans(a, vs + C::ring(row0 + lane % 8 + lane / 16 * 8, 2 * kb + lane / 8 % 2));
+      tc::mma16816<T>(acc[kb], a, b0, b1);
+    }
+  }
+
+  // This warp's state into the CTA's merge scratch: red_o [warps][HPC][HD], red_m / red_l [warps][HPC].
+  __device__ __forceinline__ void store(float* red_o, float* red_m, float* red_l, int warp, int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int off = 4; off < 32; off *= 2) l[j] += __shfl_xor_sync(0xffffffffu, l[j], off);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int h = 2 * t + j;
+      if (h >= HPC) continue;
+      float* o = red_o + (warp * HPC + h) * HD;
+#pragma unroll
+      for (int kb = 0; kb < kBlocks; ++kb) o[16 * kb + g] = acc[kb][j], o[16 * kb + g + 8] = acc[kb][2 + j];
+      if (g == 0) red_m[warp * HPC + h] = m[j], red_l[warp * HPC + h] = l[j];
+    }
+  }
+};
 
 // grid = (num_heads / HPC, batch, num_splits), or (num_splits, num_heads / HPC, batch) when split_major;
 // block = 128 threads; with cluster_merge, clusters of (1, 1, num_splits) or (num_splits, 1, 1).
@@ -190,26 +296,30 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   // Lane layout for the math: kRowsPerStep rows per warp step, kLanesPerRow lanes per row, 8 dims per lane.
   const int row_in_step = lane / C::kLanesPerRow;
   const int chunk = lane % C::kLanesPerRow;
+  const T* q_rows = static_cast<const T*>(p.q) + (int64_t(b) * p.num_heads + qh0) * HD;
   uint4 q_raw[HPC];  // converted after the first copies are issued
+  DecodeMma<T, HD, HPC, TILE, STAGES> mma;
+  if constexpr (C::kMma) {
+    mma.load_q(q_rows, lane);
+  } else {
 #pragma unroll
-  for (int h = 0; h < HPC; ++h) {
-    q_raw[h] = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + (int64_t(b) * p.num_heads + qh0 + h) * HD +
-                                               chunk * 8);
+    for (int h = 0; h < HPC; ++h) q_raw[h] = *reinterpret_cast<const uint4*>(q_rows + h * HD + chunk * 8);
   }
   __syncthreads();  // the table is filled
 
   // Copy i of this thread: row idx / kLanesPerRow, 16-byte chunk idx % kLanesPerRow of K and of V.
-  // Returns false past the end of the sequence (the row is never read then).
+  // Returns false past the end of the sequence: the lane math never reads such a row; the tensor-core math multiplies
+  // it by a zero probability, so it is zeroed (stale shared memory may hold NaN, and 0 * NaN is NaN).
   auto locate = [&](int tile, int stage, int i, const T*& k_src, const T*& v_src, int& s) {
     const int idx = tid + i * C::kThreads;
     const int r = idx / C::kLanesPerRow, c = idx % C::kLanesPerRow;
     const int pos = tile * TILE + r;
+    s = C::ring(stage * TILE + r, c);
     if (pos >= len) return false;
     const int e = in_smem ? table[(pos >> p.page_shift) - first_page] : __ldg(bt + (pos >> p.page_shift));
     const int64_t off = (e >= 0 ? int64_t(e) : int64_t(-e - 1)) * page_stride + (pos & page_mask) * token_stride + c * 8;
     k_src = (e >= 0 ? host_k : hbm_k) + off;
     v_src = (e >= 0 ? host_v : hbm_v) + off;
-    s = (stage * TILE + r) * HD + c * 8;
     return true;
   };
   auto issue = [&](int tile, int stage) {
@@ -222,8 +332,10 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
         int so[C::kRegBatch];  // ring offset, -1 past the end
 #pragma unroll
         for (int j = 0; j < C::kRegBatch; ++j) {
-          so[j] = locate(tile, stage, i0 + j, k_src, v_src, s) ? s : -1;
-          if (so[j] >= 0) {
+          const bool valid = locate(tile, stage, i0 + j, k_src, v_src, s);
+          so[j] = valid || C::kMma ? s : -1;
+          kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
+          if (valid) {
             kr[j] = *reinterpret_cast<const uint4*>(k_src);
             vr[j] = *reinterpret_cast<const uint4*>(v_src);
           }
@@ -247,6 +359,9 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
           case kCpAsyncL2Pair: cp_async16<3>(ks + s, k_src), cp_async16<3>(vs + s, v_src); break;
           default: cp_async16<0>(ks + s, k_src), cp_async16<0>(vs + s, v_src);
         }
+      } else if constexpr (C::kMma) {
+        *reinterpret_cast<uint4*>(ks + s) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(vs + s) = make_uint4(0, 0, 0, 0);
       }
     }
   };
@@ -260,7 +375,7 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
 
   float q[HPC][8];
 #pragma unroll
-  for (int h = 0; h < HPC; ++h) {
+  for (int h = 0; h < HPC && !C::kMma; ++h) {
     to_float8(q_raw[h], T(), q[h]);
 #pragma unroll
     for (int i = 0; i < 8; ++i) q[h][i] *= p.scale_log2;
@@ -282,51 +397,57 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
     cp_async_commit();
     const int stage = it % STAGES;
     const int tile_pos = (t_begin + it) * TILE;
-    // kSub steps at a time: their scores first (independent, so their shuffles overlap), then one rescale of the
-    // running state for all of them, then their P V; a row-by-row online softmax chains every row's update to the
-    // last one's max and spends two exponentials per row, and the last tile's math runs after the call's last byte.
+    if constexpr (C::kMma) {
+      const int row0 = warp * C::kRowsPerWarp;
+      mma.tile(ks + stage * TILE * HD, vs + stage * TILE * HD, row0, len - tile_pos - row0, p.scale_log2, lane);
+    } else {
+      // kSub steps at a time: their scores first (independent, so their shuffles overlap), then one rescale of the
+      // running state for all of them, then their P V; a row-by-row online softmax chains every row's update to the
+      // last one's max and spends two exponentials per row, and the last tile's math runs after the call's last byte.
 #pragma unroll
-    for (int s0 = 0; s0 < C::kSteps; s0 += C::kSub) {
-      float sc[C::kSub][HPC];
+      for (int s0 = 0; s0 < C::kSteps; s0 += C::kSub) {
+        float sc[C::kSub][HPC];
 #pragma unroll
-      for (int j = 0; j < C::kSub; ++j) {
-        const int r = warp * C::kRowsPerWarp + (s0 + j) * C::kRowsPerStep + row_in_step;
-        const bool valid = tile_pos + r < len;
-        float kf[8];
-        to_float8(valid ? *reinterpret_cast<const uint4*>(ks + (stage * TILE + r) * HD + chunk * 8) : make_uint4(0, 0, 0, 0),
-                  T(), kf);
+        for (int j = 0; j < C::kSub; ++j) {
+          const int r = warp * C::kRowsPerWarp + (s0 + j) * C::kRowsPerStep + row_in_step;
+          const bool valid = tile_pos + r < len;
+          float kf[8];
+          const uint4 kr = valid ? *reinterpret_cast<const uint4*>(ks + (stage * TILE + r) * HD + chunk * 8)
+                                 : make_uint4(0, 0, 0, 0);
+          to_float8(kr, T(), kf);
 #pragma unroll
-        for (int h = 0; h < HPC; ++h) {
-          float dot = 0.f;
+          for (int h = 0; h < HPC; ++h) {
+            float dot = 0.f;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) dot = fmaf(q[h][i], kf[i], dot);
-          dot = group_sum<C::kLanesPerRow>(dot);  // every lane shuffles, valid row or not
-          sc[j][h] = valid ? dot : -INFINITY;
+            for (int i = 0; i < 8; ++i) dot = fmaf(q[h][i], kf[i], dot);
+            dot = group_sum<C::kLanesPerRow>(dot);  // every lane shuffles, valid row or not
+            sc[j][h] = valid ? dot : -INFINITY;
+          }
         }
-      }
-#pragma unroll
-      for (int h = 0; h < HPC; ++h) {
-        float m_new = m[h];
-#pragma unroll
-        for (int j = 0; j < C::kSub; ++j) m_new = fmaxf(m_new, sc[j][h]);
-        const float alpha = rescale(m[h], m_new);  // 0 while this row group has seen no key (m_new may be -inf)
-        l[h] *= alpha;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[h][i] *= alpha;
-        m[h] = m_new;
-      }
-#pragma unroll
-      for (int j = 0; j < C::kSub; ++j) {
-        const int r = warp * C::kRowsPerWarp + (s0 + j) * C::kRowsPerStep + row_in_step;
-        if (tile_pos + r >= len) continue;  // a row past the end: its stale V may hold anything, even NaN
-        float vf[8];
-        to_float8(*reinterpret_cast<const uint4*>(vs + (stage * TILE + r) * HD + chunk * 8), T(), vf);
 #pragma unroll
         for (int h = 0; h < HPC; ++h) {
-          const float pr = exp2f(sc[j][h] - m[h]);
-          l[h] += pr;
+          float m_new = m[h];
 #pragma unroll
-          for (int i = 0; i < 8; ++i) o[h][i] = fmaf(pr, vf[i], o[h][i]);
+          for (int j = 0; j < C::kSub; ++j) m_new = fmaxf(m_new, sc[j][h]);
+          const float alpha = rescale(m[h], m_new);  // 0 while this row group has seen no key (m_new may be -inf)
+          l[h] *= alpha;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) o[h][i] *= alpha;
+          m[h] = m_new;
+        }
+#pragma unroll
+        for (int j = 0; j < C::kSub; ++j) {
+          const int r = warp * C::kRowsPerWarp + (s0 + j) * C::kRowsPerStep + row_in_step;
+          if (tile_pos + r >= len) continue;  // a row past the end: its stale V may hold anything, even NaN
+          float vf[8];
+          to_float8(*reinterpret_cast<const uint4*>(vs + (stage * TILE + r) * HD + chunk * 8), T(), vf);
+#pragma unroll
+          for (int h = 0; h < HPC; ++h) {
+            const float pr = exp2f(sc[j][h] - m[h]);
+            l[h] += pr;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o[h][i] = fmaf(pr, vf[i], o[h][i]);
+          }
         }
       }
     }
@@ -335,8 +456,11 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   __syncthreads();  // the ring is idle: reuse it as merge scratch
 
   // Merge the row groups of each warp, then the warps through shared memory.
+  float* red_o = reinterpret_cast<float*>(smem);  // [kWarps][HPC][HD]
+  float* red_m = red_o + C::kWarps * HPC * HD;     // [kWarps][HPC]
+  float* red_l = red_m + C::kWarps * HPC;          // [kWarps][HPC]
 #pragma unroll
-  for (int off = C::kLanesPerRow; off < 32; off *= 2) {
+  for (int off = C::kLanesPerRow; off < 32 && !C::kMma; off *= 2) {
 #pragma unroll
     for (int h = 0; h < HPC; ++h) {
       const float mo = __shfl_xor_sync(0xffffffffu, m[h], off);
@@ -349,10 +473,9 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
       m[h] = m_new;
     }
   }
-  float* red_o = reinterpret_cast<float*>(smem);  // [kWarps][HPC][HD]
-  float* red_m = red_o + C::kWarps * HPC * HD;     // [kWarps][HPC]
-  float* red_l = red_m + C::kWarps * HPC;          // [kWarps][HPC]
-  if (lane < C::kLanesPerRow) {
+  if constexpr (C::kMma) {
+    mma.store(red_o, red_m, red_l, warp, lane);
+  } else if (lane < C::kLanesPerRow) {
 #pragma unroll
     for (int h = 0; h < HPC; ++h) {
 #pragma unroll

@@ -1,5 +1,5 @@
-// Tensor-core and copy primitives of the prefill attention and GEMM case-study kernels (sm_90a):
-// mma.sync m16n8k16 with fp32 accumulation, ldmatrix, zero-filling cp.async, L2 prefetch, mbarriers.
+// Tensor-core and copy primitives of the attention (prefill, decode) and GEMM case-study kernels (sm_90a):
+// mma.sync m16n8k16 with fp32 accumulation, ldmatrix, movmatrix, zero-filling cp.async, L2 prefetch, mbarriers.
 // Fragment layouts follow the PTX ISA ("Matrix fragments for mma.m16n8k16"): with g = lane / 4 and
 // t = lane % 4, A holds rows g and g + 8, columns 2t, 2t + 1 (+8); B holds k rows 2t, 2t + 1 (+8) of
 // column g; C holds rows g and g + 8, columns 2t, 2t + 1. No torch headers (see build.py).
@@ -56,6 +56,14 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_u32(p)));
+}
+
+// The transpose of an 8 x 8 matrix of 16-bit elements spread over the warp as in an ldmatrix fragment (lane 4 r + c
+// holds row r, columns 2c and 2c + 1): a C fragment's packed pairs become a B fragment without shared memory.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 // d += a * b for one 16x8x16 block, fp32 accumulators.
