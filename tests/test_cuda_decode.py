@@ -395,8 +395,9 @@ def test_split_plan_shorter_than_the_block_table_is_refused():
     hpc, splits, tiles, part_o, part_lse, counters = dec._config(q, 2, 16, width, variant="tiled", tile_kv=64,
                                                                  num_splits=4, stream=stream)
     assert splits == 4 and splits * tiles * 64 >= width * 16 > splits * (tiles - 1) * 64
-    with pytest.raises(RuntimeError, match=rf"the split plan covers 4 x {tiles - 1} tiles of 64 = {4 * (tiles - 1) * 64} "
-                                           rf"tokens, fewer than the block table's {width} pages x 16 = {width * 16}"):
+    short = rf"4 x {tiles - 1} tiles of 64 = {4 * (tiles - 1) * 64} tokens"
+    table = rf"the block table's {width} pages x 16 = {width * 16}"
+    with pytest.raises(RuntimeError, match=rf"the split plan covers {short}, fewer than {table}"):
         dec._module().run(
             q.data_ptr(), kv.host_k.data_ptr(), kv.host_v.data_ptr(), kv.hbm_k.data_ptr(), kv.hbm_v.data_ptr(),
             kv.block_table.data_ptr(), kv.seq_lens.data_ptr(), out.data_ptr(), 0, 0, part_o, part_lse, counters,

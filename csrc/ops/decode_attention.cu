@@ -78,6 +78,7 @@ namespace {
 
 // The checks of a launch's parameters (the stream loop makes them once per layer, before its first copy).
 void check_launch(const DecodeParams& p, int heads_per_cta, int tile) {
+  dispatch_tile(tile, [](auto) {});  // a supported tile before the plan is measured in tiles
   require(p.batch >= 1 && p.num_heads >= 1 && p.num_kv_heads >= 1, "decode_attention: empty batch or heads");
   require(p.num_heads % p.num_kv_heads == 0, "decode_attention: num_heads " + std::to_string(p.num_heads) +
                                                  " is not a multiple of num_kv_heads " + std::to_string(p.num_kv_heads));
@@ -89,7 +90,8 @@ void check_launch(const DecodeParams& p, int heads_per_cta, int tile) {
   require(p.num_splits >= 1 && p.tiles_per_split >= 1, "decode_attention: num_splits and tiles_per_split must be >= 1");
   // A split plan shorter than the block table would leave a sequence's tail unread, and on the global-merge path its
   // last split would never arrive: no output, and an arrival counter left non-zero that breaks the next launch.
-  const int64_t planned = int64_t(p.num_splits) * p.tiles_per_split * tile, table = int64_t(p.max_pages) << p.page_shift;
+  const int64_t planned = int64_t(p.num_splits) * p.tiles_per_split * tile;
+  const int64_t table = int64_t(p.max_pages) << p.page_shift;
   require(planned >= table, "decode_attention: the split plan covers " + std::to_string(p.num_splits) + " x " +
                                 std::to_string(p.tiles_per_split) + " tiles of " + std::to_string(tile) + " = " +
                                 std::to_string(planned) + " tokens, fewer than the block table's " +

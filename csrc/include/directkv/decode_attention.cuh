@@ -4,11 +4,11 @@
 // byte crosses the link once; HPC = 1 for "naive", which reads K/V once per query head) and one split of
 // the sequence (flash-decoding). K/V tiles stream into a STAGES-deep shared-memory ring with 16-byte
 // cp.async (or LDG, see DecodeLoad), whatever tier a page is in: a host page is read straight from pinned memory
-// through its UVA pointer, nothing is staged. With 64-row tiles the math runs on tensor cores (DecodeMma); with 32-row
-// tiles on CUDA cores, each lane 8 dims of a row. Splits write a normalised partial O and its log-sum-exp to an HBM
-// workspace; the last split of a (sequence, head group) to finish merges them, so there is no second launch. Launched as
-// thread-block clusters (cluster_merge: one cluster per (sequence, head group), <= kDecodeClusterMax splits), the
-// splits leave their partials in shared memory and merge them through distributed shared memory instead.
+// through its UVA pointer, nothing is staged. With 64-row tiles the math runs on tensor cores (DecodeMma); with
+// 32-row tiles on CUDA cores, each lane 8 dims of a row. Splits write a normalised partial O and its log-sum-exp to
+// an HBM workspace; the last split of a (sequence, head group) to finish merges them, so there is no second launch.
+// Launched as thread-block clusters (cluster_merge: one cluster per (sequence, head group), <= kDecodeClusterMax
+// splits), the splits leave their partials in shared memory and merge them through distributed shared memory instead.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -64,7 +64,8 @@ struct DecodeConfig {
   static constexpr int kSteps = kRowsPerWarp / kRowsPerStep;
   // Steps whose scores a lane holds at once before it updates its softmax state (at most 32 registers of them). With
   // 8 heads, q and o already take 128 registers and any batch of steps spilled (ptxas sm_90a, head_dim 128); with one
-  // head (naive) batches ran 8% slower over HBM pages on the H200, whose CTAs, four times as many, hide a row's latency.
+  // head (naive) batches ran 8% slower over HBM pages on the H200, whose CTAs, four times as many, hide a row's latency
+  // (both measured on 64-row tiles before those moved to tensor cores; only 32-row tiles use this math now).
   static constexpr int kSub = HPC == 8 || HPC == 1 ? 1 : kSteps;
   // 64-row tiles run on tensor cores (mma.sync m16n8k16): a warp's 16 rows of a tile are one M block and the heads,
   // padded to 8, the N side, so S^T = K Q^T and O^T += V^T P^T. The lane math above spends ~4 shuffles per row and head
@@ -87,7 +88,7 @@ struct DecodeConfig {
   static_assert((TILE * kLanesPerRow) % kThreads == 0, "a tile's copies must split evenly over the CTA");
 
   // Element offset of 16-byte chunk c of ring row r ([STAGES * TILE][HD]). For the tensor-core math the chunk is XOR-ed
-  // with r % 8, so the eight rows one ldmatrix phase reads (256 B apart) fall in eight different bank groups.
+  // with r % 8, so the eight rows one ldmatrix phase reads (a row, HD * 2 bytes, apart) fall in eight bank groups.
   static __device__ __forceinline__ int ring(int r, int c) { return r * HD + (kMma ? c ^ (r & 7) : c) * 8; }
 };
 
@@ -115,7 +116,6 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, float* part
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();  // release / acquire: every split's partial is visible to the cluster
   const int ranks = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
-  n_active = min(n_active, ranks);  // a plan too short for the sequence must not read past the cluster
   const int share = (HPC * HD + ranks - 1) / ranks;
   const int end = min((rank + 1) * share, HPC * HD);
   for (int e = rank * share + static_cast<int>(threadIdx.x); e < end; e += THREADS) {
@@ -144,10 +144,11 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, float* part
   cluster.sync();  // no CTA leaves (and frees its shared memory) while another may still read it
 }
 
-// The tensor-core math of one warp (DecodeConfig::kMma): its 16 rows of each tile against the CTA's HPC <= 8 heads. With
-// g = lane / 4 and t = lane % 4 (prefill_common.cuh), a lane holds the scores of rows g and g + 8 for heads 2t and 2t + 1,
-// that pair of heads' online-softmax state, and O^T for dims g and g + 8 of each 16-dim block, for the same heads.
-// Heads past HPC are zero queries whose outputs are never stored.
+// The tensor-core math of one warp (DecodeConfig::kMma): its 16 rows of each tile against the CTA's HPC <= 8 heads.
+// With g = lane / 4 and t = lane % 4 (prefill_common.cuh), a lane holds the scores of rows g and g + 8 for heads 2t
+// and 2t + 1, that pair of heads' online-softmax state, and O^T for dims g and g + 8 of each 16-dim block, for the
+// same heads. Heads past HPC are zero queries whose outputs are never stored. P is rounded to T for its mma while l
+// sums it in fp32, as FlashAttention does.
 template <typename T, int HD, int HPC, int TILE, int STAGES>
 struct DecodeMma {
   using C = DecodeConfig<T, HD, HPC, TILE, STAGES>;
@@ -257,7 +258,9 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   const int kvh = qh0 / (p.num_heads / p.num_kv_heads);
   const int len = p.seq_lens[b];
   const int num_tiles = (len + TILE - 1) / TILE;
-  const int n_active = (num_tiles + p.tiles_per_split - 1) / p.tiles_per_split;
+  // the launcher refuses a plan shorter than the block table; a sequence longer than its table (a caller's error) must
+  // still not wait for splits that do not exist (the arrival counter would stay non-zero) or read past the cluster
+  const int n_active = min(p.num_splits, (num_tiles + p.tiles_per_split - 1) / p.tiles_per_split);
   const int t_begin = split * p.tiles_per_split;
   const int n = min(p.tiles_per_split, num_tiles - t_begin);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -294,7 +297,8 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   if (in_smem) {
     for (int i = tid; i < n_pages; i += C::kThreads) table[i] = __ldg(bt + first_page + i);
   }
-  // Lane layout for the math: kRowsPerStep rows per warp step, kLanesPerRow lanes per row, 8 dims per lane.
+  // Lane layout of the CUDA-core math (32-row tiles): kRowsPerStep rows per warp step, kLanesPerRow lanes per row,
+  // 8 dims per lane.
   const int row_in_step = lane / C::kLanesPerRow;
   const int chunk = lane % C::kLanesPerRow;
   const T* q_rows = static_cast<const T*>(p.q) + (int64_t(b) * p.num_heads + qh0) * HD;
@@ -310,7 +314,8 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
 
   // Copy i of this thread: row idx / kLanesPerRow, 16-byte chunk idx % kLanesPerRow of K and of V.
   // Returns false past the end of the sequence: the lane math never reads such a row; the tensor-core math multiplies
-  // it by a zero probability, so it is zeroed (stale shared memory may hold NaN, and 0 * NaN is NaN).
+  // its V by a zero probability, so it is zeroed (stale shared memory may hold NaN, and 0 * NaN is NaN), K too, so no
+  // stale row reaches an mma.
   auto locate = [&](int tile, int stage, int i, const T*& k_src, const T*& v_src, int& s) {
     const int idx = tid + i * C::kThreads;
     const int r = idx / C::kLanesPerRow, c = idx % C::kLanesPerRow;
@@ -413,7 +418,7 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
           const int r = warp * C::kRowsPerWarp + (s0 + j) * C::kRowsPerStep + row_in_step;
           const bool valid = tile_pos + r < len;
           float kf[8];
-          const uint4 kr = valid ? *reinterpret_cast<const uint4*>(ks + (stage * TILE + r) * HD + chunk * 8)
+          const uint4 kr = valid ? *reinterpret_cast<const uint4*>(ks + C::ring(stage * TILE + r, chunk))
                                  : make_uint4(0, 0, 0, 0);
           to_float8(kr, T(), kf);
 #pragma unroll
@@ -441,7 +446,7 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
           const int r = warp * C::kRowsPerWarp + (s0 + j) * C::kRowsPerStep + row_in_step;
           if (tile_pos + r >= len) continue;  // a row past the end: its stale V may hold anything, even NaN
           float vf[8];
-          to_float8(*reinterpret_cast<const uint4*>(vs + (stage * TILE + r) * HD + chunk * 8), T(), vf);
+          to_float8(*reinterpret_cast<const uint4*>(vs + C::ring(stage * TILE + r, chunk)), T(), vf);
 #pragma unroll
           for (int h = 0; h < HPC; ++h) {
             const float pr = exp2f(sc[j][h] - m[h]);
