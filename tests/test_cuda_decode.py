@@ -117,9 +117,9 @@ def test_cluster_merge(variant, dtype, head_dim, gqa, split_major, monkeypatch):
     host_only = PagedKV(kv.host_k, kv.host_v, empty, empty, kv.block_table, kv.seq_lens)
     for cluster in (True, False):
         monkeypatch.setattr(dec, "CLUSTER_MERGE", cluster)
-        # None: the host-only plan, 5 splits at head_dim 128 (tile 64), 9 at head_dim 64 (tile 32: past CLUSTER_MAX, so the
-        # global merge), 1 for naive at GQA 8; the forced counts reach the cluster path whenever clusters are on
-        for num_splits in (None, 2, 3, 5, CLUSTER_MAX):
+        # None: the host-only plan, 5 splits at head_dim 128 (tile 64), 8 at head_dim 64 (tile 32), 1 for naive at GQA 8;
+        # the forced counts up to CLUSTER_MAX reach the cluster path whenever clusters are on, one more the global merge
+        for num_splits in (None, 2, 3, 5, CLUSTER_MAX, CLUSTER_MAX + 1):
             run_and_check(host_only, 2 * gqa, variant, num_splits=num_splits, tile_kv=32 if head_dim == 64 else 64)
 
 

@@ -42,16 +42,19 @@ def test_plan_splits_covers_every_tile(groups, max_tiles):
 @pytest.mark.parametrize("groups", [8, 16, 128, 512])
 @pytest.mark.parametrize("max_tiles", [1, 64, 128, 2048, 8192])
 def test_plan_splits_host_only(groups, max_tiles):
-    # all pages on the host: about half the resident slots (one CTA per SM for tiled), >= 16 tiles a split, but
-    # never more tiles in a split than its page-table entries in shared memory allow
+    # all pages on the host: about half the resident slots (one CTA per SM for tiled), >= 16 tiles a split, at most
+    # CLUSTER_MAX splits, but never more tiles in a split than its page-table entries in shared memory allow
     splits, per = plan_splits(groups, max_tiles, slots=264, host_only=True, cap_tiles=128)
     assert splits * per >= max_tiles and (splits - 1) * per < max_tiles
     assert per <= 128
     assert per >= min(HOST_MIN_TILES_PER_SPLIT, max_tiles) or per == 128 or splits == 1
     assert groups * splits <= 132 or per == 128 or splits == 1  # at most one CTA per SM, unless the cap asks more
+    assert splits <= CLUSTER_MAX or per == 128
     assert plan_splits(8, 64, 264, host_only=True, cap_tiles=128) == (4, 16)  # 4K x 1, Llama: 32 CTAs
     assert plan_splits(8, 2048, 264, host_only=True, cap_tiles=128) == (16, 128)  # 128K x 1: 128 CTAs, not 136
-    assert plan_splits(8, 512, 264, host_only=True, cap_tiles=128) == (16, 32)  # 32K x 1
+    assert plan_splits(8, 512, 264, host_only=True, cap_tiles=128) == (8, 64)  # 32K x 1: one cluster of 8 splits
+    assert plan_splits(8, 256, 264, host_only=True, cap_tiles=128) == (8, 32)  # 16K x 1
+    assert plan_splits(8, 1024, 264, host_only=True, cap_tiles=128) == (8, 128)  # 64K x 1: as many as the cap asks
 
 
 def test_planned_split_fits_the_kernels_page_table_cap():

@@ -45,7 +45,9 @@ WAVES = 2
 # of the plan above, 8K x 1 667-672 against 690, 16K x 1 1325 at 8 against 1346; from 32K to 128K x 1 the best
 # counts, 8-32, were within 1% of the plan above, and 17 splits of 8 heads, 136 CTAs on 132 SMs, fell a point
 # behind a plain read at 128K). So host-only launches aim at no more than one CTA per SM (half the tiled kernel's
-# two resident slots), and at least this many tiles a split.
+# two resident slots), and at least this many tiles a split; and at no more than CLUSTER_MAX splits, so their splits
+# merge in a cluster (H200, thirty-fifth session, tensor-core math: 16K x 1 took 1324-1326 us at 2-8 splits against
+# 1332 at the 16 of the plan above, 32K x 1 2631-2635 at 4-8 against 2645; 4K / 8K x 1 already planned 4 / 8).
 HOST_WAVES = 0.5
 HOST_MIN_TILES_PER_SPLIT = 16
 # csrc kDecodeTableCap: page-table entries a CTA keeps in shared memory. A longer split looks its entries up per
@@ -80,6 +82,7 @@ def plan_splits(num_groups: int, max_tiles: int, slots: int, num_splits: int | N
     if num_splits is None:
         if host_only:  # rounded down: a 137th CTA would share an SM, and that SM's splits would finish last
             want, min_tiles = max(1, int(HOST_WAVES * slots) // max(1, num_groups)), HOST_MIN_TILES_PER_SPLIT
+            want = min(want, CLUSTER_MAX)  # no more splits than one cluster merges, unless the table cap asks
         else:
             want, min_tiles = math.ceil(WAVES * slots / max(1, num_groups)), MIN_TILES_PER_SPLIT
         num_splits = max(1, min(want, math.ceil(max_tiles / min_tiles)))
