@@ -46,8 +46,9 @@ WAVES = 2
 # counts, 8-32, were within 1% of the plan above, and 17 splits of 8 heads, 136 CTAs on 132 SMs, fell a point
 # behind a plain read at 128K). So host-only launches aim at no more than one CTA per SM (half the tiled kernel's
 # two resident slots), and at least this many tiles a split; and at no more than CLUSTER_MAX splits, so their splits
-# merge in a cluster (H200, thirty-fifth session, tensor-core math: 16K x 1 took 1324-1326 us at 2-8 splits against
-# 1332 at the 16 of the plan above, 32K x 1 2631-2635 at 4-8 against 2645; 4K / 8K x 1 already planned 4 / 8).
+# merge in a cluster (H200, thirty-fifth session, tensor-core math: one sweep put 16K x 1 at 1324-1326 us with 2-8
+# splits against 1332 with the 16 planned before, 32K x 1 at 2631-2635 with 4-8 against 2645; a second found them
+# level within its ~0.3-1% spread: no slower, and every batch-1 launch up to 64K merges in a cluster).
 HOST_WAVES = 0.5
 HOST_MIN_TILES_PER_SPLIT = 16
 # csrc kDecodeTableCap: page-table entries a CTA keeps in shared memory. A longer split looks its entries up per
