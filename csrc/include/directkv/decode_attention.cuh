@@ -70,7 +70,7 @@ struct DecodeConfig {
   // 64-row tiles run on tensor cores (mma.sync m16n8k16): a warp's 16 rows of a tile are one M block and the heads,
   // padded to 8, the N side, so S^T = K Q^T and O^T += V^T P^T. The lane math above spends ~4 shuffles per row and head
   // on the scores; on the H200 with every page in HBM, 4 heads a CTA ran 33-36% faster this way at batch 16-64, and on
-  // host pages the last tile's math, which runs after the call's last K/V byte, shrinks.
+  // host pages the last tile's math, which runs after the call's last K/V byte, is shorter (not traced).
   static constexpr bool kMma = kRowsPerWarp == 16;
   static constexpr int kCopiesPerThread = TILE * kLanesPerRow / kThreads;  // 16-byte copies per tensor
   static constexpr int kRegBatch = kCopiesPerThread < 4 ? kCopiesPerThread : 4;  // register path, per tensor
