@@ -379,14 +379,17 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
     cp_async_commit();
   }
 
-  float q[HPC][8];
+  float q[HPC][8];  // the lane math's scaled q (DecodeMma keeps its own fragments)
+  if constexpr (!C::kMma) {
 #pragma unroll
-  for (int h = 0; h < HPC && !C::kMma; ++h) {
-    to_float8(q_raw[h], T(), q[h]);
+    for (int h = 0; h < HPC; ++h) {
+      to_float8(q_raw[h], T(), q[h]);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) q[h][i] *= p.scale_log2;
+      for (int i = 0; i < 8; ++i) q[h][i] *= p.scale_log2;
+    }
   }
-  // Online-softmax state of the rows this lane's row group has seen (replicated over its kLanesPerRow lanes).
+  // The lane math's online-softmax state of the rows this lane's row group has seen (replicated over its kLanesPerRow
+  // lanes).
   float m[HPC], l[HPC], o[HPC][8];
 #pragma unroll
   for (int h = 0; h < HPC; ++h) {
@@ -465,30 +468,32 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   float* red_o = reinterpret_cast<float*>(smem);  // [kWarps][HPC][HD]
   float* red_m = red_o + C::kWarps * HPC * HD;     // [kWarps][HPC]
   float* red_l = red_m + C::kWarps * HPC;          // [kWarps][HPC]
-#pragma unroll
-  for (int off = C::kLanesPerRow; off < 32 && !C::kMma; off *= 2) {
-#pragma unroll
-    for (int h = 0; h < HPC; ++h) {
-      const float mo = __shfl_xor_sync(0xffffffffu, m[h], off);
-      const float lo = __shfl_xor_sync(0xffffffffu, l[h], off);
-      const float m_new = fmaxf(m[h], mo);
-      const float a = rescale(m[h], m_new), bw = rescale(mo, m_new);
-      l[h] = l[h] * a + lo * bw;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) o[h][i] = o[h][i] * a + __shfl_xor_sync(0xffffffffu, o[h][i], off) * bw;
-      m[h] = m_new;
-    }
-  }
   if constexpr (C::kMma) {
     mma.store(red_o, red_m, red_l, warp, lane);
-  } else if (lane < C::kLanesPerRow) {
+  } else {
 #pragma unroll
-    for (int h = 0; h < HPC; ++h) {
+    for (int off = C::kLanesPerRow; off < 32; off *= 2) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) red_o[(warp * HPC + h) * HD + chunk * 8 + i] = o[h][i];
-      if (lane == 0) {
-        red_m[warp * HPC + h] = m[h];
-        red_l[warp * HPC + h] = l[h];
+      for (int h = 0; h < HPC; ++h) {
+        const float mo = __shfl_xor_sync(0xffffffffu, m[h], off);
+        const float lo = __shfl_xor_sync(0xffffffffu, l[h], off);
+        const float m_new = fmaxf(m[h], mo);
+        const float a = rescale(m[h], m_new), bw = rescale(mo, m_new);
+        l[h] = l[h] * a + lo * bw;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[h][i] = o[h][i] * a + __shfl_xor_sync(0xffffffffu, o[h][i], off) * bw;
+        m[h] = m_new;
+      }
+    }
+    if (lane < C::kLanesPerRow) {
+#pragma unroll
+      for (int h = 0; h < HPC; ++h) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) red_o[(warp * HPC + h) * HD + chunk * 8 + i] = o[h][i];
+        if (lane == 0) {
+          red_m[warp * HPC + h] = m[h];
+          red_l[warp * HPC + h] = l[h];
+        }
       }
     }
   }
