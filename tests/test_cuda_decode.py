@@ -473,3 +473,31 @@ def test_stream_queue_refuses_bad_arguments_before_any_copy():
     assert (plan.call, plan.copied, plan.consumed) == (0, 2, 0)
     run_and_check(kv, 8, "stream", plan=plan)
     assert plan.call == 1 and plan.consumed == len(plan.copies)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_stream_queue_refuses_a_split_plan_shorter_than_the_block_table(monkeypatch):
+    """StreamQueue::run_layer makes the direct launch's plan check (test_split_plan_shorter_than_the_block_table_is_refused)
+    before its first copy: a plan one tile a split short of its passes' table is refused, the plan's queue is unchanged
+    and the next planned call is exact."""
+    import directkv.kernels.cuda.decode_attention as dec
+
+    kv = make_kv([3000, 700], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, hbm_fraction=0.3)
+    plan = plan_stream(kv, chunk_bytes=64 << 10)
+    assert prefetch_stream(plan, [(kv.host_k, kv.host_v)]) == 2
+    real = dec._config
+
+    def short(*args, **kwargs):
+        hpc, splits, tiles, *rest = real(*args, **kwargs)
+        assert tiles >= 2  # one tile less is still a plan, only a short one
+        return (hpc, splits, tiles - 1, *rest)
+
+    monkeypatch.setattr(dec, "_config", short)
+    q = torch.randn(kv.batch, 8, 128, device="cuda").to(kv.dtype)
+    with pytest.raises(RuntimeError, match="the split plan covers .* fewer than the block table's"):
+        decode_attention(q, kv, variant="stream", plan=plan, num_splits=1)
+    assert (plan.call, plan.copied, plan.consumed) == (0, 2, 0)
+    monkeypatch.setattr(dec, "_config", real)
+    run_and_check(kv, 8, "stream", plan=plan)
+    assert plan.call == 1 and plan.consumed == len(plan.copies)
