@@ -76,6 +76,29 @@ std::pair<int, int> decode_attention_occupancy(int dtype, int head_dim, int head
   return {sms, per_sm};
 }
 
+// Returns how many clusters of `cluster_size` CTAs of the kernel serving these arguments can be resident at once (a
+// cluster launch takes the push region beside the ring, and each cluster's CTAs must share a GPC).
+int decode_attention_max_clusters(int dtype, int head_dim, int heads_per_cta, int tile, int cluster_size) {
+  require(cluster_size >= 1 && cluster_size <= kDecodeClusterMax,
+          "decode_attention: cluster_size " + std::to_string(cluster_size) + " is not in 1.." +
+              std::to_string(kDecodeClusterMax));
+  int clusters = 0;
+  with_kernel(dtype, head_dim, heads_per_cta, tile, [&](auto kernel, size_t smem, int threads, size_t push) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(cluster_size);
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(cluster_size));
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
+    cfg.dynamicSmemBytes = smem + push;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
+  });
+  return clusters;
+}
+
 namespace {
 
 // The checks of a launch's parameters (the stream loop makes them once per layer, before its first copy).

@@ -68,7 +68,7 @@ struct DecodeConfig {
   static constexpr size_t kMergeBytes = size_t(kWarps) * HPC * (HD + 2) * sizeof(float);
   static constexpr size_t kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
   // Cluster launches only, after kSmemBytes (the ring is still in use when other splits push into it): the O^T
-  // fragments the cluster's warps push to this CTA, in 16-byte units (DecodeMma::kUnits a warp, dealt over the
+  // fragments the cluster's warps push to this CTA, in 16-byte units (kUnits a warp, dealt over the
   // ranks), then each warp's (m, l) of every head pair.
   static constexpr int kUnits = HD / 16 * 32;
   static constexpr size_t kPushOBytes = size_t(kWarps) * (kUnits + kDecodeClusterMax - 1) * sizeof(float4);
@@ -271,10 +271,11 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
     }
 #pragma unroll
     for (int mask = 1; mask < 4; mask *= 2) mg[0].add_lane(mask), mg[1].add_lane(mask);
-    const int h = 2 * t + quad % 2;  // lane `quad` of the unit stores its value `quad`
+    const int h = 2 * t + quad % 2;  // lane `quad` of the unit stores its value `quad` (selects, not a local array)
     if (mine && h < HPC) {
-      const SoftmaxMerge<2>& r = mg[quad % 2];
-      store_final<T, HD>(p, b, qh0 + h, 16 * kb + g + 8 * (quad / 2), r.out(quad / 2), r.lse2());
+      const float acc = quad == 0 ? mg[0].acc[0] : quad == 1 ? mg[1].acc[0] : quad == 2 ? mg[0].acc[1] : mg[1].acc[1];
+      const float sum = quad % 2 ? mg[1].sum : mg[0].sum, mx = quad % 2 ? mg[1].mx : mg[0].mx;
+      store_final<T, HD>(p, b, qh0 + h, 16 * kb + g + 8 * (quad / 2), acc / sum, mx + log2f(sum));
     }
   }
 }
@@ -307,18 +308,22 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   // warp-stall samples on q's load, ~40% on the page-table entry looked up between two copies). The entries are the
   // plan's, not the sequence's, so they are requested beside its length rather than after it (entries past its end
   // are read, never used).
+  // A split's first kDecodeTableCap entries are kept in shared memory; a copy past them reads its entry from global
+  // memory.
   const int first_page = (t_begin * TILE) >> p.page_shift;
   const int plan_pages = min(((t_begin + p.tiles_per_split) * TILE - 1) >> p.page_shift, p.max_pages - 1) - first_page + 1;
-  const bool in_smem = plan_pages <= kDecodeTableCap;  // else each copy reads its entry from global memory
-  if (in_smem) {
-    for (int i = tid; i < plan_pages; i += C::kThreads) table[i] = __ldg(bt + first_page + i);
-  }
-  const int len = p.seq_lens[b];
+  for (int i = tid; i < min(plan_pages, kDecodeTableCap); i += C::kThreads) table[i] = __ldg(bt + first_page + i);
+  // a sequence longer than its block table (a caller's error) is cut at the table's end rather than read past it
+  const int len = static_cast<int>(min(int64_t(p.seq_lens[b]), int64_t(p.max_pages) << p.page_shift));
   const int num_tiles = (len + TILE - 1) / TILE;
-  // the launcher refuses a plan shorter than the block table; a sequence longer than its table (a caller's error) must
-  // still not wait for splits that do not exist (the arrival counter would stay non-zero) or read past the cluster
+  // the launcher refuses a plan shorter than the block table, so every split that has tiles exists (else the arrival
+  // counter would stay non-zero, or a push would leave the cluster)
   const int n_active = min(p.num_splits, (num_tiles + p.tiles_per_split - 1) / p.tiles_per_split);
   const int n = min(p.tiles_per_split, num_tiles - t_begin);
+
+  // A CTA may write into another's shared memory only once that one is running: each arrives here and waits before
+  // its first push (by then long done), and cluster_merge's barrier is the next phase.
+  if (p.cluster_merge) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 
   if (len <= 0) {  // no keys: define the output as zeros rather than leave it unwritten (a cluster returns here whole)
     if (split == 0) {
@@ -327,7 +332,10 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
     return;
   }
   if (n <= 0) {  // this split lies past the end of a shorter sequence of the batch
-    if (p.cluster_merge) cluster_merge<T, HD, HPC, TILE, STAGES>(p, push_o, push_ml, n_active, b, qh0);
+    if (p.cluster_merge) {
+      asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+      cluster_merge<T, HD, HPC, TILE, STAGES>(p, push_o, push_ml, n_active, b, qh0);
+    }
     return;
   }
 
@@ -352,7 +360,8 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
     const int pos = tile * TILE + r;
     s = C::ring(stage * TILE + r, c);
     if (pos >= len) return false;
-    const int e = in_smem ? table[(pos >> p.page_shift) - first_page] : __ldg(bt + (pos >> p.page_shift));
+    const int ti = (pos >> p.page_shift) - first_page;
+    const int e = ti < kDecodeTableCap ? table[ti] : __ldg(bt + (pos >> p.page_shift));
     const int64_t off = (e >= 0 ? int64_t(e) : int64_t(-e - 1)) * page_stride + (pos & page_mask) * token_stride + c * 8;
     k_src = (e >= 0 ? host_k : hbm_k) + off;
     v_src = (e >= 0 ? host_v : hbm_v) + off;
@@ -420,6 +429,7 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   if (p.cluster_merge) {  // the last tile's copies were waited for in the loop; the ring is not reused
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // every CTA of the cluster is running
     mma.push(cluster, push_o, push_ml, split * C::kWarps + warp, static_cast<int>(cluster.num_blocks()), lane);
     cluster_merge<T, HD, HPC, TILE, STAGES>(p, push_o, push_ml, n_active, b, qh0);
     return;
