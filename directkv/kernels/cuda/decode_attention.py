@@ -13,8 +13,8 @@ stream : beyond the paper: the copy engine moves host pages into a small HBM rin
 Both zero-copy variants split each sequence over CTAs (flash-decoding) when there are too few
 (sequence, head group) pairs to fill the GPU; the split plan is host-side arithmetic on the SM count,
 the kernel's occupancy, the block table's width and whether the HBM pools are empty (no device sync). The last
-split to finish merges the partials from HBM; a host-only launch of 2..CLUSTER_MAX splits runs as thread-block
-clusters that merge them in distributed shared memory instead.
+split to finish merges the partials from HBM; a host-only launch of 2..CLUSTER_MAX splits whose clusters all fit on
+the GPU at once runs as thread-block clusters that merge in distributed shared memory instead.
 """
 
 from __future__ import annotations
