@@ -74,8 +74,6 @@ def test_cluster_merge_is_chosen_for_host_only_launches_of_2_to_8_splits():
     assert [use_cluster_merge(True, s) for s in (1, 2, 8, 9, 16)] == [False, True, True, False, False]
     assert not use_cluster_merge(False, 4)  # pages in HBM: the global merge, as measured before
     assert not use_cluster_merge(True, 4, enabled=False) and use_cluster_merge(True, 4, enabled=True)
-    # clusters that would not all be resident at once take the global merge (a second wave costs more)
-    assert use_cluster_merge(True, 4, clusters=32, resident=32) and not use_cluster_merge(True, 4, clusters=33, resident=32)
     assert plan_splits(8, 64, 264, host_only=True, cap_tiles=128)[0] == 4  # 4K x 1, Llama: clusters of 4
 
 

@@ -13,7 +13,6 @@ namespace py = pybind11;
 
 namespace directkv {
 std::pair<int, int> decode_attention_occupancy(int dtype, int head_dim, int heads_per_cta, int tile);
-int decode_attention_max_clusters(int dtype, int head_dim, int heads_per_cta, int tile, int cluster_size);
 void decode_attention_run(uintptr_t q, uintptr_t host_k, uintptr_t host_v, uintptr_t hbm_k, uintptr_t hbm_v,
                           uintptr_t block_table, uintptr_t seq_lens, uintptr_t out, uintptr_t out_f32,
                           uintptr_t lse_out, uintptr_t part_o, uintptr_t part_lse, uintptr_t counters, int batch,
@@ -29,9 +28,6 @@ PYBIND11_MODULE(_dkv_decode_attention, m) {
   m.doc() = "Zero-copy paged decode attention (see csrc/include/directkv/decode_attention.cuh)";
   m.def("occupancy", &directkv::decode_attention_occupancy, py::arg("dtype"), py::arg("head_dim"),
         py::arg("heads_per_cta"), py::arg("tile"), "(number of SMs, resident CTAs per SM) of the kernel");
-  m.def("max_clusters", &directkv::decode_attention_max_clusters, py::arg("dtype"), py::arg("head_dim"),
-        py::arg("heads_per_cta"), py::arg("tile"), py::arg("cluster_size"),
-        "clusters of cluster_size CTAs of the kernel (cluster launch: with its push region) resident at once");
   m.def("run", &directkv::decode_attention_run, py::arg("q"), py::arg("host_k"), py::arg("host_v"),
         py::arg("hbm_k"), py::arg("hbm_v"), py::arg("block_table"), py::arg("seq_lens"), py::arg("out"),
         py::arg("out_f32"), py::arg("lse_out"), py::arg("part_o"), py::arg("part_lse"), py::arg("counters"),

@@ -40,8 +40,7 @@ void dispatch_tile(int tile, F&& f) {
   }
 }
 
-// Calls f(kernel pointer, shared-memory bytes, threads, more shared-memory bytes of a cluster launch) for the
-// instantiation that serves these arguments.
+// Calls f(kernel pointer, shared-memory bytes) for the instantiation that serves these arguments.
 template <typename F>
 void with_kernel(int dtype, int head_dim, int hpc, int tile, F&& f) {
   dispatch_dtype("decode_attention", dtype, [&](auto t) {
@@ -51,12 +50,11 @@ void with_kernel(int dtype, int head_dim, int hpc, int tile, F&& f) {
           using T = decltype(t);
           using Cfg = DecodeConfig<T, hd.value, h.value, tl.value, kStages>;
           auto kernel = decode_attention_kernel<T, hd.value, h.value, tl.value, kStages>;
-          // Above 48 KB a kernel must opt in to its dynamic shared memory (a cluster launch's, the most it takes);
-          // once per instantiation.
-          static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                               static_cast<int>(Cfg::kSmemBytes + Cfg::kPushBytes));
+          // Above 48 KB a kernel must opt in to its dynamic shared memory; once per instantiation.
+          static const cudaError_t attr = cudaFuncSetAttribute(
+              kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes));
           check_cuda(attr, "decode_attention: cudaFuncSetAttribute");
-          f(kernel, Cfg::kSmemBytes, Cfg::kThreads, Cfg::kPushBytes);
+          f(kernel, Cfg::kSmemBytes, Cfg::kThreads);
         });
       });
     });
@@ -69,34 +67,11 @@ void with_kernel(int dtype, int head_dim, int hpc, int tile, F&& f) {
 std::pair<int, int> decode_attention_occupancy(int dtype, int head_dim, int heads_per_cta, int tile) {
   const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   int per_sm = 0;
-  with_kernel(dtype, head_dim, heads_per_cta, tile, [&](auto kernel, size_t smem, int threads, size_t) {
+  with_kernel(dtype, head_dim, heads_per_cta, tile, [&](auto kernel, size_t smem, int threads) {
     check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem),
                "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   });
   return {sms, per_sm};
-}
-
-// Returns how many clusters of `cluster_size` CTAs of the kernel serving these arguments can be resident at once (a
-// cluster launch takes the push region beside the ring, and each cluster's CTAs must share a GPC).
-int decode_attention_max_clusters(int dtype, int head_dim, int heads_per_cta, int tile, int cluster_size) {
-  require(cluster_size >= 1 && cluster_size <= kDecodeClusterMax,
-          "decode_attention: cluster_size " + std::to_string(cluster_size) + " is not in 1.." +
-              std::to_string(kDecodeClusterMax));
-  int clusters = 0;
-  with_kernel(dtype, head_dim, heads_per_cta, tile, [&](auto kernel, size_t smem, int threads, size_t push) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = static_cast<unsigned>(cluster_size);
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(cluster_size));
-    cfg.blockDim = dim3(static_cast<unsigned>(threads));
-    cfg.dynamicSmemBytes = smem + push;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
-  });
-  return clusters;
 }
 
 namespace {
@@ -138,7 +113,7 @@ void check_launch(const DecodeParams& p, int heads_per_cta, int tile) {
 
 // The launch of checked parameters (with_kernel refuses an unsupported dtype / head_dim / hpc / tile).
 void launch_checked(const DecodeParams& p, int dtype, int head_dim, int heads_per_cta, int tile, cudaStream_t stream) {
-  with_kernel(dtype, head_dim, heads_per_cta, tile, [&](auto kernel, size_t smem, int threads, size_t push) {
+  with_kernel(dtype, head_dim, heads_per_cta, tile, [&](auto kernel, size_t smem, int threads) {
     const int groups = p.num_heads / heads_per_cta;
     const dim3 grid = p.split_major ? dim3(p.num_splits, groups, p.batch) : dim3(groups, p.batch, p.num_splits);
     if (!p.cluster_merge) {
@@ -156,7 +131,7 @@ void launch_checked(const DecodeParams& p, int dtype, int head_dim, int heads_pe
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = dim3(static_cast<unsigned>(threads));
-    cfg.dynamicSmemBytes = smem + push;  // the splits' pushed state, beside the ring
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
@@ -388,7 +363,7 @@ std::pair<int64_t, int64_t> StreamQueue::run_layer(uintptr_t main, int64_t first
   p.host_v = p.hbm_v = reinterpret_cast<const void*>(ring_v_);
   p.out = reinterpret_cast<void*>(a.out);
   check_launch(p, a.heads_per_cta, a.tile);
-  with_kernel(a.dtype, a.head_dim, a.heads_per_cta, a.tile, [](auto, size_t, int, size_t) {});  // a supported kernel
+  with_kernel(a.dtype, a.head_dim, a.heads_per_cta, a.tile, [](auto, size_t, int) {});  // a supported kernel
   require(slot_bytes_ % 16 == 0 && a.hbm_k % 16 == 0 && a.hbm_v % 16 == 0,
           "StreamQueue: ring slots and HBM pools must be 16-byte aligned");
   auto pass = [&](int i, uintptr_t k, uintptr_t v) {  // the kernel over pass i's table, pools k / v

@@ -7,8 +7,8 @@
 // through its UVA pointer, nothing is staged. The math runs on tensor cores (DecodeMma, mma.sync). Splits write a
 // normalised partial O and its log-sum-exp to an HBM workspace; the last split of a (sequence, head group) to finish
 // merges them, so there is no second launch. Launched as thread-block clusters (cluster_merge: one cluster per
-// (sequence, head group), <= kDecodeClusterMax splits), each split's warps push their softmax state into the cluster's
-// shared memory instead, and after one cluster barrier every CTA merges its share there.
+// (sequence, head group), <= kDecodeClusterMax splits), the splits leave their partials in shared memory and merge them
+// through distributed shared memory instead.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -64,15 +64,11 @@ struct DecodeConfig {
   static constexpr int kCopiesPerThread = TILE * kLanesPerRow / kThreads;  // 16-byte copies per tensor
   static constexpr int kRegBatch = kCopiesPerThread < 4 ? kCopiesPerThread : 4;  // register path, per tensor
   static constexpr size_t kRingBytes = size_t(STAGES) * 2 * TILE * HD * sizeof(T);
-  // The CTA's merge of its warps (launches without a cluster): red_o [kWarps][HPC][HD], red_m / red_l [kWarps][HPC]
+  // The CTA's merge of its warps: red_o [kWarps][HPC][HD], red_m / red_l [kWarps][HPC]
   static constexpr size_t kMergeBytes = size_t(kWarps) * HPC * (HD + 2) * sizeof(float);
-  static constexpr size_t kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
-  // Cluster launches only, after kSmemBytes (the ring is still in use when other splits push into it): the O^T
-  // fragments the cluster's warps push to this CTA, in 16-byte units (kUnits a warp, dealt over the
-  // ranks), then each warp's (m, l) of every head pair.
-  static constexpr int kUnits = HD / 16 * 32;
-  static constexpr size_t kPushOBytes = size_t(kWarps) * (kUnits + kDecodeClusterMax - 1) * sizeof(float4);
-  static constexpr size_t kPushBytes = kPushOBytes + size_t(kDecodeClusterMax) * kWarps * 4 * sizeof(float4);
+  // cluster_merge: this split's normalised O [HPC][HD] and log-sum-exp [HPC], after the merge scratch
+  static constexpr size_t kEndBytes = kMergeBytes + size_t(HPC) * (HD + 1) * sizeof(float);
+  static constexpr size_t kSmemBytes = kRingBytes > kEndBytes ? kRingBytes : kEndBytes;
 
   static_assert(HD == 64 || HD == 128, "head_dim must be 64 or 128");
   static_assert(HPC == 1 || HPC == 2 || HPC == 4 || HPC == 8, "heads per CTA must be 1, 2, 4 or 8");
@@ -99,14 +95,6 @@ struct SoftmaxMerge {
 #pragma unroll
     for (int i = 0; i < N; ++i) acc[i] = acc[i] * a + o[i] * w;
     mx = m_new;
-  }
-  // Adds the merge held by the lane `mask` away (every lane of the warp calls this).
-  __device__ __forceinline__ void add_lane(int mask) {
-    const float m = __shfl_xor_sync(0xffffffffu, mx, mask), l = __shfl_xor_sync(0xffffffffu, sum, mask);
-    float o[N];
-#pragma unroll
-    for (int i = 0; i < N; ++i) o[i] = __shfl_xor_sync(0xffffffffu, acc[i], mask);
-    add(m, l, o);
   }
   __device__ __forceinline__ float out(int i) const { return acc[i] / sum; }
   __device__ __forceinline__ float lse2() const { return mx + log2f(sum); }
@@ -224,65 +212,45 @@ struct DecodeMma {
     }
   }
 
-  // This warp's state (after reduce_l) pushed as `slot` of the cluster's merge: 16-byte unit u = kb * 32 + lane (its
-  // acc[kb]) to rank u % ranks at [slot][u / ranks], and the lane's (m, l) of heads 2t, 2t + 1 to every rank (lane g
-  // writes rank g's). Units of lanes whose heads are all padding are not sent; no rank reads them.
-  template <typename Cluster>
-  __device__ __forceinline__ void push(Cluster& cluster, float4* push_o, float4* push_ml, int slot, int ranks, int lane)
-      const {
-    const int g = lane / 4, t = lane % 4, upr = (C::kUnits + ranks - 1) / ranks;
-    if (2 * t >= HPC) return;
-#pragma unroll
-    for (int kb = 0; kb < kBlocks; ++kb) {
-      const int u = kb * 32 + lane;
-      *cluster.map_shared_rank(push_o + slot * upr + u / ranks, u % ranks) =
-          make_float4(acc[kb][0], acc[kb][1], acc[kb][2], acc[kb][3]);
-    }
-    if (g < ranks) *cluster.map_shared_rank(push_ml + slot * 4 + t, g) = make_float4(m[0], l[0], m[1], l[1]);
-  }
 };
 
-// The cluster's merge, after each active split's warps have pushed their state (DecodeMma::push): one cluster barrier
-// (release / acquire), then each CTA merges the units dealt to its rank from its own shared memory, a quad of lanes a
-// unit, each lane a quarter of the slots, and stores them. Nothing is read across the cluster after the barrier, so no
-// second barrier keeps a CTA's shared memory alive, and no split writes a normalised partial of its own first. Every
-// CTA of the cluster must call this, even one with nothing to push: the barrier counts all of them.
-template <typename T, int HD, int HPC, int TILE, int STAGES>
-__device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float4* push_o, const float4* push_ml,
-                                              int n_active, int b, int qh0) {
-  using C = DecodeConfig<T, HD, HPC, TILE, STAGES>;
+// The cluster's merge. Every split of the cluster has left its normalised O (part_o) and log-sum-exp (part_lse, log2
+// units) in its shared memory, or nothing when it has no tiles (split >= n_active); each CTA, active or not, merges
+// its share of the HPC * HD outputs, reading ranks 0 .. n_active - 1 through distributed shared memory. This replaces
+// the global path's fence, arrival counter and partials read back from HBM, all of which come after the call's last
+// K/V byte (H200, per-CTA trace at 4K x 1: that merge took 2.9-3.3 us of a 6.5 us tail, this one a median 1.7). Every
+// CTA of the cluster must call this, even one with nothing to merge: both barriers count all of them.
+template <typename T, int HD, int HPC, int THREADS>
+__device__ __forceinline__ void cluster_merge(const DecodeParams& p, float* part_o, float* part_lse, int n_active,
+                                              int b, int qh0) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every active split's pushes are visible here
+  cluster.sync();  // release / acquire: every split's partial is visible to the cluster
   const int ranks = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
-  const int upr = (C::kUnits + ranks - 1) / ranks, slots = n_active * C::kWarps;
-  const int quad = threadIdx.x % 4;
-  for (int i0 = 0; i0 < upr; i0 += C::kThreads / 4) {  // bounds alike in every lane: the quads shuffle below
-    const int i = i0 + static_cast<int>(threadIdx.x) / 4, u = i * ranks + rank;
-    const int lane_u = u % 32, kb = u / 32, g = lane_u / 4, t = lane_u % 4;
-    const bool mine = i < upr && u < C::kUnits && 2 * t < HPC;
-    SoftmaxMerge<2> mg[2];  // heads 2t, 2t + 1; dims 16 kb + g and + 8
-    if (mine) {
-      for (int s = quad; s < slots; s += 4) {
-        const float4 o = push_o[s * upr + i], ml = push_ml[s * 4 + t];
-        mg[0].add(ml.x, ml.y, {o.x, o.z});
-        mg[1].add(ml.z, ml.w, {o.y, o.w});
+  const int share = (HPC * HD + ranks - 1) / ranks;
+  const int end = min((rank + 1) * share, HPC * HD);
+  for (int e = rank * share + static_cast<int>(threadIdx.x); e < end; e += THREADS) {
+    const int h = e / HD;
+    float lse[kDecodeClusterMax], val[kDecodeClusterMax];
+#pragma unroll
+    for (int s = 0; s < kDecodeClusterMax; ++s) {  // every load issued before the first is used
+      if (s < n_active) {
+        lse[s] = *cluster.map_shared_rank(part_lse + h, s);
+        val[s] = *cluster.map_shared_rank(part_o + e, s);
       }
     }
+    SoftmaxMerge<1> mg;
 #pragma unroll
-    for (int mask = 1; mask < 4; mask *= 2) mg[0].add_lane(mask), mg[1].add_lane(mask);
-    const int h = 2 * t + quad % 2;  // lane `quad` of the unit stores its value `quad` (selects, not a local array)
-    if (mine && h < HPC) {
-      const float acc = quad == 0 ? mg[0].acc[0] : quad == 1 ? mg[1].acc[0] : quad == 2 ? mg[0].acc[1] : mg[1].acc[1];
-      const float sum = quad % 2 ? mg[1].sum : mg[0].sum, mx = quad % 2 ? mg[1].mx : mg[0].mx;
-      store_final<T, HD>(p, b, qh0 + h, 16 * kb + g + 8 * (quad / 2), acc / sum, mx + log2f(sum));
+    for (int s = 0; s < kDecodeClusterMax; ++s) {
+      if (s < n_active) mg.add(lse[s], 1.f, {val[s]});
     }
+    store_final<T, HD>(p, b, qh0 + h, e % HD, mg.out(0), mg.lse2());
   }
+  cluster.sync();  // no CTA leaves (and frees its shared memory) while another may still read it
 }
 
 // grid = (num_heads / HPC, batch, num_splits), or (num_splits, num_heads / HPC, batch) when split_major;
-// block = 128 threads; with cluster_merge, clusters of (1, 1, num_splits) or (num_splits, 1, 1) and kPushBytes more
-// dynamic shared memory.
+// block = 128 threads; with cluster_merge, clusters of (1, 1, num_splits) or (num_splits, 1, 1).
 template <typename T, int HD, int HPC, int TILE, int STAGES>
 __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParams p) {
   using C = DecodeConfig<T, HD, HPC, TILE, STAGES>;
@@ -291,8 +259,6 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   __shared__ int table[kDecodeTableCap];  // this split's page-table entries, when they fit
   T* ks = reinterpret_cast<T*>(smem);  // [STAGES][TILE][HD]
   T* vs = ks + STAGES * TILE * HD;     // [STAGES][TILE][HD]
-  float4* push_o = reinterpret_cast<float4*>(smem + C::kSmemBytes);  // cluster_merge only
-  float4* push_ml = reinterpret_cast<float4*>(smem + C::kSmemBytes + C::kPushOBytes);
 
   const int group = p.split_major ? blockIdx.y : blockIdx.x;
   const int b = p.split_major ? blockIdx.z : blockIdx.y;
@@ -303,27 +269,13 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int* bt = p.block_table + int64_t(b) * p.max_pages;
 
-  // Every load from HBM (the sequence's length, the split's page-table entries, q) is issued before the first K/V copy:
-  // on the H200 HBM loads issued after an SM's host-memory requests appeared to wait behind them (ncu, 4K x 1: 31% of
-  // warp-stall samples on q's load, ~40% on the page-table entry looked up between two copies). The entries are the
-  // plan's, not the sequence's, so they are requested beside its length rather than after it (entries past its end
-  // are read, never used).
-  // A split's first kDecodeTableCap entries are kept in shared memory; a copy past them reads its entry from global
-  // memory.
-  const int first_page = (t_begin * TILE) >> p.page_shift;
-  const int plan_pages = min(((t_begin + p.tiles_per_split) * TILE - 1) >> p.page_shift, p.max_pages - 1) - first_page + 1;
-  for (int i = tid; i < min(plan_pages, kDecodeTableCap); i += C::kThreads) table[i] = __ldg(bt + first_page + i);
   // a sequence longer than its block table (a caller's error) is cut at the table's end rather than read past it
   const int len = static_cast<int>(min(int64_t(p.seq_lens[b]), int64_t(p.max_pages) << p.page_shift));
   const int num_tiles = (len + TILE - 1) / TILE;
-  // the launcher refuses a plan shorter than the block table, so every split that has tiles exists (else the arrival
-  // counter would stay non-zero, or a push would leave the cluster)
+  // the launcher refuses a plan shorter than the block table; a sequence longer than its table (a caller's error) must
+  // still not wait for splits that do not exist (the arrival counter would stay non-zero) or read past the cluster
   const int n_active = min(p.num_splits, (num_tiles + p.tiles_per_split - 1) / p.tiles_per_split);
   const int n = min(p.tiles_per_split, num_tiles - t_begin);
-
-  // A CTA may write into another's shared memory only once that one is running: each arrives here and waits before
-  // its first push (by then long done), and cluster_merge's barrier is the next phase.
-  if (p.cluster_merge) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 
   if (len <= 0) {  // no keys: define the output as zeros rather than leave it unwritten (a cluster returns here whole)
     if (split == 0) {
@@ -331,11 +283,10 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
     }
     return;
   }
+  float* end_o = reinterpret_cast<float*>(smem + C::kMergeBytes);  // cluster_merge: [HPC][HD], then lse [HPC]
+  float* end_lse = end_o + HPC * HD;
   if (n <= 0) {  // this split lies past the end of a shorter sequence of the batch
-    if (p.cluster_merge) {
-      asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-      cluster_merge<T, HD, HPC, TILE, STAGES>(p, push_o, push_ml, n_active, b, qh0);
-    }
+    if (p.cluster_merge) cluster_merge<T, HD, HPC, C::kThreads>(p, end_o, end_lse, n_active, b, qh0);
     return;
   }
 
@@ -346,6 +297,17 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   const T* host_v = static_cast<const T*>(p.host_v) + kvh * HD;
   const T* hbm_k = static_cast<const T*>(p.hbm_k) + kvh * HD;
   const T* hbm_v = static_cast<const T*>(p.hbm_v) + kvh * HD;
+
+  // Every load from HBM (q, the split's page-table entries) is issued before the first K/V copy: on the H200 HBM loads
+  // issued after an SM's host-memory requests appeared to wait behind them (ncu, 4K x 1: 31% of warp-stall samples
+  // on q's load, ~40% on the page-table entry looked up between two copies). Measured: no gain at 4K x 1's old plan
+  // of 32 two-tile splits, 2% with one split, which the host-only plan's few long splits now use.
+  const int first_page = (t_begin * TILE) >> p.page_shift;
+  const int n_pages = ((min((t_begin + n) * TILE, len) - 1) >> p.page_shift) - first_page + 1;
+  const bool in_smem = n_pages <= kDecodeTableCap;  // else each copy reads its entry from global memory
+  if (in_smem) {
+    for (int i = tid; i < n_pages; i += C::kThreads) table[i] = __ldg(bt + first_page + i);
+  }
   const T* q_rows = static_cast<const T*>(p.q) + (int64_t(b) * p.num_heads + qh0) * HD;
   DecodeMma<T, HD, HPC, TILE, STAGES> mma;
   mma.load_q(q_rows, lane);
@@ -360,8 +322,7 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
     const int pos = tile * TILE + r;
     s = C::ring(stage * TILE + r, c);
     if (pos >= len) return false;
-    const int ti = (pos >> p.page_shift) - first_page;
-    const int e = ti < kDecodeTableCap ? table[ti] : __ldg(bt + (pos >> p.page_shift));
+    const int e = in_smem ? table[(pos >> p.page_shift) - first_page] : __ldg(bt + (pos >> p.page_shift));
     const int64_t off = (e >= 0 ? int64_t(e) : int64_t(-e - 1)) * page_stride + (pos & page_mask) * token_stride + c * 8;
     k_src = (e >= 0 ? host_k : hbm_k) + off;
     v_src = (e >= 0 ? host_v : hbm_v) + off;
@@ -425,16 +386,6 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
              lane);
   }
   mma.reduce_l();
-
-  if (p.cluster_merge) {  // the last tile's copies were waited for in the loop; the ring is not reused
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // every CTA of the cluster is running
-    mma.push(cluster, push_o, push_ml, split * C::kWarps + warp, static_cast<int>(cluster.num_blocks()), lane);
-    cluster_merge<T, HD, HPC, TILE, STAGES>(p, push_o, push_ml, n_active, b, qh0);
-    return;
-  }
-
   cp_async_wait<0>();
   __syncthreads();  // the ring is idle: reuse it as merge scratch
   float* red_o = reinterpret_cast<float*>(smem);  // [kWarps][HPC][HD]
@@ -456,13 +407,16 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
     vals[j] = mg.out(0);
     lse2s[j] = mg.lse2();
   }
-  const bool single = n_active == 1;
+  const bool single = n_active == 1 && !p.cluster_merge;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int e = tid + j * C::kThreads, h = e / HD, d = e % HD;
     if (e >= HPC * HD) break;
     if (single) {
       store_final<T, HD>(p, b, qh0 + h, d, vals[j], lse2s[j]);
+    } else if (p.cluster_merge) {
+      end_o[e] = vals[j];
+      if (d == 0) end_lse[h] = lse2s[j];
     } else {
       const int64_t row = (int64_t(split) * p.batch + b) * p.num_heads + qh0 + h;
       p.part_o[row * HD + d] = vals[j];
@@ -470,6 +424,10 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
     }
   }
   if (single) return;
+  if (p.cluster_merge) {
+    cluster_merge<T, HD, HPC, C::kThreads>(p, end_o, end_lse, n_active, b, qh0);
+    return;
+  }
 
   // Last split to arrive merges (threadfence-reduction pattern: publish, count, then read with .cg).
   __threadfence();

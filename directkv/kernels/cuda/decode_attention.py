@@ -13,8 +13,8 @@ stream : beyond the paper: the copy engine moves host pages into a small HBM rin
 Both zero-copy variants split each sequence over CTAs (flash-decoding) when there are too few
 (sequence, head group) pairs to fill the GPU; the split plan is host-side arithmetic on the SM count,
 the kernel's occupancy, the block table's width and whether the HBM pools are empty (no device sync). The last
-split to finish merges the partials from HBM; a host-only launch of 2..CLUSTER_MAX splits whose clusters all fit on
-the GPU at once runs as thread-block clusters that merge in distributed shared memory instead.
+split to finish merges the partials from HBM; a host-only launch of 2..CLUSTER_MAX splits runs as thread-block
+clusters that merge them in distributed shared memory instead.
 """
 
 from __future__ import annotations
@@ -94,15 +94,10 @@ def plan_splits(num_groups: int, max_tiles: int, slots: int, num_splits: int | N
     return math.ceil(max_tiles / tiles_per_split), tiles_per_split
 
 
-def use_cluster_merge(host_only: bool, num_splits: int, enabled: bool | None = None, *, clusters: int = 1,
-                      resident: int | None = None) -> bool:
+def use_cluster_merge(host_only: bool, num_splits: int, enabled: bool | None = None) -> bool:
     """Whether a launch of `num_splits` splits merges them in thread-block clusters (`enabled`, default
-    CLUSTER_MERGE, allows it): only when its `clusters` (one per sequence and head group) are all `resident` at once
-    (the kernel's max_clusters). A cluster launch takes more shared memory a CTA than a plain one, and each cluster's
-    CTAs must share a GPC, so clusters that do not fit would run in a second wave, which costs far more than the
-    merge saves."""
-    return ((CLUSTER_MERGE if enabled is None else enabled) and host_only and 2 <= num_splits <= CLUSTER_MAX
-            and (resident is None or clusters <= resident))
+    CLUSTER_MERGE, allows it)."""
+    return (CLUSTER_MERGE if enabled is None else enabled) and host_only and 2 <= num_splits <= CLUSTER_MAX
 
 
 def heads_per_cta(variant: str, group: int) -> int:
@@ -134,12 +129,6 @@ def _occupancy(device: int, dtype_code: int, head_dim: int, hpc: int, tile: int)
     with torch.cuda.device(device):
         sms, per_sm = _module().occupancy(dtype_code, head_dim, hpc, tile)
     return sms * max(1, per_sm)
-
-
-@cache
-def _max_clusters(device: int, dtype_code: int, head_dim: int, hpc: int, tile: int, size: int) -> int:
-    with torch.cuda.device(device):
-        return _module().max_clusters(dtype_code, head_dim, hpc, tile, size)
 
 
 @dataclass
@@ -206,19 +195,14 @@ def _launch(q, host_k, host_v, hbm_k, hbm_v, block_table, seq_lens, *, variant, 
     hpc, splits, tiles_per_split, part_o, part_lse, counters = _config(
         q, num_kv_heads, page_size, block_table.shape[1], variant=variant, tile_kv=tile_kv, num_splits=num_splits,
         stream=stream, host_only=host_only)
-    cluster = use_cluster_merge(host_only, splits, cluster_merge)
-    if cluster:
-        device = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        resident = _max_clusters(device, DTYPE_CODES[q.dtype], head_dim, hpc, tile_kv, splits)
-        cluster = use_cluster_merge(host_only, splits, cluster_merge, clusters=batch * (num_heads // hpc),
-                                    resident=resident)
+    cluster = int(use_cluster_merge(host_only, splits, cluster_merge))
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
     _module().run(
         q.data_ptr(), host_k.data_ptr(), host_v.data_ptr(), hbm_k.data_ptr(), hbm_v.data_ptr(),
         block_table.data_ptr(), seq_lens.data_ptr(), ptr(out), ptr(out_f32), ptr(lse_out), part_o, part_lse,
         counters, batch, num_heads, num_kv_heads, head_dim, block_table.shape[1], page_size, splits,
         tiles_per_split, hpc, tile_kv, sm_scale, DTYPE_CODES[q.dtype], LOAD_MODES[LOAD_MODE], int(SPLIT_MAJOR),
-        int(cluster), stream,
+        cluster, stream,
     )  # fmt: skip
 
 
