@@ -14,12 +14,13 @@ wait; for f in /tmp/b*.log; do tail -n 1 $f; done >> $L
 echo "=== gpu tests $(date +%T)" >> $L
 PYTHONPATH=$PWD:/tmp/site DIRECTKV_CACHE=/tmp/dkvcache timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee $OUT/gpu_tests.log | tail -4 >> $L
 if ! grep -q " passed" $OUT/gpu_tests.log || grep -qE "[0-9]+ (failed|error)" $OUT/gpu_tests.log; then echo "=== tests failed" >> $L; grep -E "^(FAILED|ERROR)" $OUT/gpu_tests.log | head -30 >> $L; exit 0; fi
-tree() { if [ $1 = cand ]; then d=$ROOT; c=/tmp/dkvcache; else d=$ROOT/.ab/$1; c=/tmp/c$1; fi; }
+tree() { if [ $1 = cand ]; then d=$ROOT; c=/tmp/dkvcache; else d=$ROOT/.ab/$1; c=/tmp/c$1; fi
+  case $1 in main0) sha=8e1437c32920de7fca229801239db81f5a33582a ;; candP) sha=6907c19b643726d6b281d397497e6224c3f96d17 ;; *) sha=$(cat .ab/sha) ;; esac; }
 for r in 1 2; do for t in main0 cand candT candP; do
   echo "=== hbm $t $r $(date +%T)" >> $L
   tree $t
   if [ $r = 1 ] && { [ $t = main0 ] || [ $t = cand ]; }; then tl=64,32; else tl=64; fi
-  (cd $d && TILES=$tl PYTHONPATH=$d:/tmp/site DIRECTKV_CACHE=$c timeout 70 python3 $ROOT/.ab/hbm_bench2.py $t 2>&1 | tail -20) >> $L
+  (cd $d && DIRECTKV_GIT_SHA=$sha TILES=$tl PYTHONPATH=$d:/tmp/site DIRECTKV_CACHE=$c timeout 70 python3 $ROOT/.ab/hbm_bench2.py $t 2>&1 | tail -20) >> $L
 done; done
 sm=$(grep -o "'sm_read_gbps': [0-9.]*" $L | tail -1 | awk '{print $2}')
 echo "=== sm_read_gbps $sm" >> $L
@@ -27,7 +28,7 @@ if awk "BEGIN{exit !($sm < 48)}"; then echo "=== link disturbed: benchmarks skip
 for r in 1 2; do for t in main0 cand candT; do
   echo "=== bench $t $r $(date +%T)" >> $L
   tree $t
-  (cd $d && PYTHONPATH=$d:/tmp/site DIRECTKV_CACHE=$c timeout 60 python3 -m experiments.run +exp=kernel_ablation device=cuda results_root=/tmp/res-$t progress=false ops=[decode] contexts=[4096,8192] decode_batches=[1,4] 2>&1 | tail -1) >> $L
+  (cd $d && DIRECTKV_GIT_SHA=$sha PYTHONPATH=$d:/tmp/site DIRECTKV_CACHE=$c timeout 60 python3 -m experiments.run +exp=kernel_ablation device=cuda results_root=/tmp/res-$t progress=false ops=[decode] contexts=[4096,8192] decode_batches=[1,4] 2>&1 | tail -1) >> $L
 done; done
 tar czf $OUT/ab.tar.gz -C /tmp res-main0 res-cand res-candT 2>/dev/null
 KERNEL_ARGS="ops=[decode] contexts=[4096,16384,32768,131072] decode_batches=[1,16,64]" STEP_TIMEOUT=100 bash $H kernels >> $L 2>&1
