@@ -3,7 +3,8 @@
 # length cut at the table's end), main0 = 8e1437c, candT = cand with the split's planned page-table entries requested
 # beside the length (before it), candP = 6907c19 (the push merge, call 1's candidate). Every GPU test on cand; every
 # page in HBM, the four alternated twice (round 1 also 32-row tiles for main0 / cand); then, on a link at its usual
-# pace, the decode benchmark at 4K / 8K x 1 / 4 for main0 / cand / candT alternated twice, and the issue's grid for cand
+# pace, the decode benchmark at 4K / 8K x 1 / 4 for main0 / cand / candT alternated twice (the grid was dropped: too
+# little device time was left)
 set -u
 ROOT=$PWD L=$OUT/log.txt H=experiments/device/h200.sh
 export DIRECTKV_GIT_SHA=$(cat .ab/sha)
@@ -31,5 +32,4 @@ for r in 1 2; do for t in main0 cand candT; do
   (cd $d && DIRECTKV_GIT_SHA=$sha PYTHONPATH=$d:/tmp/site DIRECTKV_CACHE=$c timeout 60 python3 -m experiments.run +exp=kernel_ablation device=cuda results_root=/tmp/res-$t progress=false ops=[decode] contexts=[4096,8192] decode_batches=[1,4] 2>&1 | tail -1) >> $L
 done; done
 tar czf $OUT/ab.tar.gz -C /tmp res-main0 res-cand res-candT 2>/dev/null
-KERNEL_ARGS="ops=[decode] contexts=[4096,16384,32768,131072] decode_batches=[1,16,64]" STEP_TIMEOUT=100 bash $H kernels >> $L 2>&1
 echo "=== done $(date +%T)" >> $L
