@@ -4,11 +4,11 @@
 // byte crosses the link once; HPC = 1 for "naive", which reads K/V once per query head) and one split of
 // the sequence (flash-decoding). K/V tiles stream into a STAGES-deep shared-memory ring with 16-byte
 // cp.async (or LDG, see DecodeLoad), whatever tier a page is in: a host page is read straight from pinned memory
-// through its UVA pointer, nothing is staged. The math runs on tensor cores (DecodeMma, mma.sync). Splits write a
-// normalised partial O and its log-sum-exp to an HBM workspace; the last split of a (sequence, head group) to finish
-// merges them, so there is no second launch. Launched as thread-block clusters (cluster_merge: one cluster per
-// (sequence, head group), <= kDecodeClusterMax splits), the splits leave their partials in shared memory and merge them
-// through distributed shared memory instead.
+// through its UVA pointer, nothing is staged. With 64-row tiles the math runs on tensor cores (DecodeMma); with
+// 32-row tiles on CUDA cores, each lane 8 dims of a row. Splits write a normalised partial O and its log-sum-exp to
+// an HBM workspace; the last split of a (sequence, head group) to finish merges them, so there is no second launch.
+// Launched as thread-block clusters (cluster_merge: one cluster per (sequence, head group), <= kDecodeClusterMax
+// splits), the splits leave their partials in shared memory and merge them through distributed shared memory instead.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -58,13 +58,23 @@ template <typename T, int HD, int HPC, int TILE, int STAGES>
 struct DecodeConfig {
   static constexpr int kThreads = 128;
   static constexpr int kWarps = kThreads / 32;
-  static constexpr int kLanesPerRow = HD / 8;  // 16-byte chunks of a K / V row, one copy each
-  // A warp's rows of each tile: one mma.sync m16n8k16 M block (DecodeMma), of which 32-row tiles fill half.
+  static constexpr int kLanesPerRow = HD / 8;  // each lane holds 8 dims (one 16-byte vector) of a row
+  static constexpr int kRowsPerStep = 32 / kLanesPerRow;
   static constexpr int kRowsPerWarp = TILE / kWarps;
+  static constexpr int kSteps = kRowsPerWarp / kRowsPerStep;
+  // Steps whose scores a lane holds at once before it updates its softmax state (at most 32 registers of them). With
+  // 8 heads, q and o already take 128 registers and any batch of steps spilled (ptxas sm_90a, head_dim 128); with one
+  // head (naive) batches ran 8% slower over HBM pages on the H200, whose CTAs, four times as many, hide a row's latency
+  // (both measured on 64-row tiles before those moved to tensor cores; only 32-row tiles use this math now).
+  static constexpr int kSub = HPC == 8 || HPC == 1 ? 1 : kSteps;
+  // 64-row tiles run on tensor cores (mma.sync m16n8k16): a warp's 16 rows of a tile are one M block and the heads,
+  // padded to 8, the N side, so S^T = K Q^T and O^T += V^T P^T. The lane math above spends ~4 shuffles per row and head
+  // on the scores; on the H200 with every page in HBM, 4 heads a CTA ran 33-36% faster this way at batch 16-64, and on
+  // host pages the last tile's math, which runs after the call's last K/V byte, is shorter (not traced).
+  static constexpr bool kMma = kRowsPerWarp == 16;
   static constexpr int kCopiesPerThread = TILE * kLanesPerRow / kThreads;  // 16-byte copies per tensor
   static constexpr int kRegBatch = kCopiesPerThread < 4 ? kCopiesPerThread : 4;  // register path, per tensor
   static constexpr size_t kRingBytes = size_t(STAGES) * 2 * TILE * HD * sizeof(T);
-  // The CTA's merge of its warps: red_o [kWarps][HPC][HD], red_m / red_l [kWarps][HPC]
   static constexpr size_t kMergeBytes = size_t(kWarps) * HPC * (HD + 2) * sizeof(float);
   // cluster_merge: this split's normalised O [HPC][HD] and log-sum-exp [HPC], after the merge scratch
   static constexpr size_t kEndBytes = kMergeBytes + size_t(HPC) * (HD + 1) * sizeof(float);
@@ -72,32 +82,14 @@ struct DecodeConfig {
 
   static_assert(HD == 64 || HD == 128, "head_dim must be 64 or 128");
   static_assert(HPC == 1 || HPC == 2 || HPC == 4 || HPC == 8, "heads per CTA must be 1, 2, 4 or 8");
-  static_assert(kRowsPerWarp == 8 || kRowsPerWarp == 16, "a warp's rows of a tile must fill an M block or half of one");
+  static_assert(kSub * HPC <= 32 && kSteps % kSub == 0, "a lane holds at most 32 scores, whole batches of steps");
   static_assert(STAGES >= 2, "the ring needs at least two stages to overlap loads and math");
+  static_assert(TILE % (kWarps * kRowsPerStep) == 0, "every warp must get whole steps of a tile");
   static_assert((TILE * kLanesPerRow) % kThreads == 0, "a tile's copies must split evenly over the CTA");
 
-  // Element offset of 16-byte chunk c of ring row r ([STAGES * TILE][HD]). The chunk is XOR-ed with r % 8, so the eight
-  // rows one ldmatrix phase reads (a row, HD * 2 bytes, apart) fall in eight bank groups.
-  static __device__ __forceinline__ int ring(int r, int c) { return r * HD + (c ^ (r & 7)) * 8; }
-};
-
-// A running merge of softmax partials of N outputs that share their scores: each partial is a max m (log2 units), a
-// sum l of exp2(score - m) and N sums o of those weights times values, in any order. A normalised partial (an output
-// and its log-sum-exp) is the partial (lse, 1, output).
-template <int N>
-struct SoftmaxMerge {
-  float mx = -INFINITY, sum = 0.f, acc[N] = {};
-
-  __device__ __forceinline__ void add(float m, float l, const float (&o)[N]) {
-    const float m_new = fmaxf(mx, m);
-    const float a = rescale(mx, m_new), w = rescale(m, m_new);  // 0 for a side that has seen no key
-    sum = sum * a + l * w;
-#pragma unroll
-    for (int i = 0; i < N; ++i) acc[i] = acc[i] * a + o[i] * w;
-    mx = m_new;
-  }
-  __device__ __forceinline__ float out(int i) const { return acc[i] / sum; }
-  __device__ __forceinline__ float lse2() const { return mx + log2f(sum); }
+  // Element offset of 16-byte chunk c of ring row r ([STAGES * TILE][HD]). For the tensor-core math the chunk is XOR-ed
+  // with r % 8, so the eight rows one ldmatrix phase reads (a row, HD * 2 bytes, apart) fall in eight bank groups.
+  static __device__ __forceinline__ int ring(int r, int c) { return r * HD + (kMma ? c ^ (r & 7) : c) * 8; }
 };
 
 template <typename T, int HD>
@@ -111,16 +103,56 @@ __device__ __forceinline__ void store_final(const DecodeParams& p, int b, int qh
   if (p.lse_out && d == 0) p.lse_out[row] = lse2 * 0.69314718055994531f;
 }
 
-// The tensor-core math of one warp: its kRowsPerWarp rows of each tile against the CTA's HPC <= 8 heads. With g = lane
-// / 4 and t = lane % 4 (prefill_common.cuh), a lane holds the scores of rows g and g + 8 for heads 2t and 2t + 1, that
-// pair of heads' online-softmax state, and O^T for dims g and g + 8 of each 16-dim block, for the same heads. Heads past
-// HPC are zero queries whose outputs are never stored; with 8-row warps (32-row tiles) rows 8-15 of the M block repeat
-// rows 0-7 with zero probabilities. P is rounded to T for its mma while l sums it in fp32, as FlashAttention does.
+// The cluster's merge. Every split of the cluster has left its normalised O (part_o) and log-sum-exp (part_lse, log2
+// units) in its shared memory, or nothing when it has no tiles (split >= n_active); each CTA, active or not, merges
+// its share of the HPC * HD outputs, reading ranks 0 .. n_active - 1 through distributed shared memory. This replaces
+// the global path's fence, arrival counter and partials read back from HBM, all of which come after the call's last
+// K/V byte (H200, per-CTA trace at 4K x 1: that merge took 2.9-3.3 us of a 6.5 us tail, this one a median 1.7). Every
+// CTA of the cluster must call this, even one with nothing to merge: both barriers count all of them.
+template <typename T, int HD, int HPC, int THREADS>
+__device__ __forceinline__ void cluster_merge(const DecodeParams& p, float* part_o, float* part_lse, int n_active,
+                                              int b, int qh0) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // release / acquire: every split's partial is visible to the cluster
+  const int ranks = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  const int share = (HPC * HD + ranks - 1) / ranks;
+  const int end = min((rank + 1) * share, HPC * HD);
+  for (int e = rank * share + static_cast<int>(threadIdx.x); e < end; e += THREADS) {
+    const int h = e / HD;
+    float lse[kDecodeClusterMax], val[kDecodeClusterMax];
+#pragma unroll
+    for (int s = 0; s < kDecodeClusterMax; ++s) {  // every load issued before the first is used
+      if (s < n_active) {
+        lse[s] = *cluster.map_shared_rank(part_lse + h, s);
+        val[s] = *cluster.map_shared_rank(part_o + e, s);
+      }
+    }
+    float mx = -INFINITY, sum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int s = 0; s < kDecodeClusterMax; ++s) {
+      if (s < n_active) {
+        const float m_new = fmaxf(mx, lse[s]);
+        const float a = rescale(mx, m_new), wt = exp2f(lse[s] - m_new);
+        sum = sum * a + wt;
+        acc = acc * a + val[s] * wt;
+        mx = m_new;
+      }
+    }
+    store_final<T, HD>(p, b, qh0 + h, e % HD, acc / sum, mx + log2f(sum));
+  }
+  cluster.sync();  // no CTA leaves (and frees its shared memory) while another may still read it
+}
+
+// The tensor-core math of one warp (DecodeConfig::kMma): its 16 rows of each tile against the CTA's HPC <= 8 heads.
+// With g = lane / 4 and t = lane % 4 (prefill_common.cuh), a lane holds the scores of rows g and g + 8 for heads 2t
+// and 2t + 1, that pair of heads' online-softmax state, and O^T for dims g and g + 8 of each 16-dim block, for the
+// same heads. Heads past HPC are zero queries whose outputs are never stored. P is rounded to T for its mma while l
+// sums it in fp32, as FlashAttention does.
 template <typename T, int HD, int HPC, int TILE, int STAGES>
 struct DecodeMma {
   using C = DecodeConfig<T, HD, HPC, TILE, STAGES>;
   static constexpr int kBlocks = HD / 16;  // 16-dim blocks: k steps of S^T = K Q^T, M blocks of O^T = V^T P^T
-  static constexpr int kRows = C::kRowsPerWarp;
   uint32_t qf[kBlocks][2];                 // B fragments of Q^T: head g, dims 16 kb + 2t, 2t + 1 (and + 8)
   float m[2], l[2];                        // heads 2t, 2t + 1: running max (log2 units) and this lane's rows' sum
   float acc[kBlocks][4];                   // O^T: dims 16 kb + g (+ 8) x heads 2t, 2t + 1
@@ -142,16 +174,15 @@ struct DecodeMma {
     }
   }
 
-  // Rows row0 .. row0 + kRows - 1 of a stage (ks / vs: the stage's [TILE][HD] blocks, laid out by C::ring), of which
-  // the first `valid` are keys of the sequence (rows past the end hold zeros).
+  // Rows row0 .. row0 + 15 of a stage (ks / vs: the stage's [TILE][HD] blocks, laid out by C::ring), of which the
+  // first `valid` are keys of the sequence (rows past the end hold zeros).
   __device__ __forceinline__ void tile(const T* ks, const T* vs, int row0, int valid, float scale_log2, int lane) {
     const int g = lane / 4;
-    valid = min(valid, kRows);
     float sa[4] = {0.f, 0.f, 0.f, 0.f}, sb[4] = {0.f, 0.f, 0.f, 0.f};  // two chains over the k steps
 #pragma unroll
     for (int kb = 0; kb < kBlocks; ++kb) {  // A = K rows: lanes 0-15 address rows 0-15 of chunk 2 kb, 16-31 of 2 kb + 1
       uint32_t a[4];
-      tc::ldsm_x4(a, ks + C::ring(row0 + lane % kRows, 2 * kb + lane / 16));
+      tc::ldsm_x4(a, ks + C::ring(row0 + lane % 16, 2 * kb + lane / 16));
       tc::mma16816<T>(kb % 2 ? sb : sa, a, qf[kb][0], qf[kb][1]);
     }
     float sc[4];
@@ -184,23 +215,19 @@ struct DecodeMma {
 #pragma unroll
     for (int kb = 0; kb < kBlocks; ++kb) {  // A = V^T: transposed 8 x 8 blocks (rows 0-7 / 8-15) x (dims +0 / +8)
       uint32_t a[4];
-      tc::ldsm_x4_trans(a, vs + C::ring(row0 + (lane % 8 + lane / 16 * 8) % kRows, 2 * kb + lane / 8 % 2));
+      tc::ldsm_x4_trans(a, vs + C::ring(row0 + lane % 8 + lane / 16 * 8, 2 * kb + lane / 8 % 2));
       tc::mma16816<T>(acc[kb], a, b0, b1);
     }
   }
 
-  // l over the warp's rows (each lane has summed its own two), so every lane holds its heads' whole sums.
-  __device__ __forceinline__ void reduce_l() {
+  // This warp's state into the CTA's merge scratch: red_o [warps][HPC][HD], red_m / red_l [warps][HPC].
+  __device__ __forceinline__ void store(float* red_o, float* red_m, float* red_l, int warp, int lane) {
+    const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
       for (int off = 4; off < 32; off *= 2) l[j] += __shfl_xor_sync(0xffffffffu, l[j], off);
     }
-  }
-
-  // This warp's state into the CTA's merge scratch (after reduce_l): red_o [warps][HPC][HD], red_m / red_l [warps][HPC].
-  __device__ __forceinline__ void store(float* red_o, float* red_m, float* red_l, int warp, int lane) const {
-    const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int h = 2 * t + j;
@@ -211,43 +238,7 @@ struct DecodeMma {
       if (g == 0) red_m[warp * HPC + h] = m[j], red_l[warp * HPC + h] = l[j];
     }
   }
-
 };
-
-// The cluster's merge. Every split of the cluster has left its normalised O (part_o) and log-sum-exp (part_lse, log2
-// units) in its shared memory, or nothing when it has no tiles (split >= n_active); each CTA, active or not, merges
-// its share of the HPC * HD outputs, reading ranks 0 .. n_active - 1 through distributed shared memory. This replaces
-// the global path's fence, arrival counter and partials read back from HBM, all of which come after the call's last
-// K/V byte (H200, per-CTA trace at 4K x 1: that merge took 2.9-3.3 us of a 6.5 us tail, this one a median 1.7). Every
-// CTA of the cluster must call this, even one with nothing to merge: both barriers count all of them.
-template <typename T, int HD, int HPC, int THREADS>
-__device__ __forceinline__ void cluster_merge(const DecodeParams& p, float* part_o, float* part_lse, int n_active,
-                                              int b, int qh0) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // release / acquire: every split's partial is visible to the cluster
-  const int ranks = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
-  const int share = (HPC * HD + ranks - 1) / ranks;
-  const int end = min((rank + 1) * share, HPC * HD);
-  for (int e = rank * share + static_cast<int>(threadIdx.x); e < end; e += THREADS) {
-    const int h = e / HD;
-    float lse[kDecodeClusterMax], val[kDecodeClusterMax];
-#pragma unroll
-    for (int s = 0; s < kDecodeClusterMax; ++s) {  // every load issued before the first is used
-      if (s < n_active) {
-        lse[s] = *cluster.map_shared_rank(part_lse + h, s);
-        val[s] = *cluster.map_shared_rank(part_o + e, s);
-      }
-    }
-    SoftmaxMerge<1> mg;
-#pragma unroll
-    for (int s = 0; s < kDecodeClusterMax; ++s) {
-      if (s < n_active) mg.add(lse[s], 1.f, {val[s]});
-    }
-    store_final<T, HD>(p, b, qh0 + h, e % HD, mg.out(0), mg.lse2());
-  }
-  cluster.sync();  // no CTA leaves (and frees its shared memory) while another may still read it
-}
 
 // grid = (num_heads / HPC, batch, num_splits), or (num_splits, num_heads / HPC, batch) when split_major;
 // block = 128 threads; with cluster_merge, clusters of (1, 1, num_splits) or (num_splits, 1, 1).
@@ -265,17 +256,14 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   const int split = p.split_major ? blockIdx.x : blockIdx.z;
   const int qh0 = group * HPC;
   const int kvh = qh0 / (p.num_heads / p.num_kv_heads);
-  const int t_begin = split * p.tiles_per_split;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int* bt = p.block_table + int64_t(b) * p.max_pages;
-
-  // a sequence longer than its block table (a caller's error) is cut at the table's end rather than read past it
-  const int len = static_cast<int>(min(int64_t(p.seq_lens[b]), int64_t(p.max_pages) << p.page_shift));
+  const int len = p.seq_lens[b];
   const int num_tiles = (len + TILE - 1) / TILE;
   // the launcher refuses a plan shorter than the block table; a sequence longer than its table (a caller's error) must
   // still not wait for splits that do not exist (the arrival counter would stay non-zero) or read past the cluster
   const int n_active = min(p.num_splits, (num_tiles + p.tiles_per_split - 1) / p.tiles_per_split);
+  const int t_begin = split * p.tiles_per_split;
   const int n = min(p.tiles_per_split, num_tiles - t_begin);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
   if (len <= 0) {  // no keys: define the output as zeros rather than leave it unwritten (a cluster returns here whole)
     if (split == 0) {
@@ -293,6 +281,7 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   const int64_t token_stride = int64_t(p.num_kv_heads) * HD;
   const int64_t page_stride = token_stride << p.page_shift;
   const int page_mask = (1 << p.page_shift) - 1;
+  const int* bt = p.block_table + int64_t(b) * p.max_pages;
   const T* host_k = static_cast<const T*>(p.host_k) + kvh * HD;
   const T* host_v = static_cast<const T*>(p.host_v) + kvh * HD;
   const T* hbm_k = static_cast<const T*>(p.hbm_k) + kvh * HD;
@@ -308,14 +297,25 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   if (in_smem) {
     for (int i = tid; i < n_pages; i += C::kThreads) table[i] = __ldg(bt + first_page + i);
   }
+  // Lane layout of the CUDA-core math (32-row tiles): kRowsPerStep rows per warp step, kLanesPerRow lanes per row,
+  // 8 dims per lane.
+  const int row_in_step = lane / C::kLanesPerRow;
+  const int chunk = lane % C::kLanesPerRow;
   const T* q_rows = static_cast<const T*>(p.q) + (int64_t(b) * p.num_heads + qh0) * HD;
+  uint4 q_raw[HPC];  // converted after the first copies are issued
   DecodeMma<T, HD, HPC, TILE, STAGES> mma;
-  mma.load_q(q_rows, lane);
+  if constexpr (C::kMma) {
+    mma.load_q(q_rows, lane);
+  } else {
+#pragma unroll
+    for (int h = 0; h < HPC; ++h) q_raw[h] = *reinterpret_cast<const uint4*>(q_rows + h * HD + chunk * 8);
+  }
   __syncthreads();  // the table is filled
 
-  // Copy i of this thread: row idx / kLanesPerRow, 16-byte chunk idx % kLanesPerRow of K and of V. Returns false past
-  // the end of the sequence: the math multiplies such a row's V by a zero probability, so it is zeroed (stale shared
-  // memory may hold NaN, and 0 * NaN is NaN), K too, so no stale row reaches an mma.
+  // Copy i of this thread: row idx / kLanesPerRow, 16-byte chunk idx % kLanesPerRow of K and of V.
+  // Returns false past the end of the sequence: the lane math never reads such a row; the tensor-core math multiplies
+  // its V by a zero probability, so it is zeroed (stale shared memory may hold NaN, and 0 * NaN is NaN), K too, so no
+  // stale row reaches an mma.
   auto locate = [&](int tile, int stage, int i, const T*& k_src, const T*& v_src, int& s) {
     const int idx = tid + i * C::kThreads;
     const int r = idx / C::kLanesPerRow, c = idx % C::kLanesPerRow;
@@ -335,19 +335,23 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
 #pragma unroll
       for (int i0 = 0; i0 < C::kCopiesPerThread; i0 += C::kRegBatch) {
         uint4 kr[C::kRegBatch], vr[C::kRegBatch];
-        int so[C::kRegBatch];
+        int so[C::kRegBatch];  // ring offset, -1 past the end
 #pragma unroll
         for (int j = 0; j < C::kRegBatch; ++j) {
+          const bool valid = locate(tile, stage, i0 + j, k_src, v_src, s);
+          so[j] = valid || C::kMma ? s : -1;
           kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
-          if (locate(tile, stage, i0 + j, k_src, v_src, so[j])) {
+          if (valid) {
             kr[j] = *reinterpret_cast<const uint4*>(k_src);
             vr[j] = *reinterpret_cast<const uint4*>(v_src);
           }
         }
 #pragma unroll
         for (int j = 0; j < C::kRegBatch; ++j) {
-          *reinterpret_cast<uint4*>(ks + so[j]) = kr[j];
-          *reinterpret_cast<uint4*>(vs + so[j]) = vr[j];
+          if (so[j] >= 0) {
+            *reinterpret_cast<uint4*>(ks + so[j]) = kr[j];
+            *reinterpret_cast<uint4*>(vs + so[j]) = vr[j];
+          }
         }
       }
       return;
@@ -361,7 +365,7 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
           case kCpAsyncL2Pair: cp_async16<3>(ks + s, k_src), cp_async16<3>(vs + s, v_src); break;
           default: cp_async16<0>(ks + s, k_src), cp_async16<0>(vs + s, v_src);
         }
-      } else {
+      } else if constexpr (C::kMma) {
         *reinterpret_cast<uint4*>(ks + s) = make_uint4(0, 0, 0, 0);
         *reinterpret_cast<uint4*>(vs + s) = make_uint4(0, 0, 0, 0);
       }
@@ -375,25 +379,127 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
     cp_async_commit();
   }
 
+  float q[HPC][8];  // the lane math's scaled q (DecodeMma keeps its own fragments)
+  if constexpr (!C::kMma) {
+#pragma unroll
+    for (int h = 0; h < HPC; ++h) {
+      to_float8(q_raw[h], T(), q[h]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) q[h][i] *= p.scale_log2;
+    }
+  }
+  // The lane math's online-softmax state of the rows this lane's row group has seen (replicated over its kLanesPerRow
+  // lanes).
+  float m[HPC], l[HPC], o[HPC][8];
+#pragma unroll
+  for (int h = 0; h < HPC; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[h][i] = 0.f;
+  }
+
   for (int it = 0; it < n; ++it) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile `it` landed for every thread; the stage refilled below was consumed last round
     if (it + STAGES - 1 < n) issue(t_begin + it + STAGES - 1, (it + STAGES - 1) % STAGES);
     cp_async_commit();
     const int stage = it % STAGES;
-    const int row0 = warp * C::kRowsPerWarp;
-    mma.tile(ks + stage * TILE * HD, vs + stage * TILE * HD, row0, len - (t_begin + it) * TILE - row0, p.scale_log2,
-             lane);
+    const int tile_pos = (t_begin + it) * TILE;
+    if constexpr (C::kMma) {
+      const int row0 = warp * C::kRowsPerWarp;
+      mma.tile(ks + stage * TILE * HD, vs + stage * TILE * HD, row0, len - tile_pos - row0, p.scale_log2, lane);
+    } else {
+      // kSub steps at a time: their scores first (independent, so their shuffles overlap), then one rescale of the
+      // running state for all of them, then their P V; a row-by-row online softmax chains every row's update to the
+      // last one's max and spends two exponentials per row, and the last tile's math runs after the call's last byte.
+#pragma unroll
+      for (int s0 = 0; s0 < C::kSteps; s0 += C::kSub) {
+        float sc[C::kSub][HPC];
+#pragma unroll
+        for (int j = 0; j < C::kSub; ++j) {
+          const int r = warp * C::kRowsPerWarp + (s0 + j) * C::kRowsPerStep + row_in_step;
+          const bool valid = tile_pos + r < len;
+          float kf[8];
+          const uint4 kr = valid ? *reinterpret_cast<const uint4*>(ks + C::ring(stage * TILE + r, chunk))
+                                 : make_uint4(0, 0, 0, 0);
+          to_float8(kr, T(), kf);
+#pragma unroll
+          for (int h = 0; h < HPC; ++h) {
+            float dot = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) dot = fmaf(q[h][i], kf[i], dot);
+            dot = group_sum<C::kLanesPerRow>(dot);  // every lane shuffles, valid row or not
+            sc[j][h] = valid ? dot : -INFINITY;
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < HPC; ++h) {
+          float m_new = m[h];
+#pragma unroll
+          for (int j = 0; j < C::kSub; ++j) m_new = fmaxf(m_new, sc[j][h]);
+          const float alpha = rescale(m[h], m_new);  // 0 while this row group has seen no key (m_new may be -inf)
+          l[h] *= alpha;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) o[h][i] *= alpha;
+          m[h] = m_new;
+        }
+#pragma unroll
+        for (int j = 0; j < C::kSub; ++j) {
+          const int r = warp * C::kRowsPerWarp + (s0 + j) * C::kRowsPerStep + row_in_step;
+          if (tile_pos + r >= len) continue;  // a row past the end: its stale V may hold anything, even NaN
+          float vf[8];
+          to_float8(*reinterpret_cast<const uint4*>(vs + C::ring(stage * TILE + r, chunk)), T(), vf);
+#pragma unroll
+          for (int h = 0; h < HPC; ++h) {
+            const float pr = exp2f(sc[j][h] - m[h]);
+            l[h] += pr;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o[h][i] = fmaf(pr, vf[i], o[h][i]);
+          }
+        }
+      }
+    }
   }
-  mma.reduce_l();
   cp_async_wait<0>();
   __syncthreads();  // the ring is idle: reuse it as merge scratch
+
+  // Merge the row groups of each warp, then the warps through shared memory.
   float* red_o = reinterpret_cast<float*>(smem);  // [kWarps][HPC][HD]
   float* red_m = red_o + C::kWarps * HPC * HD;     // [kWarps][HPC]
   float* red_l = red_m + C::kWarps * HPC;          // [kWarps][HPC]
-  mma.store(red_o, red_m, red_l, warp, lane);
+  if constexpr (C::kMma) {
+    mma.store(red_o, red_m, red_l, warp, lane);
+  } else {
+#pragma unroll
+    for (int off = C::kLanesPerRow; off < 32; off *= 2) {
+#pragma unroll
+      for (int h = 0; h < HPC; ++h) {
+        const float mo = __shfl_xor_sync(0xffffffffu, m[h], off);
+        const float lo = __shfl_xor_sync(0xffffffffu, l[h], off);
+        const float m_new = fmaxf(m[h], mo);
+        const float a = rescale(m[h], m_new), bw = rescale(mo, m_new);
+        l[h] = l[h] * a + lo * bw;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[h][i] = o[h][i] * a + __shfl_xor_sync(0xffffffffu, o[h][i], off) * bw;
+        m[h] = m_new;
+      }
+    }
+    if (lane < C::kLanesPerRow) {
+#pragma unroll
+      for (int h = 0; h < HPC; ++h) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) red_o[(warp * HPC + h) * HD + chunk * 8 + i] = o[h][i];
+        if (lane == 0) {
+          red_m[warp * HPC + h] = m[h];
+          red_l[warp * HPC + h] = l[h];
+        }
+      }
+    }
+  }
   __syncthreads();
 
+  const bool single = n_active == 1 && !p.cluster_merge;
   // This CTA's outputs, all computed before any is stored: the compiler cannot tell the stores from the shared-memory
   // reads, and would otherwise finish one output before it reads the next (the loop runs after the last K/V byte)
   constexpr int kPer = (HPC * HD + C::kThreads - 1) / C::kThreads;
@@ -401,13 +507,19 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int e = min(tid + j * C::kThreads, HPC * HD - 1), h = e / HD, d = e % HD;
-    SoftmaxMerge<1> mg;
+    float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < C::kWarps; ++w) mg.add(red_m[w * HPC + h], red_l[w * HPC + h], {red_o[(w * HPC + h) * HD + d]});
-    vals[j] = mg.out(0);
-    lse2s[j] = mg.lse2();
+    for (int w = 0; w < C::kWarps; ++w) mx = fmaxf(mx, red_m[w * HPC + h]);
+    float sum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < C::kWarps; ++w) {
+      const float wt = rescale(red_m[w * HPC + h], mx);
+      sum += red_l[w * HPC + h] * wt;
+      acc += red_o[(w * HPC + h) * HD + d] * wt;
+    }
+    vals[j] = acc / sum;
+    lse2s[j] = mx + log2f(sum);
   }
-  const bool single = n_active == 1 && !p.cluster_merge;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int e = tid + j * C::kThreads, h = e / HD, d = e % HD;
@@ -442,12 +554,18 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   __threadfence();
   for (int e = tid; e < HPC * HD; e += C::kThreads) {
     const int h = e / HD, d = e % HD;
-    SoftmaxMerge<1> mg;
+    float mx = -INFINITY, sum = 0.f, acc = 0.f;
     for (int s = 0; s < n_active; ++s) {
       const int64_t row = (int64_t(s) * p.batch + b) * p.num_heads + qh0 + h;
-      mg.add(__ldcg(p.part_lse + row), 1.f, {__ldcg(p.part_o + row * HD + d)});
+      const float lse = __ldcg(p.part_lse + row);
+      const float val = __ldcg(p.part_o + row * HD + d);
+      const float m_new = fmaxf(mx, lse);
+      const float a = rescale(mx, m_new), wt = exp2f(lse - m_new);
+      sum = sum * a + wt;
+      acc = acc * a + val * wt;
+      mx = m_new;
     }
-    store_final<T, HD>(p, b, qh0 + h, d, mg.out(0), mg.lse2());
+    store_final<T, HD>(p, b, qh0 + h, d, acc / sum, mx + log2f(sum));
   }
 }
 
