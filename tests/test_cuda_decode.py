@@ -117,8 +117,9 @@ def test_cluster_merge(variant, dtype, head_dim, gqa, split_major, monkeypatch):
     host_only = PagedKV(kv.host_k, kv.host_v, empty, empty, kv.block_table, kv.seq_lens)
     for cluster in (True, False):
         monkeypatch.setattr(dec, "CLUSTER_MERGE", cluster)
-        # None: the host-only plan, 5 splits at head_dim 128 (tile 64), 8 at head_dim 64 (tile 32), 1 for naive at GQA 8;
-        # the forced counts up to CLUSTER_MAX reach the cluster path whenever clusters are on, one more the global merge
+        # None: the host-only plan, 5 splits at head_dim 128 (tile 64), 8 at head_dim 64 (tile 32), 1 for naive at
+        # GQA 8; the forced counts up to CLUSTER_MAX reach the cluster path whenever clusters are on, one more the
+        # global merge
         for num_splits in (None, 2, 3, 5, CLUSTER_MAX, CLUSTER_MAX + 1):
             run_and_check(host_only, 2 * gqa, variant, num_splits=num_splits, tile_kv=32 if head_dim == 64 else 64)
 
@@ -450,6 +451,21 @@ def test_host_table_spares_the_device_sync_and_changes_no_result(variant):
     assert t == traffic(fresh, num_heads=8, variant=variant)
 
 
+def _queued_plan() -> tuple[PagedKV, object]:
+    """A cache with host and HBM pages and its stream plan, two chunks already queued by prefetch_stream."""
+    kv = make_kv([3000, 700], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, hbm_fraction=0.3)
+    plan = plan_stream(kv, chunk_bytes=64 << 10)
+    assert prefetch_stream(plan, [(kv.host_k, kv.host_v)]) == 2
+    return kv, plan
+
+
+def _check_queue_untouched_then_exact(kv: PagedKV, plan) -> None:
+    """After a refused call: the plan's queue is as prefetch_stream left it, and the next call is exact."""
+    assert (plan.call, plan.copied, plan.consumed) == (0, 2, 0)
+    run_and_check(kv, 8, "stream", plan=plan)
+    assert plan.call == 1 and plan.consumed == len(plan.copies)
+
+
 @pytest.mark.gpu
 @needs_gpu
 def test_stream_queue_refuses_bad_arguments_before_any_copy():
@@ -462,30 +478,24 @@ def test_stream_queue_refuses_bad_arguments_before_any_copy():
         _module().StreamQueue(0, 0, 16, 16, [], [], [1], [1], 0, [], [], [], 1, 16)
     with pytest.raises(RuntimeError, match="uncreated event"):
         _module().StreamQueue(0, 0, 16, 16, [], [], [1, 0], [1, 1], 0, [], [], [], 1, 16)
-    kv = make_kv([3000, 700], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, hbm_fraction=0.3)
-    plan = plan_stream(kv, chunk_bytes=64 << 10)
-    assert prefetch_stream(plan, [(kv.host_k, kv.host_v)]) == 2
+    kv, plan = _queued_plan()
     shape = (kv.batch, 8, 128)
     q_bad = torch.randn(kv.batch * 8 * 128 + 1, device="cuda").to(kv.dtype)[1:].view(shape)  # 2 bytes off
     assert q_bad.is_contiguous() and q_bad.data_ptr() % 16 != 0
     with pytest.raises(RuntimeError, match="16-byte aligned"):
         decode_attention(q_bad, kv, variant="stream", plan=plan)
-    assert (plan.call, plan.copied, plan.consumed) == (0, 2, 0)
-    run_and_check(kv, 8, "stream", plan=plan)
-    assert plan.call == 1 and plan.consumed == len(plan.copies)
+    _check_queue_untouched_then_exact(kv, plan)
 
 
 @pytest.mark.gpu
 @needs_gpu
 def test_stream_queue_refuses_a_split_plan_shorter_than_the_block_table(monkeypatch):
-    """StreamQueue::run_layer makes the direct launch's plan check (test_split_plan_shorter_than_the_block_table_is_refused)
-    before its first copy: a plan one tile a split short of its passes' table is refused, the plan's queue is unchanged
-    and the next planned call is exact."""
+    """StreamQueue::run_layer makes the direct launch's plan check before its first copy (see
+    test_split_plan_shorter_than_the_block_table_is_refused): a plan one tile a split short of its passes' table is
+    refused, the plan's queue is unchanged and the next planned call is exact."""
     import directkv.kernels.cuda.decode_attention as dec
 
-    kv = make_kv([3000, 700], page_size=16, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, hbm_fraction=0.3)
-    plan = plan_stream(kv, chunk_bytes=64 << 10)
-    assert prefetch_stream(plan, [(kv.host_k, kv.host_v)]) == 2
+    kv, plan = _queued_plan()
     real = dec._config
 
     def short(*args, **kwargs):
@@ -497,7 +507,5 @@ def test_stream_queue_refuses_a_split_plan_shorter_than_the_block_table(monkeypa
     q = torch.randn(kv.batch, 8, 128, device="cuda").to(kv.dtype)
     with pytest.raises(RuntimeError, match="the split plan covers .* fewer than the block table's"):
         decode_attention(q, kv, variant="stream", plan=plan, num_splits=1)
-    assert (plan.call, plan.copied, plan.consumed) == (0, 2, 0)
     monkeypatch.setattr(dec, "_config", real)
-    run_and_check(kv, 8, "stream", plan=plan)
-    assert plan.call == 1 and plan.consumed == len(plan.copies)
+    _check_queue_untouched_then_exact(kv, plan)

@@ -75,9 +75,9 @@ def plan_splits(num_groups: int, max_tiles: int, slots: int, num_splits: int | N
 
     Splits until about WAVES * slots CTAs exist (slots = SMs x resident CTAs per SM), never below
     MIN_TILES_PER_SPLIT tiles a split; with `host_only` (no HBM pages) until about HOST_WAVES * slots, never below
-    HOST_MIN_TILES_PER_SPLIT and never above CLUSTER_MAX splits. A planned split holds at most `cap_tiles` tiles (its page-table entries fit the
-    CTA's shared memory); a forced `num_splits` is only clipped to max_tiles. Splits are equal in tiles, so the
-    last one may be short; shorter sequences leave their trailing splits empty.
+    HOST_MIN_TILES_PER_SPLIT and never above CLUSTER_MAX splits. A planned split holds at most `cap_tiles` tiles
+    (its page-table entries fit the CTA's shared memory); a forced `num_splits` is only clipped to max_tiles.
+    Splits are equal in tiles, so the last one may be short; shorter sequences leave their trailing splits empty.
     """
     max_tiles = max(1, max_tiles)
     if num_splits is None:
