@@ -103,6 +103,21 @@ __device__ __forceinline__ void store_final(const DecodeParams& p, int b, int qh
   if (p.lse_out && d == 0) p.lse_out[row] = lse2 * 0.69314718055994531f;
 }
 
+// The merge of splits' partials: each adds its normalised O element and log-sum-exp (log2 units), in order; the result
+// is their softmax-weighted mean and the log-sum-exp of all. Written once for the cluster merge and the last split's.
+struct SplitMerge {
+  float mx = -INFINITY, sum = 0.f, acc = 0.f;
+  __device__ __forceinline__ void add(float lse, float val) {
+    const float m_new = fmaxf(mx, lse);
+    const float a = rescale(mx, m_new), wt = exp2f(lse - m_new);
+    sum = sum * a + wt;
+    acc = acc * a + val * wt;
+    mx = m_new;
+  }
+  __device__ __forceinline__ float out() const { return acc / sum; }
+  __device__ __forceinline__ float lse2() const { return mx + log2f(sum); }
+};
+
 // The cluster's merge. Every split of the cluster has left its normalised O (part_o) and log-sum-exp (part_lse, log2
 // units) in its shared memory, or nothing when it has no tiles (split >= n_active); each CTA, active or not, merges
 // its share of the HPC * HD outputs, reading ranks 0 .. n_active - 1 through distributed shared memory. This replaces
@@ -128,18 +143,12 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, float* part
         val[s] = *cluster.map_shared_rank(part_o + e, s);
       }
     }
-    float mx = -INFINITY, sum = 0.f, acc = 0.f;
+    SplitMerge merge;
 #pragma unroll
     for (int s = 0; s < kDecodeClusterMax; ++s) {
-      if (s < n_active) {
-        const float m_new = fmaxf(mx, lse[s]);
-        const float a = rescale(mx, m_new), wt = exp2f(lse[s] - m_new);
-        sum = sum * a + wt;
-        acc = acc * a + val[s] * wt;
-        mx = m_new;
-      }
+      if (s < n_active) merge.add(lse[s], val[s]);
     }
-    store_final<T, HD>(p, b, qh0 + h, e % HD, acc / sum, mx + log2f(sum));
+    store_final<T, HD>(p, b, qh0 + h, e % HD, merge.out(), merge.lse2());
   }
   cluster.sync();  // no CTA leaves (and frees its shared memory) while another may still read it
 }
@@ -554,18 +563,12 @@ __global__ void __launch_bounds__(128) decode_attention_kernel(const DecodeParam
   __threadfence();
   for (int e = tid; e < HPC * HD; e += C::kThreads) {
     const int h = e / HD, d = e % HD;
-    float mx = -INFINITY, sum = 0.f, acc = 0.f;
+    SplitMerge merge;
     for (int s = 0; s < n_active; ++s) {
       const int64_t row = (int64_t(s) * p.batch + b) * p.num_heads + qh0 + h;
-      const float lse = __ldcg(p.part_lse + row);
-      const float val = __ldcg(p.part_o + row * HD + d);
-      const float m_new = fmaxf(mx, lse);
-      const float a = rescale(mx, m_new), wt = exp2f(lse - m_new);
-      sum = sum * a + wt;
-      acc = acc * a + val * wt;
-      mx = m_new;
+      merge.add(__ldcg(p.part_lse + row), __ldcg(p.part_o + row * HD + d));
     }
-    store_final<T, HD>(p, b, qh0 + h, d, acc / sum, mx + log2f(sum));
+    store_final<T, HD>(p, b, qh0 + h, d, merge.out(), merge.lse2());
   }
 }
 
