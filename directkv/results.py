@@ -60,19 +60,52 @@ def environment() -> dict:
     return env
 
 
+# Config keys a resumed run may change: they shape the console and the figures, not a row.
+RESUME_FREE = ("progress", "render", "results_root", "run_id")
+
+
+def config_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two plain configs (RESUME_FREE keys at the top level left out)."""
+    keys = sorted(set(old) | set(new), key=str)
+    out = []
+    for k in keys:
+        if not prefix and k in RESUME_FREE:
+            continue
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_diff(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}")
+    return out
+
+
 class ResultsWriter:
-    """Collects rows of one run into `run_dir/results.parquet` and keeps `run_dir/manifest.json` current."""
+    """Collects rows of one run into `run_dir/results.parquet` and keeps `run_dir/manifest.json` current.
+
+    A run directory that already holds rows is resumed (`done` skips its finished points) only under the
+    configuration that wrote them; any other configuration is refused before a byte is written, so a
+    manifest always describes the rows beside it.
+    """
 
     def __init__(self, run_dir: str | Path, *, exp: str, config: dict, extra: dict | None = None):
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "results.parquet"
         self.rows: list[dict] = pd.read_parquet(self.path).to_dict("records") if self.path.exists() else []
+        old = _read_manifest(self.run_dir) if self.rows else {}
+        if self.rows and "config" in old:
+            diff = config_diff(old["config"], config)
+            if diff:
+                shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
+                raise ConfigError(f"{self.run_dir} holds {len(self.rows)} row{'s' * (len(self.rows) != 1)} of another configuration ({shown} "
+                                  f"differ); resume it with the same overrides, or choose a new run_id")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.manifest = {
             "exp": exp,
             "run_id": self.run_dir.name,
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "started_at": old.get("started_at", now),
+            **({"resumed_at": now} if self.rows else {}),
             "finished_at": None,
             "config": config,
             **environment(),
@@ -110,6 +143,8 @@ class ResultsWriter:
         write_parquet(pd.DataFrame(self.rows), self.path)
 
     def finish(self, **extra) -> Path:
+        if not self.path.exists():  # a run of no points still leaves a (empty) table where the manifest says
+            self._write()
         modes = sorted({r["mode"] for r in self.rows})
         self.manifest.update(
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -125,6 +160,13 @@ class ResultsWriter:
         tmp = self.run_dir / "manifest.json.tmp"
         tmp.write_text(json.dumps(self.manifest, indent=2, default=str))
         os.replace(tmp, self.run_dir / "manifest.json")
+
+
+def _read_manifest(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def write_parquet(df: pd.DataFrame, path: Path) -> None:

@@ -59,8 +59,8 @@ def budgets(cfg: DictConfig, hw: HardwareSpec) -> tuple[float, float]:
     """(HBM budget, host budget) in bytes, validated against the hardware."""
     hbm_gb = cfg.hardware.get("hbm_budget_gb")
     host_gb = cfg.hardware.get("host_budget_gb")
-    hbm_gb = hw.hbm_gb if hbm_gb is None else float(hbm_gb)
-    host_gb = 0.9 * hw.host_mem_gb if host_gb is None else float(host_gb)
+    hbm_gb = hw.hbm_gb if hbm_gb is None else as_float(hbm_gb, "hardware.hbm_budget_gb")
+    host_gb = 0.9 * hw.host_mem_gb if host_gb is None else as_float(host_gb, "hardware.host_budget_gb")
     check(0 < hbm_gb <= hw.hbm_gb, f"hardware.hbm_budget_gb must be in (0, {hw.hbm_gb}] for {hw.name}, got {hbm_gb}")
     check(0 <= host_gb <= hw.host_mem_gb,
           f"hardware.host_budget_gb must be in [0, {hw.host_mem_gb}] for {hw.name}, got {host_gb}")
@@ -71,12 +71,13 @@ def setup(cfg: DictConfig, *, hardware: str | None = None) -> Setup:
     model = get_model(cfg.model.name)
     hw = get_hardware(hardware or cfg.hardware.name)
     hbm, host = budgets(cfg, hw) if hardware is None else (hw.hbm_bytes, 0.9 * hw.host_mem_gb * 1e9)
-    overhead = float(cfg.memory.runtime_overhead_gb)
+    overhead = as_float(cfg.memory.runtime_overhead_gb, "memory.runtime_overhead_gb")
     check(overhead >= 0, f"memory.runtime_overhead_gb must be >= 0, got {overhead}")
     page = as_int(cfg.memory.page_size, "memory.page_size")
     check(page >= 1 and page & (page - 1) == 0, f"memory.page_size must be a power of two, got {page}")
     mem = MemoryConfig(hbm, host, overhead * 1e9, page)
-    sched = SchedulerConfig(int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_batched_tokens))
+    sched = SchedulerConfig(as_int(cfg.scheduler.max_num_seqs, "scheduler.max_num_seqs"),
+                            as_int(cfg.scheduler.max_batched_tokens, "scheduler.max_batched_tokens"))
     executor = cfg.get("executor", {})
     graphs = executor.get("cuda_graphs", False)
     check(isinstance(graphs, bool), f"executor.cuda_graphs must be true or false; got {graphs!r}")
@@ -117,6 +118,13 @@ def directkv_variant(cfg: DictConfig) -> str:
     return str(cfg.system.get("directkv_variant", "tiled"))
 
 
+def as_float(value, what: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be a number, got {value!r}") from None
+
+
 def as_int(value, what: str) -> int:
     try:
         return int(value)
@@ -125,7 +133,12 @@ def as_int(value, what: str) -> int:
 
 
 def int_list(values, what: str) -> list[int]:
-    return [as_int(v, what) for v in values]
+    """A list override as ints; one value (`contexts=4096`) is a list of one; an empty list is refused."""
+    if isinstance(values, (int, float, str)):
+        values = [values]
+    out = [as_int(v, what) for v in values]
+    check(len(out) > 0, f"give at least one {what}, e.g. [4096]; got an empty list")
+    return out
 
 
 def check_context(model: ModelSpec, context: int) -> None:

@@ -29,7 +29,7 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
         key = dict(system=pol.name, variant=pol.variant, context_len=float(ctx))
         if point_done(writer, s, **key):
             continue
-        wl = synthetic_workload(batch, ctx, out, seed=int(cfg.seed))
+        wl = synthetic_workload(batch, ctx, out, seed=as_int(cfg.seed, "seed"))
         row = base_row(cfg, s, system=pol.name, variant=pol.variant) | {
             "context_len": float(ctx), "output_len": out, "batch_size": batch, "rate": float("inf")}
         steps = steps_file(writer.run_dir, pol, f"context{ctx}")

@@ -136,7 +136,7 @@ def _measure(cfg: DictConfig, s: Setup, writer: ResultsWriter, kernels: list[str
                 fn = kernel_fn(kernel, *inputs, threads)
                 out = fn()
                 row["rel_err"] = float((out.double() - ref).norm() / ref.norm())
-                t = time_fn(fn, warmup=int(cfg.warmup), repeats=int(cfg.repeats), device="cpu")
+                t = time_fn(fn, warmup=as_int(cfg.warmup, "warmup"), repeats=as_int(cfg.repeats, "repeats"), device="cpu")
                 row |= t.as_dict() | {"gbps": kv_bytes / (t.median_ms * 1e-3) / 1e9}
             except Exception as e:  # noqa: BLE001 - a failing point is recorded and the sweep goes on
                 row |= {"status": "error", "error": f"{type(e).__name__}: {e}"[:500]}

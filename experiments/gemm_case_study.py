@@ -19,7 +19,7 @@ from directkv.kernels import traffic_model as tm
 from directkv.kernels.cuda.gemm_case_study import STREAM_SLOTS, stream_cut
 from directkv.kernels.traffic import Traffic
 from directkv.results import ResultsWriter
-from experiments.common import Setup, base_row, progress, setup
+from experiments.common import Setup, as_int, base_row, progress, setup
 from experiments.kernel_bench import check_counters
 
 VARIANTS = ("naive", "tiled", "pipelined", "stream", "stream:k")
@@ -47,7 +47,7 @@ def cublas_hbm_traffic(n: int) -> Traffic:
 
 
 def simulated_rows(cfg: DictConfig, s: Setup, n: int) -> list[dict]:
-    tiles = dict(tile_m=int(cfg.tile_m), tile_n=int(cfg.tile_n), tile_k=int(cfg.tile_k))
+    tiles = {t: as_int(cfg[t], t) for t in ("tile_m", "tile_n", "tile_k")}
     b_bytes = n * n * DTYPE_BYTES
     shape = {"op": "gemm", "m": n, "n": n, "k": n, "kv_bytes": float(b_bytes),
              "floor_ms": b_bytes / (s.hw.link_ce_h2d_gbps * 1e9) * 1e3}

@@ -13,7 +13,7 @@ from directkv.costmodel import CostModel
 from directkv.errors import check
 from directkv.results import ResultsWriter
 from directkv.specs import get_hardware
-from experiments.common import base_row, check_context, int_list, progress, setup
+from experiments.common import as_int, base_row, check_context, int_list, progress, setup
 from experiments.kernel_ablation import variant_traffic
 
 OPS = ("decode", "prefill")
@@ -33,9 +33,9 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
     for hw, op, v, ctx in progress(cfg, pts, "interconnect_sweep"):
         s = setups[hw]
         check_context(s.model, ctx)
-        q_len, batch = (1, int(cfg.decode_batch)) if op == "decode" else (int(cfg.prefill_q_len), 1)
+        q_len, batch = (1, as_int(cfg.decode_batch, "decode_batch")) if op == "decode" else (as_int(cfg.prefill_q_len, "prefill_q_len"), 1)
         t = variant_traffic(op, v, s, ctx=ctx, q_len=q_len, batch=batch, dtype_bytes=s.model.dtype_bytes,
-                            tile_q=int(cfg.tile_q), tile_kv=int(cfg.tile_kv))
+                            tile_q=as_int(cfg.tile_q, "tile_q"), tile_kv=as_int(cfg.tile_kv, "tile_kv"))
         ms = s.cm.time(t, link="sm") * 1e3
         writer.add(base_row(cfg, s, system="directkv", variant=v, hardware=hw) | {
             "op": op, "context_len": float(ctx), "q_len": q_len, "batch": batch, "time_ms": ms,

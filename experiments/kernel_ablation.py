@@ -16,7 +16,7 @@ from directkv.errors import check
 from directkv.kernels import traffic_model as tm
 from directkv.kernels.traffic import Traffic
 from directkv.results import ResultsWriter
-from experiments.common import Setup, base_row, check_context, int_list, progress, setup
+from experiments.common import Setup, as_int, base_row, check_context, int_list, progress, setup
 from experiments.kernel_bench import check_counters
 
 OPS = ("decode", "prefill", "proj_attention")
@@ -62,7 +62,7 @@ def simulated_rows(cfg: DictConfig, s: Setup, op: str, ctx: int, q_len: int, bat
     shape = {"op": op, "context_len": float(ctx), "q_len": q_len, "batch": batch, "dtype": str(cfg.dtype),
              "kv_bytes": float(kv_bytes), "floor_ms": floor_ms}
     rows = []
-    tiles = dict(tile_q=int(cfg.tile_q), tile_kv=int(cfg.tile_kv))
+    tiles = {t: as_int(cfg[t], t) for t in ("tile_q", "tile_kv")}
     for v in VARIANTS[op]:
         t = variant_traffic(op, v, s, ctx=ctx, q_len=q_len, batch=batch, dtype_bytes=db, **tiles)
         ms = s.cm.time(t, link="sm") * 1e3

@@ -9,6 +9,7 @@ from directkv.errors import check
 from experiments.common import Setup, base_row
 
 COUNTERS = ("none", "ncu")
+COUNTED_EXPS = ("kernel_ablation", "gemm_case_study")  # the experiments whose measured rows ncu profiles
 NCU_VARIANTS = ("naive", "tiled", "pipelined", "raster", "tiled:cg", "pipelined:cg", "sdpa_zero_copy", "cublas_zero_copy")
 _ceilings: dict | None = None
 
@@ -37,6 +38,8 @@ def check_counters(cfg: DictConfig) -> str:
     first point, simulated ones too (where ncu has nothing to count), so a typo is not silently dropped."""
     mode = str(cfg.get("counters", "none"))
     check(mode in COUNTERS, f"unknown counters {mode!r}; valid: {', '.join(COUNTERS)}")
+    check(mode == "none" or cfg.exp_name in COUNTED_EXPS, f"counters={mode} profiles kernels and applies to "
+          f"{', '.join(COUNTED_EXPS)}, not {cfg.exp_name}")
     return mode
 
 

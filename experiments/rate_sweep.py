@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 
 from directkv.errors import check
 from directkv.results import ResultsWriter
-from experiments.common import as_int, base_row, check_rate, policies, progress, setup
+from experiments.common import as_float, as_int, base_row, check_rate, policies, progress, setup
 from experiments.serving import point_done, serve_point, steps_file
 from workloads import build_workload, save_schedule, with_arrivals
 
@@ -20,7 +20,7 @@ LOADER_OPTIONS = ("path", "min_prompt", "max_prompt", "max_total")
 def dataset_options(cfg: DictConfig, dataset: str, num_requests: int) -> dict:
     """Loader options for `dataset`: the sweep's request count and seed, plus the workload group's path and
     length limits when that group is the dataset's (`workload=sharegpt workload.path=...`)."""
-    opts = {"num_requests": num_requests, "seed": int(cfg.seed)}
+    opts = {"num_requests": num_requests, "seed": as_int(cfg.seed, "seed")}
     kind = str(cfg.workload.kind)
     if kind == dataset:
         opts |= {k: cfg.workload[k] for k in LOADER_OPTIONS if cfg.workload.get(k) is not None}
@@ -48,7 +48,7 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
     for d, rate, pol in progress(cfg, points, "rate_sweep"):
         if point_done(writer, s, system=pol.name, variant=pol.variant, dataset=d, rate=rate):
             continue
-        wl = with_arrivals(workloads[d], rate, float(cfg.burstiness), seed=int(cfg.seed))
+        wl = with_arrivals(workloads[d], rate, as_float(cfg.burstiness, "burstiness"), seed=as_int(cfg.seed, "seed"))
         save_schedule(wl, writer.run_dir / "schedules" / f"{d}-rate{rate:g}.parquet")  # replayable on a GPU
         row = base_row(cfg, s, system=pol.name, variant=pol.variant) | {"dataset": d, "rate": rate}
         steps = steps_file(writer.run_dir, pol, f"{d}-rate{rate:g}")

@@ -5,8 +5,11 @@ Bad names and values end in one line on stderr and exit code 2, before or inside
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -41,8 +44,22 @@ def check_argv(argv: list[str]) -> None:
                 raise ConfigError(f"unknown {key} {v!r}; valid: {', '.join(valid)}")
     if not chosen_exp and not any(a in ("--help", "-h", "--cfg", "-c", "--info") for a in argv):
         raise ConfigError(f"choose an experiment with +exp=NAME; valid: {', '.join(group_options('exp'))}")
+    for arg in argv:
+        if arg.startswith("results_root="):
+            _check_results_root(arg.split("=", 1)[1])
     if not any(a in ("-m", "--multirun") for a in argv):
         _compose_check([a for a in argv if not a.startswith("-")])
+
+
+def _check_results_root(root: str) -> None:
+    """Hydra makes the run folder before any of our code runs: a root it cannot make is refused here, in one line."""
+    path = Path(root).expanduser().absolute()
+    while not path.exists():
+        path = path.parent
+    if not path.is_dir():
+        raise ConfigError(f"results_root {root!r} lies under {str(path)!r}, a file, not a folder")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"results_root {root!r}: cannot write under {str(path)!r}")
 
 
 def _compose_check(overrides: list[str]) -> None:
@@ -54,10 +71,42 @@ def _compose_check(overrides: list[str]) -> None:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             compose("config", overrides=overrides)
     except Exception as e:  # noqa: BLE001 - any composition failure is a user error here
-        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        text = str(e)
+        unknown = re.match(r"Could not override '([^']+)'", text)
+        if unknown:
+            others = [o for o in overrides if o.split("=")[0] != unknown.group(1)]
+            raise ConfigError(_unknown_key(unknown.group(1), others)) from None
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
         raise ConfigError(f"bad override: {first}") from None
     finally:
         GlobalHydra.instance().clear()
+    added = [o.split("=")[0] for o in overrides if o.startswith("+") and not o.startswith("+exp=")]
+    if added:  # `+key=value` makes a key no experiment reads: a typo would be dropped silently
+        raise ConfigError(f"{added[0]} adds a key no experiment reads; set an existing key without '+' "
+                          f"(only +exp=NAME adds one)")
+
+
+def _unknown_key(key: str, others: list[str]) -> str:
+    """The one-line error for an override of a key the config lacks: its closest names and the keys at its level."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            node = compose("config", overrides=others)
+        for part in filter(None, parent.split(".")):
+            node = node[part]
+        valid = sorted(str(k) for k in OmegaConf.to_container(node, resolve=False) if k != "hydra")
+    except Exception:  # noqa: BLE001 - the key's parent is itself unknown: name the key alone
+        return f"unknown config key {key!r}"
+    finally:
+        from hydra.core.global_hydra import GlobalHydra
+
+        GlobalHydra.instance().clear()
+    near = difflib.get_close_matches(leaf, valid, n=1)
+    hint = f" (did you mean {(parent + '.' if parent else '') + near[0]!r}?)" if near else ""
+    return f"unknown config key {key!r}{hint}; keys{' of ' + parent if parent else ''}: {', '.join(valid)}"
 
 
 def _experiment(name: str):
@@ -72,8 +121,10 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> Path:
     from directkv.device import resolve_device
     from directkv.results import ResultsWriter
     from experiments.common import plain
+    from experiments.kernel_bench import check_counters
 
     module = _experiment(cfg.exp_name)
+    check_counters(cfg)  # every experiment: a typo, or ncu where no kernel row is profiled, is not dropped silently
     device = resolve_device(cfg.device)
     extra = {"device": device}
     from dataclasses import asdict
@@ -104,20 +155,45 @@ def main(cfg: DictConfig) -> None:
     try:
         path = run_experiment(cfg, run_dir)
     except ConfigError as e:
+        _drop_empty_run(run_dir)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     print(f"results: {path}")
     _print_summary(path)
 
 
+def _drop_empty_run(run_dir: Path) -> None:
+    """A run refused before its first row leaves no folder behind: only its manifest and Hydra's log, if that is all
+    there is (a folder with results, e.g. one a different config was refused to resume, is left as it was)."""
+    if (run_dir / "results.parquet").exists():
+        return
+    for name in ("manifest.json", "run.log"):
+        (run_dir / name).unlink(missing_ok=True)
+    try:
+        run_dir.rmdir()  # only if now empty
+    except OSError:
+        pass
+
+
+# Columns that tell a run's rows apart, then its measures, in the order the summary prints them.
+SUMMARY_COLS = ("system", "variant", "op", "dataset", "m", "context_len", "batch", "batch_size", "q_len", "page_order",
+                "rate", "mode", "status", "tpot_ms", "time_ms", "gpu_mem_gb")
+
+
 def _print_summary(path: Path) -> None:
     import pandas as pd
 
     df = pd.read_parquet(path)
-    cols = [c for c in ("system", "variant", "op", "dataset", "context_len", "rate", "mode", "status", "tpot_ms",
-                        "time_ms", "gpu_mem_gb") if c in df.columns and df[c].notna().any()]
+    if df.empty:
+        print("(no rows)")
+        return
+    cols = [c for c in SUMMARY_COLS if c in df.columns and df[c].notna().any()]
+    df = df[cols].copy()
+    for c in cols:  # sizes and counts print whole (32640 and 32768 apart), measures to 3 significant digits
+        if pd.api.types.is_float_dtype(df[c]) and df[c].dropna().apply(float.is_integer).all():
+            df[c] = df[c].astype("Int64")
     with pd.option_context("display.width", 160, "display.max_rows", 60, "display.float_format", "{:.3g}".format):
-        print(df[cols].to_string(index=False))
+        print(df.to_string(index=False))
 
 
 if __name__ == "__main__":

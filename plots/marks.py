@@ -118,12 +118,15 @@ def draw_lines(
     """
     values: list[float] = [v for v, _ in ref_lines]
     failures: dict[float, list[tuple[str, str]]] = {}  # x -> [(status, series colour)]
-    for s in series:
+    for i, s in enumerate(series):
         ok = s.rows[(s.rows["status"] == "ok") & s.rows[y].notna() & s.rows[x].notna()]
         at_x = ok.groupby(x, sort=True)[y]
         pts = at_x.mean()
+        # each line a little thinner and its markers smaller than the one drawn before it, so lines that coincide
+        # (e.g. systems holding the same GPU memory) still all show
+        lw, ms = max(1.0, 2.2 - 0.25 * i), max(3.0, 7.0 - 0.9 * i)
         if len(pts):
-            ax.plot(pts.index.to_numpy(float), pts.to_numpy(float), label=s.label, lw=1.6, ms=5, **s.style)
+            ax.plot(pts.index.to_numpy(float), pts.to_numpy(float), label=s.label, lw=lw, ms=ms, **s.style)
             values.extend(pts.to_numpy(float))
             repeated = ok[at_x.transform("size") > 1]
             if len(repeated):  # the runs behind an averaged point
@@ -136,7 +139,7 @@ def draw_lines(
             if xv not in pts.index:
                 failures.setdefault(xv, []).append((status, s.style.get("color", "black")))
         if not len(pts) and len(failed):  # keep the series in the legend even if it never succeeded
-            ax.plot([], [], label=s.label, lw=1.6, ms=5, **s.style)
+            ax.plot([], [], label=s.label, lw=lw, ms=ms, **s.style)
     for value, label in ref_lines:
         ax.axhline(value, color="#555555", ls="--", lw=1.1, label=label)
     positive = [v for v in values if np.isfinite(v) and v > 0]

@@ -137,7 +137,16 @@ def _cli(*args, cwd):
     (["+exp=context_sweep", "contexts=[abc]"], "context length must be an integer, got 'abc'"),
     (["+exp=context_sweep", "model=tiny", "contexts=[256]", "batch_size=x"], "batch_size must be an integer"),
     (["+exp=context_sweep", "memory.page_size=3"], "page_size must be a power of two, got 3"),
-    (["+exp=context_sweep", "foo=1"], "bad override: Could not override 'foo'"),
+    (["+exp=context_sweep", "foo=1"], "unknown config key 'foo'; keys: batch_size, contexts, counters, device"),
+    (["+exp=context_sweep", "bach_size=4"], "unknown config key 'bach_size' (did you mean 'batch_size'?); keys:"),
+    (["+exp=context_sweep", "executor.cuda_graph=false"],
+     "unknown config key 'executor.cuda_graph' (did you mean 'executor.cuda_graphs'?); keys of executor:"),
+    (["+exp=context_sweep", "+bach_size=4"], "+bach_size adds a key no experiment reads; set an existing key without"),
+    (["+exp=context_sweep", "contexts=[]"], "give at least one context length, e.g. [4096]; got an empty list"),
+    (["+exp=context_sweep", "hardware.hbm_budget_gb=abc"], "hardware.hbm_budget_gb must be a number, got 'abc'"),
+    (["+exp=context_sweep", "counters=ncu"], "counters=ncu profiles kernels and applies to kernel_ablation, "
+                                             "gemm_case_study, not context_sweep"),
+    (["+exp=rate_sweep", "counters=bogus"], "unknown counters 'bogus'; valid: none, ncu"),
     (["+exp=rate_sweep", "workload=alpaca", "datasets=[sharegpt]"], "datasets=['sharegpt'] does not include alpaca"),
     (["+exp=rate_sweep", "warmup_requests=-1"], "warmup_requests must be >= 0, got -1"),
     (["+exp=context_sweep", "executor.cuda_graphs=maybe"], "executor.cuda_graphs must be true or false; got 'maybe'"),
@@ -167,6 +176,26 @@ def test_bad_input_gets_one_line_and_exit_2(args, needle, tmp_path):
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], p.stderr
     assert "Traceback" not in p.stderr
+    assert not [f for f in tmp_path.rglob("*") if f.is_file()]  # a refused run leaves no folder, manifest or log
+
+
+def test_a_results_root_under_a_file_is_refused_in_one_line(tmp_path):
+    (tmp_path / "afile").write_text("")
+    p = _cli("+exp=context_sweep", f"results_root={tmp_path / 'afile' / 'x'}", cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.strip() == (f"error: results_root '{tmp_path / 'afile' / 'x'}' lies under "
+                                                      f"'{tmp_path / 'afile'}', a file, not a folder"), p.stderr
+
+
+def test_a_rerun_under_other_overrides_is_refused_and_a_single_context_is_a_list(tmp_path):
+    tiny = ["+exp=context_sweep", "system=directkv", "model=tiny", "batch_size=2", "output_len=4", "render=false",
+            "progress=false", "device=cpu", "run_id=r", f"results_root={tmp_path}"]
+    assert _cli(*tiny, "contexts=256", cwd=tmp_path).returncode == 0  # one value, not a list: a list of one
+    run = tmp_path / "context_sweep" / "r"
+    before = {f.name: f.read_bytes() for f in run.iterdir()}
+    p = _cli(*tiny, "contexts=[512]", cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.startswith(f"error: {run} holds 1 row of another configuration "
+                                                     "(contexts differ); resume it with the same overrides"), p.stderr
+    assert {f.name: f.read_bytes() for f in run.iterdir()} == before
 
 
 def test_multirun_outputs_do_not_collide(tmp_path):

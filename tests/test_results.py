@@ -3,6 +3,7 @@ import json
 import pandas as pd
 import pytest
 
+from directkv.errors import ConfigError
 from directkv.results import ResultsWriter, load_results
 
 ROW = dict(exp="x", system="hbm", variant="", model="tiny", hardware="h200-pcie5", mode="simulated", status="ok")
@@ -19,9 +20,26 @@ def test_rows_manifest_and_resume(tmp_path):
     for key in ("git_sha", "hostname", "gpu", "driver", "torch", "cuda", "command", "config", "mode"):
         assert key in man, key
     assert man["mode"] == "simulated" and man["rows"] == 2
-    # a rerun into the same directory sees what is done
-    w2 = ResultsWriter(tmp_path / "run", exp="x", config={})
+    # a rerun into the same directory, with the same config, sees what is done and keeps the run's start
+    w2 = ResultsWriter(tmp_path / "run", exp="x", config={"a": 1, "progress": False})
     assert w2.done(system="hbm", context_len=1024.0) and not w2.done(system="hbm", context_len=4096.0)
+    again = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert again["started_at"] == man["started_at"] and "resumed_at" in again
+
+
+def test_a_rerun_under_another_config_is_refused_and_leaves_the_run_as_it_was(tmp_path):
+    w = ResultsWriter(tmp_path / "run", exp="x", config={"model": {"name": "llama-3.1-8b"}, "batch_size": 4})
+    w.add(ROW | {"context_len": 1024.0})
+    w.finish()
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
+    with pytest.raises(ConfigError, match=r"holds 1 row of another configuration \(batch_size, model.name differ\)"):
+        ResultsWriter(tmp_path / "run", exp="x", config={"model": {"name": "opt-13b"}, "batch_size": 0})
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
+
+
+def test_a_run_of_no_points_still_leaves_its_table(tmp_path):
+    path = ResultsWriter(tmp_path / "run", exp="x", config={}).finish()
+    assert path.exists() and len(pd.read_parquet(path)) == 0
 
 
 @pytest.mark.parametrize("bad", [{"mode": "guessed"}, {"status": "fine"}])

