@@ -38,8 +38,9 @@ def check_counters(cfg: DictConfig) -> str:
     first point, simulated ones too (where ncu has nothing to count), so a typo is not silently dropped."""
     mode = str(cfg.get("counters", "none"))
     check(mode in COUNTERS, f"unknown counters {mode!r}; valid: {', '.join(COUNTERS)}")
-    check(mode == "none" or cfg.exp_name in COUNTED_EXPS, f"counters={mode} profiles kernels and applies to "
-          f"{', '.join(COUNTED_EXPS)}, not {cfg.exp_name}")
+    exp = cfg.get("exp_name")
+    check(mode == "none" or exp is None or exp in COUNTED_EXPS, f"counters={mode} profiles kernels and applies to "
+          f"{', '.join(COUNTED_EXPS)}, not {exp}")
     return mode
 
 
