@@ -24,6 +24,7 @@ from directkv.kernels.cuda.gemm_case_study import (
     HostPanels,
     gemm,
     host_panels,
+    plan_k_splits,
     plan_panel_cols,
     plan_panel_rows,
     stream_cut,
@@ -168,6 +169,24 @@ def test_launcher_codes_are_the_kernel_variants_in_order():
 ])  # fmt: skip
 def test_plan_panel_cols_by_hand(k, n, cols):
     assert plan_panel_cols(k, n) == cols
+
+
+@pytest.mark.parametrize("size,sms,splits", [
+    (10240, 132, 7),  # four waves would be 7 (ceil(4 * 132 / 80)); the 3 GiB workspace allows 7 too
+    (4096, 132, 8),   # four waves would be 17: one chunk a CTA is the most there is
+    (1024, 132, 2),   # k of two chunks
+    (512, 1, 1),      # one chunk
+])
+def test_plan_k_splits_aims_for_four_waves_within_chunks_and_workspace(size, sms, splits):
+    assert plan_k_splits(size, size, size, sms=sms) == splits
+
+
+def test_plan_k_splits_by_the_waves_when_chunks_and_workspace_allow():
+    # 1024 x 1024 output (8 strips) over k = 65536 (128 chunks): 66 splits make 528 CTAs, four waves of 132
+    assert plan_k_splits(1024, 1024, 65536, sms=132) == 66
+    assert plan_k_splits(1024, 1024, 65536, sms=132, k_splits=500) == 128  # a given count: clipped to the chunks
+    with pytest.raises(ConfigError, match="k_splits must be a positive int; got 0"):
+        plan_k_splits(1024, 1024, 65536, sms=132, k_splits=0)
 
 
 def test_plan_panel_cols_given_and_refused():

@@ -75,6 +75,7 @@ CHUNK_K = 512  # B rows per stationary chunk (tiled, pipelined)
 OUT_CODES = {torch.float16: 0, torch.float32: 2}
 HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/directkv/dispatch.h)
 WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most
+SPLIT_WAVES = 4  # tiled / pipelined: waves of CTAs the planned k-split aims for (plan_k_splits)
 STREAM_SLOTS = 2  # ring slots: the copy engine fills one while cuBLAS reads the other
 COPY_STREAMS = (1, 2)  # stream: side streams a panel's copy may be split over
 COPIES = ("ce", "sm")  # stream: who copies a panel, the copy engine or copy_panel_kernel's SM loads
@@ -85,16 +86,21 @@ PANEL_ALIGN = 64  # default panel widths are multiples of this many columns
 
 
 def plan_k_splits(m: int, n: int, k: int, *, sms: int, k_splits: int | None = None) -> int:
-    """CTAs per 128-column strip for tiled / pipelined: the split count minimising waves x chunks per CTA
-    (one CTA per SM), the smallest on ties, within WORKSPACE_CAP bytes of partial C; a given value is
-    clipped to the chunk count."""
+    """CTAs per 128-column strip for tiled / pipelined: enough for SPLIT_WAVES waves of CTAs (one per SM), within
+    the chunk count and WORKSPACE_CAP bytes of partial C; a given value is clipped the same way.
+
+    Many short CTAs beat few long ones: each loads its B chunk before any math and the SMs finish unevenly (ncu,
+    H200, 10240^3 at 3 splits: 1.8 waves, the least busy SM 41% below the mean). On the H200 (2026-12-03, two calls)
+    7 splits (the cap) took 10240^3 from 17.3-17.4 to 16.2-16.4 ms with B on the host and 16.1 to 15.2-15.4 with B
+    in HBM, against the 3 of a waves x chunks-per-CTA model; 8 (one chunk a CTA) took 4096^3 from 1.59 to 1.49 ms
+    (host) and 0.91 to 0.86 (HBM), against its 4."""
     strips, chunks = math.ceil(n / TILE_N), math.ceil(k / CHUNK_K)
     cap = max(1, WORKSPACE_CAP // (m * strips * TILE_N * 4))
     if k_splits is not None:
         check(isinstance(k_splits, int) and k_splits >= 1, f"k_splits must be a positive int; got {k_splits!r}")
         return max(1, min(k_splits, chunks, cap))
-    cost = lambda s: math.ceil(strips * s / sms) * math.ceil(chunks / s)  # noqa: E731
-    return min(range(1, min(chunks, cap) + 1), key=lambda s: (cost(s), s))
+    check(sms >= 1, f"sms must be >= 1; got {sms}")
+    return max(1, min(chunks, cap, math.ceil(SPLIT_WAVES * sms / strips)))
 
 
 def plan_panel_cols(k: int, n: int, *, panel_cols: int | None = None) -> int:
