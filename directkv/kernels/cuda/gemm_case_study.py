@@ -90,10 +90,11 @@ def plan_k_splits(m: int, n: int, k: int, *, sms: int, k_splits: int | None = No
     the chunk count and WORKSPACE_CAP bytes of partial C; a given value is clipped the same way.
 
     Many short CTAs beat few long ones: each loads its B chunk before any math and the SMs finish unevenly (ncu,
-    H200, 10240^3 at 3 splits: 1.8 waves, the least busy SM 41% below the mean). On the H200 (2026-12-03, two calls)
-    7 splits (the cap) took 10240^3 from 17.3-17.4 to 16.2-16.4 ms with B on the host and 16.1 to 15.2-15.4 with B
-    in HBM, against the 3 of a waves x chunks-per-CTA model; 8 (one chunk a CTA) took 4096^3 from 1.59 to 1.49 ms
-    (host) and 0.91 to 0.86 (HBM), against its 4."""
+    H200, 10240^3 at 3 splits: 1.8 waves, the least busy SM 41% below the mean). H200, 2026-12-03, timed as the
+    benchmark times (L2 flushed before each call), two rounds, against the 3 / 4 splits of the waves x chunks-per-CTA
+    model this replaced: 10240^3 7 splits (the cap) 16.65-16.68 ms against 16.91-17.11 with B on the host, 15.29-15.31
+    against 15.99-16.00 with B in HBM; 4096^3 8 splits (one chunk a CTA) 1.57-1.58 against 1.62 (host), 0.89-0.91
+    against 0.97-0.98 (HBM)."""
     strips, chunks = math.ceil(n / TILE_N), math.ceil(k / CHUNK_K)
     cap = max(1, WORKSPACE_CAP // (m * strips * TILE_N * 4))
     if k_splits is not None:
