@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from directkv.errors import check
 from directkv.kernels import traffic_model as tm
-from directkv.kernels.cuda.gemm_case_study import STREAM_SLOTS, stream_cut
+from directkv.kernels.cuda.gemm_case_study import CHUNK_K, STREAM_SLOTS, stream_cut
 from directkv.kernels.traffic import Traffic
 from directkv.results import ResultsWriter
 from experiments.common import Setup, as_int, base_row, progress, setup
@@ -58,8 +58,9 @@ def simulated_rows(cfg: DictConfig, s: Setup, n: int) -> list[dict]:
         if stream:  # copy engine on the link, cuBLAS on chip
             extra = stream_cut(n, n, "k" if v == "stream:k" else "n")
             t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant="stream", **extra)
-        else:
-            t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant=v, **tiles)
+        else:  # the kernels' schedules: naive streams k tiles; tiled / pipelined keep CHUNK_K-row chunks stationary
+            t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant=v,
+                                **(tiles if v == "naive" else tiles | {"tile_k": CHUNK_K}))
         terms = s.cm.terms(t, link="ce" if stream else "sm", flops_kind="matmul")
         on_chip = max(terms["hbm"], terms["compute"])
         if stream:

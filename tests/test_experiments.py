@@ -105,6 +105,17 @@ def test_gemm_simulates_row_panels_beside_column_panels(tmp_path):
     assert (df.loc[["stream", "stream:k"], "time_ms"] >= df.loc[["stream", "stream:k"], "floor_ms"]).all()
 
 
+def test_gemm_simulates_the_kernels_schedules(tmp_path):
+    # naive streams 64-row k tiles; tiled / pipelined keep 512-row chunks of B stationary, one fp32 partial-C pass
+    # per chunk after the first: (4096 / 512 - 1) passes of 4096^2 floats, written and read once each
+    cfg = _compose(["+exp=gemm_case_study", "run_id=t", "progress=false", "render=false", "device=cpu",
+                    "sizes=[4096]", "variants=[naive,tiled,pipelined]"])
+    df = pd.read_parquet(run_experiment(cfg, tmp_path)).set_index("variant")
+    c16, partial = 4096 * 4096 * 2, 7 * 4096 * 4096 * 4
+    assert df.loc["tiled", "hbm_write_bytes"] == df.loc["pipelined", "hbm_write_bytes"] == c16 + partial
+    assert df.loc["naive", "hbm_write_bytes"] == c16 and df.loc["naive", "link_read_bytes"] == 32 * c16
+
+
 def test_context_sweep_directkv_survives_where_hbm_runs_out(tmp_path):
     cfg = _compose(["+exp=context_sweep", "run_id=t", "progress=false", "device=cpu", "render=false",
                     "contexts=[16384,32768]", "system.names=[directkv,hbm]"])
