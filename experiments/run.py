@@ -47,8 +47,28 @@ def check_argv(argv: list[str]) -> None:
     for arg in argv:
         if arg.startswith("results_root="):
             _check_results_root(arg.split("=", 1)[1])
-    if not any(a in ("-m", "--multirun") for a in argv):
-        _compose_check([a for a in argv if not a.startswith("-")])
+    overrides = [a for a in argv if not a.startswith("-")]
+    if any(a in ("-m", "--multirun") for a in argv):  # each sweep's first value stands for it: keys are the same
+        overrides = [_first_choice(a) for a in overrides]
+    _compose_check(overrides)
+
+
+def _first_choice(override: str) -> str:
+    """`key=a,b` (a multirun sweep) as `key=a`; commas inside brackets, braces or quotes are a value's own."""
+    key, eq, value = override.partition("=")
+    depth, quote = 0, ""
+    for i, ch in enumerate(value):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            return key + eq + value[:i]
+    return override
 
 
 def _check_results_root(root: str) -> None:

@@ -190,6 +190,13 @@ def test_bad_input_gets_one_line_and_exit_2(args, needle, tmp_path):
     assert not [f for f in tmp_path.rglob("*") if f.is_file()]  # a refused run leaves no folder, manifest or log
 
 
+def test_a_multirun_override_of_an_unknown_key_is_one_line_too(tmp_path):
+    p = _cli("+exp=context_sweep", "bach_size=1,2", "contexts=[1024,2048],[4096]", f"results_root={tmp_path}", "-m",
+             cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.startswith("error: unknown config key 'bach_size' (did you mean "
+                                                     "'batch_size'?)") and len(p.stderr.splitlines()) == 1, p.stderr
+
+
 def test_a_results_root_under_a_file_is_refused_in_one_line(tmp_path):
     (tmp_path / "afile").write_text("")
     p = _cli("+exp=context_sweep", f"results_root={tmp_path / 'afile' / 'x'}", cwd=tmp_path)
