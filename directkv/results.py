@@ -95,9 +95,7 @@ class ResultsWriter:
         if self.rows and "config" in old:
             diff = config_diff(old["config"], config)
             if diff:
-                shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
-                raise ConfigError(f"{self.run_dir} holds {len(self.rows)} row{'s' * (len(self.rows) != 1)} of another configuration ({shown} "
-                                  f"differ); resume it with the same overrides, or choose a new run_id")
+                raise ConfigError(_refusal(self.run_dir, len(self.rows), diff, old["config"]))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.manifest = {
@@ -143,8 +141,6 @@ class ResultsWriter:
         write_parquet(pd.DataFrame(self.rows), self.path)
 
     def finish(self, **extra) -> Path:
-        if not self.path.exists():  # a run of no points still leaves a (empty) table where the manifest says
-            self._write()
         modes = sorted({r["mode"] for r in self.rows})
         self.manifest.update(
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -160,6 +156,27 @@ class ResultsWriter:
         tmp = self.run_dir / "manifest.json.tmp"
         tmp.write_text(json.dumps(self.manifest, indent=2, default=str))
         os.replace(tmp, self.run_dir / "manifest.json")
+
+
+def _refusal(run_dir: Path, rows: int, diff: list[str], old: dict) -> str:
+    """The one line that refuses to resume `run_dir` under another config: which keys differ, which the run predates."""
+    def stored(key: str) -> bool:
+        node = old
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    def names(keys: list[str]) -> str:
+        return ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
+
+    changed, newer = [k for k in diff if stored(k)], [k for k in diff if not stored(k)]
+    what = "; ".join(filter(None, [changed and f"{names(changed)} differ",
+                                   newer and f"it predates {names(newer)}"]))
+    return (f"{run_dir} holds {rows} row{'s' * (rows != 1)} of another configuration ({what}); resume it with the "
+            f"overrides and code that wrote it (a multirun's folders are numbered by position: the same sweep in the "
+            f"same order), or choose a new run_id")
 
 
 def _read_manifest(run_dir: Path) -> dict:

@@ -126,18 +126,21 @@ def as_float(value, what: str) -> float:
 
 
 def as_int(value, what: str) -> int:
+    if isinstance(value, bool):  # int(True) is 1: a `true` where a count belongs is a mistake, not a 1
+        raise ConfigError(f"{what} must be an integer, got {value!r}")
     try:
         return int(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{what} must be an integer, got {value!r}") from None
 
 
-def int_list(values, what: str) -> list[int]:
-    """A list override as ints; one value (`contexts=4096`) is a list of one; an empty list is refused."""
+def int_list(values, what: str, *, allow_empty: bool = False) -> list[int]:
+    """A list override as ints; one value (`contexts=4096`) is a list of one; an empty list is refused unless
+    allow_empty."""
     if isinstance(values, (int, float, str)):
         values = [values]
     out = [as_int(v, what) for v in values]
-    check(len(out) > 0, f"give at least one {what}, e.g. [4096]; got an empty list")
+    check(allow_empty or len(out) > 0, f"give at least one {what}; got an empty list")
     return out
 
 
@@ -156,6 +159,8 @@ def progress(cfg: DictConfig, items: list, desc: str):
     """tqdm over the sweep's points, unless progress=false (checked here, before the first point)."""
     show = cfg.get("progress", True)
     check(isinstance(show, bool), f"progress must be true or false; got {show!r}")
+    check(len(items) > 0, f"{desc} has no points to run: a list override (contexts, ops, rates, datasets, sizes, "
+          f"variants, ...) is empty")
     return tqdm(items, desc=desc, disable=not show, unit="pt", dynamic_ncols=True)
 
 

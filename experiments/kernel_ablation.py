@@ -50,7 +50,7 @@ def points(cfg: DictConfig) -> list[tuple[str, int, int, int]]:
             if op == "decode":
                 pts += [(op, ctx, 1, b) for b in int_list(cfg.decode_batches, "decode batch")]
             else:
-                q_lens = int_list(cfg.prefill_q_lens, "prefill q_len") + ([1] if op == "proj_attention" else [])
+                q_lens = int_list(cfg.prefill_q_lens, "prefill q_len", allow_empty=op == "proj_attention") + ([1] if op == "proj_attention" else [])
                 pts += [(op, ctx, q, 1) for q in q_lens]
     return pts
 

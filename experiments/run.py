@@ -46,17 +46,17 @@ def check_argv(argv: list[str]) -> None:
         raise ConfigError(f"choose an experiment with +exp=NAME; valid: {', '.join(group_options('exp'))}")
     for arg in argv:
         if arg.startswith("results_root="):
-            _check_results_root(arg.split("=", 1)[1])
+            for root in _choices(arg.split("=", 1)[1]):
+                _check_results_root(root)
     overrides = [a for a in argv if not a.startswith("-")]
     if any(a in ("-m", "--multirun") for a in argv):  # each sweep's first value stands for it: keys are the same
         overrides = [_first_choice(a) for a in overrides]
     _compose_check(overrides)
 
 
-def _first_choice(override: str) -> str:
-    """`key=a,b` (a multirun sweep) as `key=a`; commas inside brackets, braces or quotes are a value's own."""
-    key, eq, value = override.partition("=")
-    depth, quote = 0, ""
+def _choices(value: str) -> list[str]:
+    """A multirun sweep's values, `a,b` -> [a, b]; commas inside brackets, braces or quotes are a value's own."""
+    out, depth, quote, start = [], 0, "", 0
     for i, ch in enumerate(value):
         if quote:
             quote = "" if ch == quote else quote
@@ -67,13 +67,21 @@ def _first_choice(override: str) -> str:
         elif ch in "]})":
             depth -= 1
         elif ch == "," and depth == 0:
-            return key + eq + value[:i]
-    return override
+            out.append(value[start:i])
+            start = i + 1
+    return [*out, value[start:]]
+
+
+def _first_choice(override: str) -> str:
+    """`key=a,b` (a multirun sweep) as `key=a`."""
+    key, eq, value = override.partition("=")
+    return key + eq + _choices(value)[0] if eq else override
 
 
 def _check_results_root(root: str) -> None:
-    """Hydra makes the run folder before any of our code runs: a root it cannot make is refused here, in one line."""
-    path = Path(root).expanduser().absolute()
+    """Hydra makes the run folder before any of our code runs: a root it cannot make is refused here, in one line
+    (as Hydra takes it: `~` is not expanded)."""
+    path = Path(root).absolute()
     while not path.exists():
         path = path.parent
     if not path.is_dir():
@@ -172,27 +180,30 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> Path:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    fresh = not (run_dir / "manifest.json").exists()  # else an earlier run's folder: never dropped below
     try:
         path = run_experiment(cfg, run_dir)
     except ConfigError as e:
-        _drop_empty_run(run_dir)
+        if fresh:
+            _drop_empty_run(run_dir)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     print(f"results: {path}")
     _print_summary(path)
 
 
+# What a run refused before its first row has written into its fresh folder: its manifest and Hydra's log.
+EMPTY_RUN_FILES = frozenset({"manifest.json", "manifest.json.tmp", "run.log"})
+
+
 def _drop_empty_run(run_dir: Path) -> None:
-    """A run refused before its first row leaves no folder behind: only its manifest and Hydra's log, if that is all
-    there is (a folder with results, e.g. one a different config was refused to resume, is left as it was)."""
-    if (run_dir / "results.parquet").exists():
+    """Remove the fresh run folder of a refused run when it holds nothing but EMPTY_RUN_FILES (the experiment folder
+    above it stays)."""
+    if not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} - EMPTY_RUN_FILES:
         return
-    for name in ("manifest.json", "run.log"):
+    for name in EMPTY_RUN_FILES:
         (run_dir / name).unlink(missing_ok=True)
-    try:
-        run_dir.rmdir()  # only if now empty
-    except OSError:
-        pass
+    run_dir.rmdir()
 
 
 # Columns that tell a run's rows apart, then its measures, in the order the summary prints them.
@@ -203,10 +214,10 @@ SUMMARY_COLS = ("system", "variant", "op", "dataset", "m", "context_len", "batch
 def _print_summary(path: Path) -> None:
     import pandas as pd
 
-    df = pd.read_parquet(path)
-    if df.empty:
+    if not path.exists():  # a run whose points all wrote nothing
         print("(no rows)")
         return
+    df = pd.read_parquet(path)
     cols = [c for c in SUMMARY_COLS if c in df.columns and df[c].notna().any()]
     df = df[cols].copy()
     for c in cols:  # sizes and counts print whole (32640 and 32768 apart), measures to 3 significant digits

@@ -184,6 +184,8 @@ def test_plan_k_splits_aims_for_four_waves_within_chunks_and_workspace(size, sms
 def test_plan_k_splits_by_the_waves_when_chunks_and_workspace_allow():
     # 1024 x 1024 output (8 strips) over k = 65536 (128 chunks): 66 splits make 528 CTAs, four waves of 132
     assert plan_k_splits(1024, 1024, 65536, sms=132) == 66
+    # 16384 x 16384 output over k = 65536: four waves would be 5 splits, the 3 GiB workspace holds 3
+    assert plan_k_splits(16384, 16384, 65536, sms=132) == 3
     assert plan_k_splits(1024, 1024, 65536, sms=132, k_splits=500) == 128  # a given count: clipped to the chunks
     with pytest.raises(ConfigError, match="k_splits must be a positive int; got 0"):
         plan_k_splits(1024, 1024, 65536, sms=132, k_splits=0)

@@ -106,8 +106,9 @@ def test_gemm_simulates_row_panels_beside_column_panels(tmp_path):
 
 
 def test_gemm_simulates_the_kernels_schedules(tmp_path):
-    # naive streams 64-row k tiles; tiled / pipelined keep 512-row chunks of B stationary, one fp32 partial-C pass
-    # per chunk after the first: (4096 / 512 - 1) passes of 4096^2 floats, written and read once each
+    # naive streams 64-row k tiles; tiled / pipelined keep 512-row chunks of B stationary, and the model (the reference
+    # kernel's in-place schedule) makes one fp32 partial-C pass per chunk after the first: 4096 / 512 - 1 passes of
+    # 4096^2 floats, written and read once each (the CUDA kernel's split reduction adds one more each way)
     cfg = _compose(["+exp=gemm_case_study", "run_id=t", "progress=false", "render=false", "device=cpu",
                     "sizes=[4096]", "variants=[naive,tiled,pipelined]"])
     df = pd.read_parquet(run_experiment(cfg, tmp_path)).set_index("variant")
@@ -153,7 +154,9 @@ def _cli(*args, cwd):
     (["+exp=context_sweep", "executor.cuda_graph=false"],
      "unknown config key 'executor.cuda_graph' (did you mean 'executor.cuda_graphs'?); keys of executor:"),
     (["+exp=context_sweep", "+bach_size=4"], "+bach_size adds a key no experiment reads; set an existing key without"),
-    (["+exp=context_sweep", "contexts=[]"], "give at least one context length, e.g. [4096]; got an empty list"),
+    (["+exp=context_sweep", "contexts=[]"], "give at least one context length; got an empty list"),
+    (["+exp=interconnect_sweep", "ops=[]"], "interconnect_sweep has no points to run: a list override (contexts, "),
+    (["+exp=context_sweep", "batch_size=true"], "batch_size must be an integer, got True"),
     (["+exp=context_sweep", "hardware.hbm_budget_gb=abc"], "hardware.hbm_budget_gb must be a number, got 'abc'"),
     (["+exp=context_sweep", "counters=ncu"], "counters=ncu profiles kernels and applies to kernel_ablation, "
                                              "gemm_case_study, not context_sweep"),
@@ -212,7 +215,7 @@ def test_a_rerun_under_other_overrides_is_refused_and_a_single_context_is_a_list
     before = {f.name: f.read_bytes() for f in run.iterdir()}
     p = _cli(*tiny, "contexts=[512]", cwd=tmp_path)
     assert p.returncode == 2 and p.stderr.startswith(f"error: {run} holds 1 row of another configuration "
-                                                     "(contexts differ); resume it with the same overrides"), p.stderr
+                                                     "(contexts differ); resume it with the overrides and code"), p.stderr
     assert {f.name: f.read_bytes() for f in run.iterdir()} == before
 
 

@@ -594,3 +594,38 @@ def test_gemm_draws_the_fastest_stream_option_per_size_and_the_target() -> None:
 
     marks = [seg for c in ax.collections if isinstance(c, LineCollection) for seg in c.get_segments()]
     assert len(marks) == 14 and sorted({round(float(seg[0][1]), 2) for seg in marks}) == [0.70, 4.35]
+
+
+def test_the_gemm_title_letters_its_panels_only_when_there_are_two() -> None:
+    from plots.figures.gemm_case_study import fig2_5_gemm
+
+    for with_l2, titles in ((False, ["GEMM time"]), (True, ["(a) GEMM time", "(b) L2 hit rate"])):
+        fig = fig2_5_gemm(pd.DataFrame(gemm_rows(with_l2=with_l2)), {"gpu": "NVIDIA H200"})
+        assert [ax.get_title() for ax in fig.axes if ax.get_title()] == titles
+        plt.close(fig)
+
+
+def test_interconnect_lines_name_their_mode() -> None:
+    from plots.figures.interconnect_sweep import fig14_interconnect
+
+    fig = fig14_interconnect(pd.DataFrame(interconnect_rows()), {})
+    labels = {ln.get_label() for ax in fig.axes for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+    assert labels and all(lb.endswith(("(measured)", "(projected)")) for lb in labels), labels
+    assert any("NVLink-C2C" in lb and lb.endswith("(projected)") for lb in labels)
+    plt.close(fig)
+
+
+def test_coinciding_lines_stay_visible_each_drawn_thinner_than_the_one_before() -> None:
+    from plots.figures.common import system_series
+    from plots.marks import draw_lines
+
+    rows = pd.DataFrame({"system": ["directkv", "swap", "cpu_attn"] * 2, "variant": ["tiled", "", ""] * 2,
+                         "context_len": [1024] * 3 + [4096] * 3, "mode": ["simulated"] * 6,
+                         "gpu_mem_gb": [17.0] * 6, "status": ["ok"] * 6})  # three identical lines
+    fig, ax = plt.subplots()
+    draw_lines(ax, system_series(rows), "context_len", "gpu_mem_gb")
+    widths = [ln.get_linewidth() for ln in ax.get_lines()]
+    sizes = [ln.get_markersize() for ln in ax.get_lines()]
+    assert len(widths) == 3 and widths == sorted(widths, reverse=True) and len(set(widths)) == 3
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3
+    plt.close(fig)

@@ -21,6 +21,8 @@ def test_rows_manifest_and_resume(tmp_path):
         assert key in man, key
     assert man["mode"] == "simulated" and man["rows"] == 2
     # a rerun into the same directory, with the same config, sees what is done and keeps the run's start
+    man["started_at"] = "2000-01-01T00:00:00+0000"  # a start no rerun could stamp
+    (tmp_path / "run" / "manifest.json").write_text(json.dumps(man))
     w2 = ResultsWriter(tmp_path / "run", exp="x", config={"a": 1, "progress": False})
     assert w2.done(system="hbm", context_len=1024.0) and not w2.done(system="hbm", context_len=4096.0)
     again = json.loads((tmp_path / "run" / "manifest.json").read_text())
@@ -34,12 +36,10 @@ def test_a_rerun_under_another_config_is_refused_and_leaves_the_run_as_it_was(tm
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
     with pytest.raises(ConfigError, match=r"holds 1 row of another configuration \(batch_size, model.name differ\)"):
         ResultsWriter(tmp_path / "run", exp="x", config={"model": {"name": "opt-13b"}, "batch_size": 0})
+    with pytest.raises(ConfigError, match=r"\(it predates executor\); resume it with the overrides and code"):
+        ResultsWriter(tmp_path / "run", exp="x", config={"model": {"name": "llama-3.1-8b"}, "batch_size": 4,
+                                                        "executor": {"graphs": True}})
     assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
-
-
-def test_a_run_of_no_points_still_leaves_its_table(tmp_path):
-    path = ResultsWriter(tmp_path / "run", exp="x", config={}).finish()
-    assert path.exists() and len(pd.read_parquet(path)) == 0
 
 
 @pytest.mark.parametrize("bad", [{"mode": "guessed"}, {"status": "fine"}])
