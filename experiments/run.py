@@ -50,7 +50,8 @@ def check_argv(argv: list[str]) -> None:
                 _check_results_root(root)
     overrides = [a for a in argv if not a.startswith("-")]
     if any(a in ("-m", "--multirun") for a in argv):  # each sweep's first value stands for it: keys are the same
-        overrides = [_first_choice(a) for a in overrides]
+        # a sweep function (range(...), choice(...), glob(...)) has no first value to compose: left to Hydra
+        overrides = [_first_choice(a) for a in overrides if not re.match(r"[^=]+=\w+\(", a)]
     _compose_check(overrides)
 
 
