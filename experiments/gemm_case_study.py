@@ -19,8 +19,7 @@ from directkv.kernels import traffic_model as tm
 from directkv.kernels.cuda.gemm_case_study import CHUNK_K, STREAM_SLOTS, stream_cut
 from directkv.kernels.traffic import Traffic
 from directkv.results import ResultsWriter
-from experiments.common import Setup, as_int, base_row, progress, setup
-from experiments.kernel_bench import check_counters
+from experiments.common import Setup, as_int, base_row, int_list, progress, setup
 
 VARIANTS = ("naive", "tiled", "pipelined", "stream", "stream:k")
 DTYPE_BYTES = 2  # fp16
@@ -83,10 +82,10 @@ def run(cfg: DictConfig, writer: ResultsWriter) -> None:
     s = setup(cfg)
     for v in cfg.variants:
         check(v in VARIANTS, f"unknown gemm variant {v!r}; valid: {', '.join(VARIANTS)}")
-    for n in cfg.sizes:
-        check(int(n) >= 1, f"gemm size must be >= 1, got {n}")
-    check_counters(cfg)
-    for n in progress(cfg, [int(n) for n in cfg.sizes], "gemm_case_study"):
+    sizes = int_list(cfg.sizes, "gemm size")
+    for n in sizes:
+        check(n >= 1, f"gemm size must be >= 1, got {n}")
+    for n in progress(cfg, sizes, "gemm_case_study"):
         if writer.done(m=n):
             continue
         if s.device == "cuda":

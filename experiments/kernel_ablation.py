@@ -17,7 +17,6 @@ from directkv.kernels import traffic_model as tm
 from directkv.kernels.traffic import Traffic
 from directkv.results import ResultsWriter
 from experiments.common import Setup, as_int, base_row, check_context, int_list, progress, setup
-from experiments.kernel_bench import check_counters
 
 OPS = ("decode", "prefill", "proj_attention")
 VARIANTS = {"decode": ("naive", "tiled"), "prefill": ("naive", "tiled"), "proj_attention": ("separate", "fused")}
@@ -92,7 +91,6 @@ def measured_rows(cfg: DictConfig, s: Setup, op: str, ctx: int, q_len: int, batc
 def run(cfg: DictConfig, writer: ResultsWriter) -> None:
     s = setup(cfg)
     check(str(cfg.dtype) in DTYPE_BYTES, f"unknown dtype {cfg.dtype!r}; valid: {', '.join(DTYPE_BYTES)}")
-    check_counters(cfg)
     for _, ctx, _, _ in points(cfg):
         check_context(s.model, int(ctx))
     for op, ctx, q_len, batch in progress(cfg, points(cfg), "kernel_ablation"):

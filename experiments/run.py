@@ -44,39 +44,32 @@ def check_argv(argv: list[str]) -> None:
                 raise ConfigError(f"unknown {key} {v!r}; valid: {', '.join(valid)}")
     if not chosen_exp and not any(a in ("--help", "-h", "--cfg", "-c", "--info") for a in argv):
         raise ConfigError(f"choose an experiment with +exp=NAME; valid: {', '.join(group_options('exp'))}")
-    for arg in argv:
-        if arg.startswith("results_root="):
-            for root in _choices(arg.split("=", 1)[1]):
-                _check_results_root(root)
     overrides = [a for a in argv if not a.startswith("-")]
-    if any(a in ("-m", "--multirun") for a in argv):  # each sweep's first value stands for it: keys are the same
-        # a sweep function (range(...), choice(...), glob(...)) has no first value to compose: left to Hydra
-        overrides = [_first_choice(a) for a in overrides if not re.match(r"[^=]+=\w+\(", a)]
+    parsed = _parse(overrides)
+    for o in parsed:
+        if o.key_or_group == "results_root":
+            for root in _values(o):
+                _check_results_root(root)
+    if parsed and any(a in ("-m", "--multirun") for a in argv):  # a sweep's first value stands for it: same keys
+        overrides = [f"{o.get_key_element()}={_values(o)[0]}" if o.is_sweep_override() and _values(o) else o.input_line
+                     for o in parsed]
     _compose_check(overrides)
 
 
-def _choices(value: str) -> list[str]:
-    """A multirun sweep's values, `a,b` -> [a, b]; commas inside brackets, braces or quotes are a value's own."""
-    out, depth, quote, start = [], 0, "", 0
-    for i, ch in enumerate(value):
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "[{(":
-            depth += 1
-        elif ch in "]})":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            out.append(value[start:i])
-            start = i + 1
-    return [*out, value[start:]]
+def _parse(overrides: list[str]) -> list:
+    """The overrides as Hydra's own parser reads them (sweeps `a,b`, `range(...)`, `choice(...)` included); [] for a
+    malformed line, which _compose_check then reports in one line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # noqa: BLE001 - reported by _compose_check
+        return []
 
 
-def _first_choice(override: str) -> str:
-    """`key=a,b` (a multirun sweep) as `key=a`."""
-    key, eq, value = override.partition("=")
-    return key + eq + _choices(value)[0] if eq else override
+def _values(o) -> list[str]:
+    """A parsed override's values: a sweep's, or its one value."""
+    return list(o.sweep_string_iterator()) if o.is_sweep_override() else [str(o.value())]
 
 
 def _check_results_root(root: str) -> None:
