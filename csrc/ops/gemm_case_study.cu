@@ -5,6 +5,8 @@
 #include <type_traits>
 #include <utility>
 
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
 #include "directkv/dispatch.h"
 #include "directkv/gemm_case_study.cuh"
 
@@ -12,6 +14,34 @@ namespace directkv {
 namespace {
 
 using gemm::GemmParams;
+
+// The driver's tensor-map encoder, looked up once through the runtime (no link against the driver library).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    check_cuda(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found),
+               "gemm_case_study: cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
+    require(found == cudaDriverEntryPointSuccess && f, "gemm_case_study: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A [m, k] (fp16, rows 16-byte aligned) as the TMA tensor the tiled / pipelined kernels stream: boxes of box_rows
+// rows x kBK columns in the 128-byte swizzle the wgmma descriptors expect; reads past m or k return zeros.
+CUtensorMap a_tensor_map(const __half* a, int m, int k, int box_rows) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(m)};
+  const cuuint64_t row_bytes[1] = {static_cast<cuuint64_t>(k) * sizeof(__half)};
+  const cuuint32_t box[2] = {gemm::kBK, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<__half*>(a), dims, row_bytes, box, unit,
+                                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  require(r == CUDA_SUCCESS, "gemm_case_study: cuTensorMapEncodeTiled failed for A [" + std::to_string(m) + ", " + std::to_string(k) +
+                                 "] (CUresult " + std::to_string(static_cast<int>(r)) + ")");
+  return map;
+}
 
 enum Variant : int { kNaive = 0, kTiled = 1, kPipelined = 2, kRaster = 3 };
 
@@ -36,7 +66,7 @@ void dispatch_vec_l1(bool vec, int host_load, F&& f) {
   });
 }
 
-void launch(const GemmParams& p, int variant, int out_dtype, int host_load, cudaStream_t stream) {
+void launch(GemmParams& p, int variant, int out_dtype, int host_load, cudaStream_t stream) {
   require(p.m >= 1 && p.n >= 1 && p.k >= 1, "gemm_case_study: m, n, k must be >= 1");
   require(p.a && p.b && p.c, "gemm_case_study: null a, b or c");
   const bool vec = p.k % 8 == 0 && p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.a) % 16 == 0 &&
@@ -69,15 +99,15 @@ void launch(const GemmParams& p, int variant, int out_dtype, int host_load, cuda
   require(p.k_splits >= 1 && p.k_splits <= p.chunks, "gemm_case_study: k_splits must be in 1.." + std::to_string(p.chunks));
   require(ntiles * p.k_splits < (int64_t{1} << 31), "gemm_case_study: grid too large");
   const unsigned grid = static_cast<unsigned>(ntiles * p.k_splits);
+  if (vec) p.a_map = a_tensor_map(p.a, p.m, p.k, variant == kTiled ? gemm::kBM : 64);  // pipelined: 64-row blocks
   dispatch_vec_l1(vec, host_load, [&](auto v, auto l1) {
     constexpr bool V = decltype(v)::value, L1 = decltype(l1)::value;
     if (variant == kTiled) {
-      const size_t smem = (static_cast<size_t>(gemm::kChunkK) * gemm::kBStride + gemm::kTiledStages * gemm::kATile) * sizeof(__half);
-      allow_max_smem("gemm_case_study", gemm::gemm_tiled_kernel<V, L1>, smem);
-      gemm::gemm_tiled_kernel<V, L1><<<grid, gemm::kThreads, smem, stream>>>(p);
+      allow_max_smem("gemm_case_study", gemm::gemm_tiled_kernel<V, L1>, gemm::kTiledSmem);
+      gemm::gemm_tiled_kernel<V, L1><<<grid, gemm::kThreads, gemm::kTiledSmem, stream>>>(p);
     } else {
       allow_max_smem("gemm_case_study", gemm::gemm_pipelined_kernel<V, L1>, gemm::kPipeSmem);
-      gemm::gemm_pipelined_kernel<V, L1><<<grid, gemm::kThreads + 32, gemm::kPipeSmem, stream>>>(p);
+      gemm::gemm_pipelined_kernel<V, L1><<<grid, gemm::kPipeThreads, gemm::kPipeSmem, stream>>>(p);
     }
     check_cuda(cudaGetLastError(), "gemm_case_study: kernel launch");
   });

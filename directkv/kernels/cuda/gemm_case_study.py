@@ -4,8 +4,10 @@ Variants
 --------
 naive     : output-stationary 128x128 C tiles; B crosses the link once per 128-row tile of A.
 tiled     : B-stationary: a 512x128 B chunk sits in shared memory while the CTA sweeps every row tile of
-            A; fp32 partial C per k-split in HBM, summed by a reduce kernel. B crosses the link once.
-pipelined : tiled plus a producer warp (mbarrier ring for A, L2 prefetch of the next B chunk).
+            A; fp32 partial C per k-split in HBM, summed by a reduce kernel. B crosses the link once. Math on
+            Hopper wgmma, A tiles by TMA when A's rows are 16-byte aligned (since 2026-12-03; mma.sync before).
+pipelined : tiled plus warp specialisation: producer warps (an mbarrier ring of A per consumer warpgroup, L2
+            prefetch of the next B chunk) and two consumer warpgroups taking 64-row blocks in turn.
 raster    : naive's kernel with the CTAs ordered down the m tiles first, so the CTAs resident together request
             the same B tiles at about the same time: B crosses the link once per tile if L2 serves the
             repeats, and not otherwise. An experiment on L2 and host memory beyond the paper's variants; its

@@ -36,7 +36,7 @@ def gemm(
     variant : "naive" (output-stationary: for each C tile loop over k; B crosses the link ceil(M / tile_m)
         times), "tiled" (B-stationary: each B tile read once and applied to every A row tile, the float32
         partial C read-modified-written in HBM; the last k step writes C in a's dtype) or "pipelined"
-        (the same traffic and math as "tiled"; the difference, a prefetching producer warp, exists only
+        (the same traffic and math as "tiled"; the difference, prefetching producer warps, exists only
         in the CUDA kernel).
     tile_m, tile_n, tile_k : tile sizes; M, N, K need not be multiples.
     compute : False counts traffic only (a and b may be on device "meta").
