@@ -9,7 +9,6 @@ import pytest
 
 from directkv.kernels.cuda import build
 
-
 WGMMA_SLOW_NOTES = ("wgmma.mma_async instructions are serialized", "warpgroup.wait is injected")
 
 

@@ -28,6 +28,7 @@ from directkv.kernels.cuda.gemm_case_study import (
     plan_panel_cols,
     plan_panel_rows,
     stream_cut,
+    workspace_cap,
 )
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 from directkv.kernels.reference import gemm as reference_gemm
@@ -171,24 +172,29 @@ def test_plan_panel_cols_by_hand(k, n, cols):
     assert plan_panel_cols(k, n) == cols
 
 
-@pytest.mark.parametrize("size,sms,splits", [
-    (10240, 132, 7),  # four waves would be 7 (ceil(4 * 132 / 80)); the 3 GiB workspace allows 7 too
-    (4096, 132, 8),   # four waves would be 17: one chunk a CTA is the most there is
-    (1024, 132, 2),   # k of two chunks
-    (512, 1, 1),      # one chunk
+@pytest.mark.parametrize("size,splits", [
+    (10240, 7),  # 20 chunks; a 3 GiB workspace holds 7 splits of 10240 x 10240 fp32
+    (4096, 8),   # one chunk a CTA
+    (1024, 2),   # k of two chunks
+    (512, 1),    # one chunk
 ])
-def test_plan_k_splits_aims_for_four_waves_within_chunks_and_workspace(size, sms, splits):
-    assert plan_k_splits(size, size, size, sms=sms) == splits
+def test_plan_k_splits_one_chunk_a_cta_within_the_workspace(size, splits):
+    assert plan_k_splits(size, size, size) == splits
 
 
-def test_plan_k_splits_by_the_waves_when_chunks_and_workspace_allow():
-    # 1024 x 1024 output (8 strips) over k = 65536 (128 chunks): 66 splits make 528 CTAs, four waves of 132
-    assert plan_k_splits(1024, 1024, 65536, sms=132) == 66
-    # 16384 x 16384 output over k = 65536: four waves would be 5 splits, the 3 GiB workspace holds 3
-    assert plan_k_splits(16384, 16384, 65536, sms=132) == 3
-    assert plan_k_splits(1024, 1024, 65536, sms=132, k_splits=500) == 128  # a given count: clipped to the chunks
+def test_plan_k_splits_by_workspace():
+    assert workspace_cap(24 << 30) == 3 << 30  # a 24 GB GPU: the 3 GiB floor
+    assert workspace_cap(141 << 30) == (141 << 30) // 8  # H200
+    assert plan_k_splits(10240, 10240, 10240, workspace=workspace_cap(141 << 30)) == 20  # 8.4 GB
+    assert plan_k_splits(10240, 10240, 10240, workspace=10240 * 10240 * 4 * 10) == 10
+    assert plan_k_splits(10240, 10240, 10240, workspace=1) == 1  # at least one split, whatever the cap
+    # 1024 x 1024 output (8 strips) over k = 65536: 128 chunks, 4 MiB of partial C per split
+    assert plan_k_splits(1024, 1024, 65536) == 128
+    assert plan_k_splits(1024, 1024, 65536, k_splits=500) == 128  # a given count: clipped to the chunks
+    assert plan_k_splits(1024, 1024, 65536, k_splits=3) == 3
+    assert plan_k_splits(16384, 16384, 65536) == 3  # the 3 GiB workspace holds 3 splits of 16384^2 fp32
     with pytest.raises(ConfigError, match="k_splits must be a positive int; got 0"):
-        plan_k_splits(1024, 1024, 65536, sms=132, k_splits=0)
+        plan_k_splits(1024, 1024, 65536, k_splits=0)
 
 
 def test_plan_panel_cols_given_and_refused():

@@ -5,7 +5,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <utility>
 
 namespace py = pybind11;
 
@@ -17,7 +16,6 @@ void gemm_copy_panel_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, size_
                            size_t height, uintptr_t stream);
 void gemm_copy_panel_sm_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, size_t src_pitch, size_t width_bytes,
                               size_t height, int ctas, uintptr_t stream);
-std::pair<int, int> gemm_device_limits();
 }  // namespace directkv
 
 PYBIND11_MODULE(_dkv_gemm_case_study, m) {
@@ -33,5 +31,4 @@ PYBIND11_MODULE(_dkv_gemm_case_study, m) {
   m.def("copy_panel_sm_async", &directkv::gemm_copy_panel_sm_async, py::arg("dst"), py::arg("dst_pitch"),
         py::arg("src"), py::arg("src_pitch"), py::arg("width_bytes"), py::arg("height"), py::arg("ctas"),
         py::arg("stream"), "the same 2-D copy by SM loads (zero-copy reads of pinned src) with ctas CTAs on stream");
-  m.def("device_limits", &directkv::gemm_device_limits, "(number of SMs, opt-in shared memory bytes per block)");
 }

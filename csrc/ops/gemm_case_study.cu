@@ -207,8 +207,4 @@ void gemm_copy_panel_sm_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, si
   check_cuda(cudaGetLastError(), "gemm_case_study: copy_panel_kernel launch");
 }
 
-std::pair<int, int> gemm_device_limits() {
-  return {device_attribute(cudaDevAttrMultiProcessorCount), device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)};
-}
-
 }  // namespace directkv

@@ -76,8 +76,8 @@ TILE_M, TILE_N, TILE_K = 128, 128, 64
 CHUNK_K = 512  # B rows per stationary chunk (tiled, pipelined)
 OUT_CODES = {torch.float16: 0, torch.float32: 2}
 HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/directkv/dispatch.h)
-WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most
-SPLIT_WAVES = 4  # tiled / pipelined: waves of CTAs the planned k-split aims for (plan_k_splits)
+WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most, or WORKSPACE_SHARE of the GPU's memory if that is more
+WORKSPACE_SHARE = 8  # ... 1 / WORKSPACE_SHARE of it (H200: 17.6 GB, one chunk a CTA at 10240^3: 8.4 GB)
 STREAM_SLOTS = 2  # ring slots: the copy engine fills one while cuBLAS reads the other
 COPY_STREAMS = (1, 2)  # stream: side streams a panel's copy may be split over
 COPIES = ("ce", "sm")  # stream: who copies a panel, the copy engine or copy_panel_kernel's SM loads
@@ -87,23 +87,26 @@ STREAM_MIN_PANELS = 8  # the default plan's panels at least, so copy and math ov
 PANEL_ALIGN = 64  # default panel widths are multiples of this many columns
 
 
-def plan_k_splits(m: int, n: int, k: int, *, sms: int, k_splits: int | None = None) -> int:
-    """CTAs per 128-column strip for tiled / pipelined: enough for SPLIT_WAVES waves of CTAs (one per SM), within
-    the chunk count and WORKSPACE_CAP bytes of partial C; a given value is clipped the same way.
+def workspace_cap(total_memory: int) -> int:
+    """Bytes of fp32 partial C the k-split plan may use on a GPU of `total_memory` bytes."""
+    return max(WORKSPACE_CAP, total_memory // WORKSPACE_SHARE)
 
-    Many short CTAs beat few long ones: each loads its B chunk before any math and the SMs finish unevenly (ncu,
-    H200, 10240^3 at 3 splits: 1.8 waves, the least busy SM 41% below the mean). H200, 2026-12-03, timed as the
-    benchmark times (L2 flushed before each call), two rounds, against the 3 / 4 splits of the waves x chunks-per-CTA
-    model this replaced: 10240^3 7 splits (the cap) 16.65-16.68 ms against 16.91-17.11 with B on the host, 15.29-15.31
-    against 15.99-16.00 with B in HBM; 4096^3 8 splits (one chunk a CTA) 1.57-1.58 against 1.62 (host), 0.89-0.91
-    against 0.97-0.98 (HBM)."""
+
+def plan_k_splits(m: int, n: int, k: int, *, workspace: int = WORKSPACE_CAP, k_splits: int | None = None) -> int:
+    """CTAs per 128-column strip for tiled / pipelined: one 512-row chunk of B a CTA, as far as `workspace` bytes of
+    partial C allow (fewer splits, each CTA owning several chunks, beyond it); a given value is clipped the same way.
+
+    A CTA with one chunk writes its partial C once and never reads it back; with several it reads and rewrites it
+    once per further chunk, and those reads stall the block ends (ncu, H200, 2026-12-03). Measured with the wgmma
+    kernels (f9e2fff; device-logs-20261203k, L2 flushed before each call, the reduce included), 10240^3, B on the
+    host / in HBM: 20 splits (one chunk a CTA, 8.4 GB) tiled 9.65 / 7.14 ms, pipelined 9.30 / 7.27; 10 splits 10.33 /
+    8.70 and 9.67 / 8.03; 7 (the 3 GiB cap) 10.85 / 9.10 and 10.16 / 8.83. 4096^3 takes its 8 chunks in 8 splits
+    either way."""
     strips, chunks = math.ceil(n / TILE_N), math.ceil(k / CHUNK_K)
-    cap = max(1, WORKSPACE_CAP // (m * strips * TILE_N * 4))
+    cap = max(1, workspace // (m * strips * TILE_N * 4))
     if k_splits is not None:
         check(isinstance(k_splits, int) and k_splits >= 1, f"k_splits must be a positive int; got {k_splits!r}")
-        return max(1, min(k_splits, chunks, cap))
-    check(sms >= 1, f"sms must be >= 1; got {sms}")
-    return max(1, min(chunks, cap, math.ceil(SPLIT_WAVES * sms / strips)))
+    return max(1, min(chunks if k_splits is None else k_splits, chunks, cap))
 
 
 def plan_panel_cols(k: int, n: int, *, panel_cols: int | None = None) -> int:
@@ -194,9 +197,8 @@ def host_panels(b: torch.Tensor, *, panel_cols: int | None = None) -> HostPanels
 
 
 @cache
-def _device_limits(device: int) -> tuple[int, int]:
-    with torch.cuda.device(device):
-        return tuple(build.load("gemm_case_study").device_limits())
+def _total_memory(device: int) -> int:
+    return torch.cuda.get_device_properties(device).total_memory
 
 
 def b_tier(b: torch.Tensor) -> str:
@@ -307,7 +309,7 @@ def gemm(
     part, ldp, splits = None, 0, 1
     if variant not in OUTPUT_STATIONARY:
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-        splits = plan_k_splits(m, n, k, sms=_device_limits(device)[0], k_splits=k_splits)
+        splits = plan_k_splits(m, n, k, workspace=workspace_cap(_total_memory(device)), k_splits=k_splits)
         ldp = math.ceil(n / TILE_N) * TILE_N
         part = torch.empty(splits, m, ldp, dtype=torch.float32, device=a.device)
     build.load("gemm_case_study").run(
