@@ -68,7 +68,7 @@ def simulated_rows(cfg: DictConfig, s: Setup, n: int) -> list[dict]:
             ms = stream_ms(terms["link_read"], on_chip, n, panel)
         elif v == "tiled":  # load, then compute
             ms = (terms["link_read"] + on_chip) * 1e3
-        else:  # naive: many CTAs in flight hide each other; pipelined: the producer warp prefetches
+        else:  # naive: many CTAs in flight hide each other; pipelined: the producer warps prefetch
             ms = max(terms["link_read"], on_chip) * 1e3
         rows.append(base_row(cfg, s, system="directkv", variant=v) | shape | extra | {
             "time_ms": ms, "link_read_bytes": float(t.link_read_bytes), "hbm_read_bytes": float(t.hbm_read_bytes),

@@ -22,7 +22,7 @@
 //             in turn (ping-pong), so one stores its block while the other computes.
 //
 // L1 (all variants, 16-byte path only) copies the B tiles with cp.async.ca (through L1) instead of .cg (L2
-// only). B is an input no CTA writes, so a non-coherent L1 cannot serve stale bytes; A keeps .cg, and the
+// only). B is an input no CTA writes, so a non-coherent L1 cannot serve stale bytes; A is read .cg (naive) or by TMA / element loads (tiled, pipelined), and the
 // partial C each CTA writes and re-reads goes through ld/st.cg, never through L1.
 #pragma once
 
@@ -41,7 +41,7 @@ constexpr int kConsumerWarps = 8, kThreads = kConsumerWarps * 32;
 constexpr int kNaiveStages = 3;
 
 struct GemmParams {
-  CUtensorMap a_map;  // tiled / pipelined with 16-byte rows: A [m, k] as a TMA tensor, box kBM x kBK, 128-byte swizzle
+  CUtensorMap a_map;  // tiled / pipelined with 16-byte rows: A [m, k] as a TMA tensor, box 64 k x (kBM rows tiled, 64 pipelined), 128-byte swizzle
   const __half* a;   // [m, k] HBM
   const __half* b;   // [k, n] pinned host (UVA) or HBM
   void* c;           // [m, n] fp16 or fp32: naive output, reduce output
