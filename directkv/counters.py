@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 METRICS = ("pcie__read_bytes.sum", "pcie__write_bytes.sum", "lts__t_sector_hit_rate.pct",
-           "dram__bytes_read.sum", "gpu__time_duration.sum")
+           "dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 REPO = Path(__file__).resolve().parents[1]
 # to bytes and nanoseconds, in case a unit other than the base one comes back
 UNITS = {"Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "usecond": 1e3, "msecond": 1e6, "second": 1e9}
@@ -51,6 +51,7 @@ def aggregate(rows: list[dict]) -> dict[str, float]:
     out["ncu_pcie_read_bytes"] = sum(k.get("pcie__read_bytes.sum", 0.0) for k in per_kernel.values())
     out["ncu_pcie_write_bytes"] = sum(k.get("pcie__write_bytes.sum", 0.0) for k in per_kernel.values())
     out["ncu_dram_read_bytes"] = sum(k.get("dram__bytes_read.sum", 0.0) for k in per_kernel.values())
+    out["ncu_dram_write_bytes"] = sum(k.get("dram__bytes_write.sum", 0.0) for k in per_kernel.values())
     out["ncu_time_ms"] = sum(t) / 1e6  # ns -> ms
     hits = [k.get("lts__t_sector_hit_rate.pct", 0.0) for k in per_kernel.values()]
     out["l2_hit_pct"] = sum(h * w for h, w in zip(hits, t, strict=True)) / max(sum(t), 1e-9)

@@ -8,13 +8,16 @@ CSV = '''==PROF== Connected to process 1
 "1","1","python3","h","merge_kernel","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","1000"
 "1","1","python3","h","merge_kernel","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","lts__t_sector_hit_rate.pct","%","90"
 "1","1","python3","h","merge_kernel","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","pcie__read_bytes.sum","Kbyte","4"
+"1","1","python3","h","merge_kernel","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_write.sum","Mbyte","2"
+"0","1","python3","h","split_kernel","1","7","(128, 1, 1)","(264, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes_write.sum","byte","5"
 '''
 
 
 def test_parse_and_aggregate_ncu_csv():
     rows = parse_csv(CSV)
-    assert len(rows) == 6
+    assert len(rows) == 8
     agg = aggregate(rows)
+    assert agg["ncu_dram_write_bytes"] == 2e6 + 5
     assert agg["ncu_kernels"] == 2
     assert agg["ncu_pcie_read_bytes"] == 268435456 + 4000
     assert agg["ncu_time_ms"] == 4.0

@@ -27,6 +27,7 @@ from directkv.kernels.cuda.gemm_case_study import (
     plan_k_splits,
     plan_panel_cols,
     plan_panel_rows,
+    stationary_hbm_floor_bytes,
     stream_cut,
     workspace_cap,
 )
@@ -96,6 +97,38 @@ def test_gemm_partial_c_round_trips(variant, k_splits, host_load):
     for m, n, k in [(1000, 777, 1111), (300, 520, 2048)]:
         a = torch.randn(m, k, device="cuda").half()
         check_product(a, host_b(k, n), variant, torch.float16, k_splits=k_splits, host_load=host_load)
+
+
+# Edge cases of the wgmma kernels' block hand-out, one split so a CTA walks every chunk: (m, n, k)
+WGMMA_EDGES = [
+    (64, 256, 2048),  # one 64-row block: pipelined's second consumer warpgroup gets none in any chunk
+    (130, 136, 1600),  # three blocks: each chunk starts with the other warpgroup, so a block's partial C changes hands
+    (130, 135, 1600),  # the same with odd n (element loads, producer-thread stores into the rings)
+    (1, 8, 1024),  # one row, two chunks
+]
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no_prefetch"])
+@pytest.mark.parametrize("variant", ["tiled", "pipelined"])
+@pytest.mark.parametrize("shape", WGMMA_EDGES, ids=lambda s: "x".join(map(str, s)))
+def test_gemm_wgmma_block_hand_out(shape, variant, prefetch):
+    m, n, k = shape
+    a = torch.randn(m, k, device="cuda").half()
+    check_product(a, host_b(k, n), variant, torch.float32, k_splits=1, prefetch=prefetch)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("variant", ["tiled", "pipelined"])
+def test_gemm_unaligned_a_takes_element_loads(variant):
+    """A whose rows are 16-byte aligned in stride but whose first element is not (a view 2 bytes into its
+    storage): the launcher must not hand it to TMA, which needs a 16-byte aligned base."""
+    m, k = 130, 1088
+    a = torch.randn(m * k + 1, device="cuda").half()[1:].view(m, k)
+    assert a.data_ptr() % 16 != 0
+    check_product(a, host_b(k, 264), variant, torch.float16, k_splits=1)
 
 
 @pytest.mark.gpu
@@ -195,6 +228,15 @@ def test_plan_k_splits_by_workspace():
     assert plan_k_splits(16384, 16384, 65536) == 3  # the 3 GiB workspace holds 3 splits of 16384^2 fp32
     with pytest.raises(ConfigError, match="k_splits must be a positive int; got 0"):
         plan_k_splits(1024, 1024, 65536, k_splits=0)
+
+
+def test_stationary_hbm_floor_by_hand():
+    # 10240^3: 20 chunks, each an fp32 partial C of 10240 x 10240 written and read once; A read, C written once
+    assert stationary_hbm_floor_bytes(10240, 10240, 10240) == 2 * 20 * 10240 * 10240 * 4 + 2 * 10240 * 10240 * 2
+    # ragged: 3 chunks (1025 rows), partial rows padded to 256 columns, fp32 C
+    assert stationary_hbm_floor_bytes(7, 130, 1025, c_bytes=4) == 2 * 3 * 7 * 256 * 4 + 7 * 1025 * 2 + 7 * 130 * 4
+    with pytest.raises(ConfigError, match="m, n, k, c_bytes must be >= 1; got 0, 1, 1, 2"):
+        stationary_hbm_floor_bytes(0, 1, 1)
 
 
 def test_plan_panel_cols_given_and_refused():

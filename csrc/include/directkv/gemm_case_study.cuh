@@ -339,6 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tiled_kernel(const __grid_co
   split_range(p, split, c_begin, c_end);
   if (VEC && threadIdx.x == 0) {
     for (int s = 0; s < kWgStages; ++s) tc::mbar_init(a_full + s, 1);
+    wg::fence_mbarrier_init();
   }
   float acc[kWgAccum];
   int g = 0;  // A ring position, continuous over the CTA's chunks
@@ -397,14 +398,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tiled_kernel(const __grid_co
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 constexpr int kPipeThreads = kThreads + 128;
 
-// The producer threads' hand-off after filling a buffer: cp.async completion or plain stores.
-template <bool VEC>
+// A producer thread's hand-off of a buffer it filled (its cp.async landed, or plain stores): the proxy fence makes the
+// bytes visible to wgmma, and the arrival (a release) orders everything the thread saw before it, so a consumer that
+// waits on `bar` also sees what the producer had acquired: the partial C stored by the other warpgroup before it
+// released the previous B chunk (an arrival triggered by cp.async completion carries no such ordering).
 __device__ __forceinline__ void producer_arrive(uint64_t* bar) {
-  if constexpr (VEC) {
-    tc::mbar_arrive_cp_async(bar);
-  } else {
-    tc::mbar_arrive(bar);
-  }
+  wg::fence_proxy_async();
+  tc::mbar_arrive(bar);
 }
 
 // One arrival per consumer warp on `bar` once the whole warp is past its reads of the buffer (or its turn).
@@ -445,6 +445,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
     tc::mbar_init(b_empty, kConsumerWarps);       // one per consumer warp
     tc::mbar_init(turn, 4);
     tc::mbar_init(turn + 1, 4);
+    wg::fence_mbarrier_init();
   }
   __syncthreads();
 
@@ -457,7 +458,6 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
         const int k0 = c * kChunkK, krows = min(kChunkK, p.k - k0);
         if (u > 0) tc::mbar_wait(b_empty, (u - 1) & 1);
         load_b_chunk<VEC, L1>(bchunk, p, k0, krows, n0, tid, 64);
-        producer_arrive<VEC>(b_full);
         if (p.prefetch && c + 1 < c_end) {  // the next chunk crosses the link while this one is computed
           const int nk0 = k0 + kChunkK, nrows = min(kChunkK, p.k - nk0);
           const int lines = (min(kBN, p.n - n0) * 2 + 127) / 128;
@@ -465,6 +465,8 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
             tc::prefetch_l2(p.b + static_cast<size_t>(nk0 + u2 / lines) * p.n + n0 + (u2 % lines) * 64);
           }
         }
+        if constexpr (VEC) tc::cp_async_wait_all();  // the prefetches above are already on their way
+        producer_arrive(b_full);
       }
     } else if (!VEC || lane == 0) {
       unsigned char* ring = rings + pw * kPipeStages * kARowsBytes;
@@ -480,7 +482,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
               tma_a_tile<64>(ring + s * kARowsBytes, rfull + s, p, b * 64, k0 + kt * kBK);
             } else {
               load_a_tile<64>(ring + s * kARowsBytes, p, b * 64, k0 + kt * kBK, krows - kt * kBK, lane, 32);
-              producer_arrive<false>(rfull + s);
+              producer_arrive(rfull + s);
             }
           }
         }

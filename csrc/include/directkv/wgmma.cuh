@@ -37,8 +37,13 @@ __device__ __forceinline__ uint64_t desc128(const void* p, uint32_t lbo, uint32_
 }
 
 // Makes this thread's generic-proxy writes to shared memory (st.shared, landed cp.async) visible to the async
-// proxy through which wgmma reads its operands; each writer runs it before the barrier that hands the tile over.
+// proxy through which wgmma reads its operands; each writer runs it before the barrier that hands the tile over
+// (the pipelined consumers also run it after the hand-off: one fence a chunk, so both sides are covered).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Orders the calling thread's mbarrier.init before any later TMA completion on those barriers (the copy unit is
+// another proxy); run by the initialising thread before the barrier that publishes them.
+__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
 // Moves this warpgroup's register budget to N per thread (a multiple of 8 in 24..256): warp-specialised kernels give
 // the producer few and the consumers, who hold the accumulators, many. Every warp of the warpgroup runs it.

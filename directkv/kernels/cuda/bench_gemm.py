@@ -26,7 +26,7 @@ import torch
 
 from directkv.kernels.cuda.bench_common import check_rel_err, get_ceilings, report, run_point, timed
 from directkv.kernels.cuda.capture import replayed
-from directkv.kernels.cuda.gemm_case_study import gemm, host_panels
+from directkv.kernels.cuda.gemm_case_study import gemm, host_panels, stationary_hbm_floor_bytes
 from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 
 # name -> extra keyword arguments of gemm (variant is the part before ':'); "_b": "hbm" runs the kernel with
@@ -69,6 +69,7 @@ SLOW = ("naive", "cublas_zero_copy")  # B re-read across the link per row tile: 
 REL_ERR_MAX = 5e-3  # fp16 C against cuBLAS's fp16 C: row panels, which round C once per panel, measured 5.6e-4
 # Closed-form link bytes are what the SMs request; for raster, L2 decides what crosses the link (ncu tells)
 SM_REQUESTS_ONLY = ("raster",)
+STATIONARY = ("tiled", "pipelined")  # B-stationary: fp32 partial C through HBM once per chunk (hbm_floor_ms)
 
 
 def bench_gemm(
@@ -85,7 +86,8 @@ def bench_gemm(
     Returns one row per (size, method): time_ms (median), tflops, link_read_bytes (closed form; None where
     unknown), link_gbps (link_read_bytes, else b_bytes, over time_ms), b_bytes, floor_ms (b_bytes over the
     copy-engine H2D rate), target_ms (1.15 x max(floor_ms, cublas_hbm time)), rel_err against cublas_hbm,
-    the ceilings of this run, status.
+    the ceilings of this run, status; tiled / pipelined rows also hbm_floor_bytes (stationary_hbm_floor_bytes)
+    and hbm_floor_ms (those bytes at this run's HBM copy rate: no schedule of that kind is faster).
     """
     ceilings = get_ceilings() if ceilings is None else ceilings
     rows: list[dict] = []
@@ -104,6 +106,10 @@ def bench_gemm(
             r["link_gbps"] = moved / (t * 1e-3) / 1e9 if t and moved else None
             r["tflops"] = 2 * m * n * k / (t * 1e-3) / 1e12 if t else None
             r["target_ms"] = 1.15 * max(floors) if floors else None
+            if r["variant"].split(":")[0] in STATIONARY:
+                r["hbm_floor_bytes"] = stationary_hbm_floor_bytes(m, n, k)
+                hbm_gbps = ceilings.get("hbm_copy_gbps")
+                r["hbm_floor_ms"] = r["hbm_floor_bytes"] / (hbm_gbps * 1e9) * 1e3 if hbm_gbps else None
         rows += point
     return rows
 
@@ -165,8 +171,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     rows = bench_gemm(args.sizes)
-    report(rows, args.out, ["m", "variant", "status", "time_ms", "target_ms", "floor_ms", "tflops", "link_gbps",
-                       "link_read_bytes", "rel_err"])
+    report(rows, args.out, ["m", "variant", "status", "time_ms", "target_ms", "floor_ms", "hbm_floor_ms", "tflops",
+                       "link_gbps", "link_read_bytes", "rel_err"])
     return rows
 
 

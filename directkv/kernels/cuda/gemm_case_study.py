@@ -109,6 +109,16 @@ def plan_k_splits(m: int, n: int, k: int, *, workspace: int = WORKSPACE_CAP, k_s
     return max(1, min(chunks if k_splits is None else k_splits, chunks, cap))
 
 
+def stationary_hbm_floor_bytes(m: int, n: int, k: int, *, c_bytes: int = 2) -> int:
+    """HBM bytes tiled / pipelined move whatever L2 does, at any k-split: every 512-row chunk's fp32 partial C
+    `[m, 128 * ceil(n / 128)]` written once and read once (in the kernel before the next chunk, or by the reduce),
+    A read once, C written once. The partial C of a chunk is read back after its CTA has swept all m rows (tens of
+    MB later, across 132 SMs), so L2 cannot keep it. 10240^3: 20 passes of 419 MB each way, 17.2 GB in all."""
+    check(min(m, n, k, c_bytes) >= 1, f"m, n, k, c_bytes must be >= 1; got {m}, {n}, {k}, {c_bytes}")
+    passes = math.ceil(k / CHUNK_K)
+    return 2 * passes * m * math.ceil(n / TILE_N) * TILE_N * 4 + m * k * 2 + m * n * c_bytes
+
+
 def plan_panel_cols(k: int, n: int, *, panel_cols: int | None = None) -> int:
     """B columns per ring panel of the stream variant (split "n"), for fp16 B `[k, n]`.
 
