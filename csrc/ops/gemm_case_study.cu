@@ -8,7 +8,7 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include "directkv/dispatch.h"
-#include "directkv/gemm_case_study.cuh"
+#include "directkv/gemm_stationary.cuh"  // and gemm_case_study.cuh
 
 namespace directkv {
 namespace {

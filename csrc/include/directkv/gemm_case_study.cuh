@@ -20,6 +20,8 @@
 //             load each B chunk once its last reader is done and prefetch the next one into L2, so the link
 //             transfer of chunk i+1 overlaps the math of chunk i; the two consumer warpgroups take 64-row blocks
 //             in turn (ping-pong), so one stores its block while the other computes.
+// tiled and pipelined, with the reduction of their k-splits, are in gemm_stationary.cuh; this file holds the shared
+// parameters, naive / raster and the stream variant's panel copy.
 //
 // L1 (all variants, 16-byte path only) copies the B tiles with cp.async.ca (through L1) instead of .cg (L2
 // only). B is an input no CTA writes, so a non-coherent L1 cannot serve stale bytes; A is read .cg (naive) or by TMA / element loads (tiled, pipelined), and the
@@ -27,7 +29,6 @@
 #pragma once
 
 #include "directkv/prefill_common.cuh"
-#include "directkv/wgmma.cuh"
 
 namespace directkv::gemm {
 
@@ -52,28 +53,35 @@ struct GemmParams {
   int prefetch;      // pipelined: prefetch the next B chunk into L2
 };
 
-// Copies a ROWS x COLS tile at g (leading dimension ld) into s (row stride S); elements outside
-// [0, rows_valid) x [0, cols_valid) read as zeros. VEC: 16-byte cp.async (needs ld % 8 == 0, 16-B aligned g
-// and cols_valid % 8 == 0 or >= COLS), through L1 when L1; otherwise element loads through registers (odd
-// shapes only).
-template <bool VEC, bool L1, int COLS, int S>
-__device__ __forceinline__ void load_tile(__half* s, const __half* g, int ld, int rows, int rows_valid,
-                                          int cols_valid, int tid, int nthreads) {
-  constexpr int P = COLS / 8;
-  for (int u = tid; u < rows * P; u += nthreads) {
-    const int r = u / P, c = (u % P) * 8;
-    __half* dst = s + r * S + c;
-    const __half* src = g + static_cast<size_t>(r) * ld + c;
+// Copies ROWS x (8 CHUNKS) fp16 at g (leading dimension ld) into shared memory, 16-byte chunk c of row r to
+// dst(r, c); elements outside [0, rows_valid) x [0, cols_valid) read as zeros. VEC: 16-byte cp.async (needs
+// ld % 8 == 0, 16-B aligned g and cols_valid % 8 == 0 or >= 8 CHUNKS), through L1 when L1; otherwise element
+// loads through registers (odd shapes only).
+template <bool VEC, bool L1, int CHUNKS, typename Dst>
+__device__ __forceinline__ void copy_tile(Dst&& dst, const __half* g, int ld, int rows, int rows_valid, int cols_valid,
+                                          int tid, int nthreads) {
+  for (int u = tid; u < rows * CHUNKS; u += nthreads) {
+    const int r = u / CHUNKS, c = u % CHUNKS;
+    void* d = dst(r, c);
+    const __half* src = g + static_cast<size_t>(r) * ld + c * 8;
     if constexpr (VEC) {
-      const bool ok = r < rows_valid && c < cols_valid;
-      tc::cp_async16_zfill<L1>(dst, ok ? src : g, ok);
+      const bool ok = r < rows_valid && c * 8 < cols_valid;
+      tc::cp_async16_zfill<L1>(d, ok ? src : g, ok);
     } else {
       alignas(16) __half v[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = (r < rows_valid && c + e < cols_valid) ? src[e] : __float2half_rn(0.f);
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(v);
+      for (int e = 0; e < 8; ++e) v[e] = (r < rows_valid && c * 8 + e < cols_valid) ? src[e] : __float2half_rn(0.f);
+      *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(v);
     }
   }
+}
+
+// copy_tile into a padded row-major tile: ROWS x COLS at s, row stride S elements.
+template <bool VEC, bool L1, int COLS, int S>
+__device__ __forceinline__ void load_tile(__half* s, const __half* g, int ld, int rows, int rows_valid,
+                                          int cols_valid, int tid, int nthreads) {
+  copy_tile<VEC, L1, COLS / 8>([&](int r, int c) { return s + r * S + c * 8; }, g, ld, rows, rows_valid, cols_valid,
+                               tid, nthreads);
 }
 
 // acc += A tile (as: [128][kAStride]) x B rows (bs: [64][kBStride]) for this warp's 64x32 block.
@@ -177,363 +185,6 @@ __global__ void __launch_bounds__(kThreads) gemm_naive_kernel(const GemmParams p
     mma_tile(acc, as + (kt % kNaiveStages) * kATile, bs + (kt % kNaiveStages) * kBTile, warp, lane);
   }
   store_output<OutT>(acc, p, m0, n0, warp, lane);
-}
-
-// ---- tiled / pipelined: wgmma core over 128-byte swizzled tiles (wgmma.cuh) ----
-//
-// The B chunk is stored as two 64-column blocks [2][kChunkK][128 B] (MN-major for wgmma: one 128-byte row per k), A
-// tiles as rows of 64 k values (K-major, one 128-byte row per m). A warpgroup computes a 64 x 128 block of C with four
-// m64n128k16 per 64-deep k tile. A tiles come by TMA when rows are 16-byte aligned (VEC), else by element loads.
-
-constexpr uint32_t kARowsBytes = 64 * wg::kSwizzleRow;            // 8 KB: 64 rows of an A tile (one warpgroup's)
-constexpr uint32_t kATileBytes = kBM * wg::kSwizzleRow;           // 16 KB: a 128-row A tile (tiled)
-constexpr uint32_t kBBlockBytes = kChunkK * wg::kSwizzleRow;      // 64 KB: one 64-column block of the B chunk
-constexpr uint32_t kBChunkBytes = 2 * kBBlockBytes;               // 128 KB, stationary
-constexpr int kWgStages = 6;                                      // tiled: 128-row A ring
-constexpr int kWgAhead = kWgStages - 2;                           // tiled: A tiles loaded ahead (one stage drains a wgmma)
-constexpr int kPipeStages = 6;                                    // pipelined: 64-row stages per warpgroup ring
-constexpr int kWgAccum = 64;                                      // fp32 accumulators per thread
-// Dynamic shared memory: slack to round the base up to a swizzle atom, the B chunk, the A ring(s), the mbarriers.
-constexpr size_t kTiledSmem = wg::kSwizzleAtom + kBChunkBytes + static_cast<size_t>(kWgStages) * kATileBytes + kWgStages * sizeof(uint64_t);
-constexpr size_t kPipeSmem = wg::kSwizzleAtom + kBChunkBytes + 2 * static_cast<size_t>(kPipeStages) * kARowsBytes +
-                             (4 * kPipeStages + 4) * sizeof(uint64_t);
-
-// The first swizzle atom boundary at or after p (wgmma's swizzle is on address bits).
-__device__ __forceinline__ unsigned char* align_atom(unsigned char* p) {
-  return p + ((wg::kSwizzleAtom - (tc::smem_u32(p) & (wg::kSwizzleAtom - 1))) & (wg::kSwizzleAtom - 1));
-}
-
-// Copies ROWS x (8 CHUNKS) fp16 at g (leading dimension ld) into 128-byte swizzled shared memory at s: 16-byte chunk
-// c of row r lands in 64-column block c / 8 (block_bytes apart) at wg::swizzle128(r, c % 8). Zeros outside
-// [0, rows_valid) x [0, cols_valid); VEC / L1 as in load_tile.
-template <bool VEC, bool L1, int CHUNKS>
-__device__ __forceinline__ void load_tile_sw(unsigned char* s, uint32_t block_bytes, const __half* g, int ld, int rows,
-                                             int rows_valid, int cols_valid, int tid, int nthreads) {
-  for (int u = tid; u < rows * CHUNKS; u += nthreads) {
-    const int r = u / CHUNKS, c = u % CHUNKS;
-    unsigned char* dst = s + (c >> 3) * block_bytes + wg::swizzle128(r, c & 7);
-    const __half* src = g + static_cast<size_t>(r) * ld + c * 8;
-    if constexpr (VEC) {
-      const bool ok = r < rows_valid && c * 8 < cols_valid;
-      tc::cp_async16_zfill<L1>(dst, ok ? src : g, ok);
-    } else {
-      alignas(16) __half v[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = (r < rows_valid && c * 8 + e < cols_valid) ? src[e] : __float2half_rn(0.f);
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(v);
-    }
-  }
-}
-
-// The B chunk starting at k row k0 of the CTA's strip: rows [k0, k0 + krows), zero rows up to the k tile.
-template <bool VEC, bool L1>
-__device__ __forceinline__ void load_b_chunk(unsigned char* bchunk, const GemmParams& p, int k0, int krows, int n0, int tid, int nthreads) {
-  const int rows = (krows + kBK - 1) / kBK * kBK;
-  load_tile_sw<VEC, L1, kBN / 8>(bchunk, kBBlockBytes, p.b + static_cast<size_t>(k0) * p.n + n0, p.n, rows, krows, p.n - n0, tid, nthreads);
-}
-
-// The ROWS x 64 A tile at rows m0.., columns kc.. by element loads (rows not 16-byte aligned); zeros past m and past
-// cols_valid columns (the end of k).
-template <int ROWS>
-__device__ __forceinline__ void load_a_tile(unsigned char* stage, const GemmParams& p, int m0, int kc, int cols_valid, int tid, int nthreads) {
-  load_tile_sw<false, false, kBK / 8>(stage, 0, p.a + static_cast<size_t>(m0) * p.k + kc, p.k, ROWS, p.m - m0, cols_valid, tid, nthreads);
-}
-
-// The same tile by TMA (one thread; p.a_map's box is ROWS x 64): the copy unit zero-fills rows past m and columns
-// past k, and completes the tile's bytes on `full`.
-template <int ROWS>
-__device__ __forceinline__ void tma_a_tile(unsigned char* stage, uint64_t* full, const GemmParams& p, int m0, int kc) {
-  wg::mbar_arrive_expect_tx(full, ROWS * wg::kSwizzleRow);
-  wg::tma_load_2d(stage, &p.a_map, kc, m0, full);
-}
-
-// acc (+)= the 64 A rows at a_rows x k tile kt of the B chunk, for the calling warpgroup; `first` starts the sum at
-// zero. Committed as one wgmma group, not waited for.
-__device__ __forceinline__ void wg_mma_step(float (&acc)[kWgAccum], const unsigned char* a_rows, const unsigned char* bchunk, int kt, bool first) {
-  wg::fence();
-#pragma unroll
-  for (int ks = 0; ks < kBK / 16; ++ks) {
-    const uint64_t da = wg::desc128(a_rows + ks * 32, 16, wg::kSwizzleAtom);
-    const uint64_t db = wg::desc128(bchunk + (kt * kBK + ks * 16) * wg::kSwizzleRow, kBBlockBytes, wg::kSwizzleAtom);
-    wg::mma_m64n128k16(acc, da, db, !first || ks > 0);
-  }
-  wg::commit();
-}
-
-// Calls f(h, row, col) for this thread's two fragment rows (h = 0, 1: 8 rows apart) of the warpgroup's 64 x 128 block
-// at rows row0.., columns n0..: row `row` holds the pairs acc[4 j + 2 h], acc[4 j + 2 h + 1] at columns col + 8 j,
-// col + 8 j + 1 (layout in wgmma.cuh). One row pointer serves all 16 pairs, so their addresses are immediate offsets.
-template <typename F>
-__device__ __forceinline__ void for_wg_rows(int row0, int n0, int warp, int lane, F&& f) {
-  const int row = row0 + (warp % 4) * 16 + (lane >> 2), col = n0 + 2 * (lane & 3);
-  f(0, row, col);
-  f(1, row + 8, col);
-}
-
-// Pulls the 128-byte line at p into L2 (normal priority: the partial C is read once more, soon).
-__device__ __forceinline__ void prefetch_line(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
-
-__device__ __forceinline__ float* partial_tile(const GemmParams& p, int split) {
-  return p.part + static_cast<size_t>(split) * p.m * p.ldp;
-}
-
-// Pulls the block's partial C of earlier chunks into L2 when its k loop starts, so the end of the block reads it from
-// L2. (Holding it in registers across the k loop was slower: the wgmma fence waits for those loads; session 38.)
-__device__ __forceinline__ void prefetch_partial(bool first, const float* part, const GemmParams& p, int row0, int n0, int warp, int lane) {
-  if (first) return;
-  // The four lanes sharing a fragment row cover its 128 floats: one of them pulls the row's four 128-byte lines.
-  for_wg_rows(row0, n0, warp, lane, [&](int, int row, int col) {
-    if (row < p.m && (lane & 3) == 0) {
-      const float* q = part + static_cast<size_t>(row) * p.ldp + col;
-      prefetch_line(q);
-      prefetch_line(q + 32);
-      prefetch_line(q + 64);
-      prefetch_line(q + 96);
-    }
-  });
-}
-
-// Waits for the warpgroup's wgmma, adds the partial C of earlier chunks (unless first) and stores the block into the
-// split's partial C.
-__device__ __forceinline__ void finish_block(float (&acc)[kWgAccum], bool first, float* part, const GemmParams& p, int row0, int n0, int warp, int lane) {
-  wg::wait<0>();
-  wg::touch(acc);
-  for_wg_rows(row0, n0, warp, lane, [&](int h, int row, int col) {
-    if (row < p.m) {
-      float2* q = reinterpret_cast<float2*>(part + static_cast<size_t>(row) * p.ldp + col);
-      if (!first) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const float2 v = __ldcg(q + 4 * j);
-          acc[4 * j + 2 * h] += v.x;
-          acc[4 * j + 2 * h + 1] += v.y;
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 16; ++j) __stcg(q + 4 * j, make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
-    }
-  });
-}
-
-// A CTA's share of a strip: chunks [begin, end) of split `split`.
-__device__ __forceinline__ void split_range(const GemmParams& p, int split, int& begin, int& end) {
-  begin = static_cast<int>(static_cast<int64_t>(split) * p.chunks / p.k_splits);
-  end = static_cast<int>(static_cast<int64_t>(split + 1) * p.chunks / p.k_splits);
-}
-
-// grid (ceil(n / 128) * k_splits), 256 threads (two warpgroups, which also load), smem kTiledSmem. One 128-row A ring
-// shared by both warpgroups (rows [64 w, 64 w + 64) of each tile are warpgroup w's), refilled after a CTA barrier;
-// A tiles by TMA (p.a_map box 128 x 64) when VEC.
-template <bool VEC, bool L1>
-__global__ void __launch_bounds__(kThreads, 1) gemm_tiled_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(VEC || !L1, "the L1 form is a cp.async: 16-byte path only");
-  extern __shared__ unsigned char smem_sw[];
-  unsigned char* bchunk = align_atom(smem_sw);
-  unsigned char* as = bchunk + kBChunkBytes;
-  uint64_t* a_full = reinterpret_cast<uint64_t*>(as + kWgStages * kATileBytes);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wgi = wg::warpgroup_index();
-  const int split = blockIdx.x % p.k_splits, n0 = (blockIdx.x / p.k_splits) * kBN;
-  const int mtiles = (p.m + kBM - 1) / kBM;
-  float* part = partial_tile(p, split);
-  int c_begin, c_end;
-  split_range(p, split, c_begin, c_end);
-  if (VEC && threadIdx.x == 0) {
-    for (int s = 0; s < kWgStages; ++s) tc::mbar_init(a_full + s, 1);
-    wg::fence_mbarrier_init();
-  }
-  float acc[kWgAccum];
-  int g = 0;  // A ring position, continuous over the CTA's chunks
-  for (int c = c_begin; c < c_end; ++c) {
-    const int k0 = c * kChunkK, krows = min(kChunkK, p.k - k0), ktiles = (krows + kBK - 1) / kBK;
-    __syncthreads();  // every wgmma of the previous chunk has been waited for (and the mbarriers are initialised)
-    load_b_chunk<VEC, L1>(bchunk, p, k0, krows, n0, threadIdx.x, kThreads);
-    cp_async_commit();
-    tc::cp_async_wait_all();
-    wg::fence_proxy_async();
-    __syncthreads();
-    const bool first = c == c_begin;
-    const int steps = mtiles * ktiles;  // (row tile, k tile) pairs, A tiles streamed in this order
-    for (int s = 0; s < kWgAhead && s < steps; ++s) {
-      const int st = (g + s) % kWgStages, m0 = (s / ktiles) * kBM, kt = s % ktiles;
-      if constexpr (VEC) {
-        if (threadIdx.x == 0) tma_a_tile<kBM>(as + st * kATileBytes, a_full + st, p, m0, k0 + kt * kBK);
-      } else {
-        load_a_tile<kBM>(as + st * kATileBytes, p, m0, k0 + kt * kBK, krows - kt * kBK, threadIdx.x, kThreads);
-      }
-    }
-    // Row tiles outer, k tiles inner, so every k step ends in the same wgmma state (one group in flight) and the
-    // tile's end in none: ptxas then keeps the wgmma of step i running while step i + 1 is set up (a loop whose
-    // steps end in either state got a full wait injected at every step).
-    for (int t = 0, i = 0; t < mtiles; ++t) {
-      const int row0 = t * kBM + wgi * 64;
-      prefetch_partial(first, part, p, row0, n0, warp, lane);
-      for (int kt = 0; kt < ktiles; ++kt, ++i, ++g) {
-        const int st = g % kWgStages;
-        if constexpr (VEC) {
-          tc::mbar_wait(a_full + st, (g / kWgStages) & 1);
-        } else {
-          wg::fence_proxy_async();
-        }
-        // A tile i landed for everyone, and the wgmma of step i - 2, which read the stage refilled next, is done
-        // in both warpgroups (each waited for it in step i - 1).
-        __syncthreads();
-        if (i + kWgAhead < steps) {
-          const int nst = (g + kWgAhead) % kWgStages, ni = i + kWgAhead, m0 = (ni / ktiles) * kBM, nkt = ni % ktiles;
-          if constexpr (VEC) {
-            if (threadIdx.x == 0) tma_a_tile<kBM>(as + nst * kATileBytes, a_full + nst, p, m0, k0 + nkt * kBK);
-          } else {
-            load_a_tile<kBM>(as + nst * kATileBytes, p, m0, k0 + nkt * kBK, krows - nkt * kBK, threadIdx.x, kThreads);
-          }
-        }
-        wg_mma_step(acc, as + st * kATileBytes + wgi * kARowsBytes, bchunk, kt, kt == 0);
-        wg::wait<1>();  // step i - 1 done; step i may run on
-      }
-      finish_block(acc, first, part, p, row0, n0, warp, lane);
-    }
-  }
-}
-
-// Registers per thread after the split: the producer warpgroup needs few, the consumers hold the accumulators.
-// 128 x (2 x 232 + 40) = 64,512 of the SM's 65,536.
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-constexpr int kPipeThreads = kThreads + 128;
-
-// A producer thread's hand-off of a buffer it filled (its cp.async landed, or plain stores): the proxy fence makes the
-// bytes visible to wgmma, and the arrival (a release) orders everything the thread saw before it, so a consumer that
-// waits on `bar` also sees what the producer had acquired: the partial C stored by the other warpgroup before it
-// released the previous B chunk (an arrival triggered by cp.async completion carries no such ordering).
-__device__ __forceinline__ void producer_arrive(uint64_t* bar) {
-  wg::fence_proxy_async();
-  tc::mbar_arrive(bar);
-}
-
-// One arrival per consumer warp on `bar` once the whole warp is past its reads of the buffer (or its turn).
-__device__ __forceinline__ void warp_arrive(uint64_t* bar, int lane) {
-  __syncwarp();
-  if (lane == 0) tc::mbar_arrive(bar);
-}
-
-// grid (ceil(n / 128) * k_splits), 384 threads, smem kPipeSmem. Warp specialisation with ping-pong consumers:
-// - the C strip of each chunk is cut into 64-row blocks, taken by the two consumer warpgroups in turn (block b of
-//   the CTA's whole sequence, over all its chunks, is warpgroup b % 2's), each with its own A ring of 64-row tiles;
-// - the warpgroups take turns at the tensor cores (`turn` mbarriers): one issues all the wgmma of its block and hands
-//   the turn over, then stores its block while the other computes, so stores overlap math;
-// - producer warp 8 + w fills ring w (one thread by TMA, box 64 x 64, when VEC; the warp's lanes otherwise), warps 10
-//   and 11 load each B chunk once its last reader is done and pull the next one into L2.
-template <bool VEC, bool L1>
-__global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(VEC || !L1, "the L1 form is a cp.async: 16-byte path only");
-  extern __shared__ unsigned char smem_sw[];
-  unsigned char* bchunk = align_atom(smem_sw);
-  unsigned char* rings = bchunk + kBChunkBytes;  // [2][kPipeStages][64 rows]
-  uint64_t* full = reinterpret_cast<uint64_t*>(rings + 2 * kPipeStages * kARowsBytes);  // [2][kPipeStages]
-  uint64_t* empty = full + 2 * kPipeStages;                                             // [2][kPipeStages]
-  uint64_t* b_full = empty + 2 * kPipeStages;
-  uint64_t* b_empty = b_full + 1;
-  uint64_t* turn = b_empty + 1;  // [2]: warpgroup w may issue its next block's wgmma
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wgi = wg::warpgroup_index();
-  const int split = blockIdx.x % p.k_splits, n0 = (blockIdx.x / p.k_splits) * kBN;
-  const int blocks = (p.m + 63) / 64;  // 64-row blocks of C per chunk
-  int c_begin, c_end;
-  split_range(p, split, c_begin, c_end);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 2 * kPipeStages; ++s) {
-      tc::mbar_init(full + s, VEC ? 1 : 32);  // the TMA issuer's arrival, or one per lane of the ring's producer warp
-      tc::mbar_init(empty + s, 4);            // one per warp of the ring's consumer warpgroup
-    }
-    tc::mbar_init(b_full, 64);                    // one per B-loading producer thread
-    tc::mbar_init(b_empty, kConsumerWarps);       // one per consumer warp
-    tc::mbar_init(turn, 4);
-    tc::mbar_init(turn + 1, 4);
-    wg::fence_mbarrier_init();
-  }
-  __syncthreads();
-
-  if (wgi == 2) {  // producer warpgroup
-    wg::set_max_regs_dec<kProducerRegs>();
-    const int pw = warp - kConsumerWarps;  // 0, 1: ring producers; 2, 3: B chunk
-    if (pw >= 2) {
-      const int tid = threadIdx.x - kThreads - 64;
-      for (int c = c_begin, u = 0; c < c_end; ++c, ++u) {
-        const int k0 = c * kChunkK, krows = min(kChunkK, p.k - k0);
-        if (u > 0) tc::mbar_wait(b_empty, (u - 1) & 1);
-        load_b_chunk<VEC, L1>(bchunk, p, k0, krows, n0, tid, 64);
-        if (p.prefetch && c + 1 < c_end) {  // the next chunk crosses the link while this one is computed
-          const int nk0 = k0 + kChunkK, nrows = min(kChunkK, p.k - nk0);
-          const int lines = (min(kBN, p.n - n0) * 2 + 127) / 128;
-          for (int u2 = tid; u2 < nrows * lines; u2 += 64) {
-            tc::prefetch_l2(p.b + static_cast<size_t>(nk0 + u2 / lines) * p.n + n0 + (u2 % lines) * 64);
-          }
-        }
-        if constexpr (VEC) tc::cp_async_wait_all();  // the prefetches above are already on their way
-        producer_arrive(b_full);
-      }
-    } else if (!VEC || lane == 0) {
-      unsigned char* ring = rings + pw * kPipeStages * kARowsBytes;
-      uint64_t *rfull = full + pw * kPipeStages, *rempty = empty + pw * kPipeStages;
-      int i = 0;  // ring position
-      for (int c = c_begin, u = 0; c < c_end; ++c, ++u) {
-        const int k0 = c * kChunkK, krows = min(kChunkK, p.k - k0), ktiles = (krows + kBK - 1) / kBK;
-        for (int b = (pw + u * blocks) % 2; b < blocks; b += 2) {  // this ring's blocks of the chunk
-          for (int kt = 0; kt < ktiles; ++kt, ++i) {
-            const int s = i % kPipeStages;
-            if (i >= kPipeStages) tc::mbar_wait(rempty + s, ((i / kPipeStages) - 1) & 1);
-            if constexpr (VEC) {
-              tma_a_tile<64>(ring + s * kARowsBytes, rfull + s, p, b * 64, k0 + kt * kBK);
-            } else {
-              load_a_tile<64>(ring + s * kARowsBytes, p, b * 64, k0 + kt * kBK, krows - kt * kBK, lane, 32);
-              producer_arrive(rfull + s);
-            }
-          }
-        }
-      }
-    }
-  } else {  // consumer warpgroup wgi
-    wg::set_max_regs_inc<kConsumerRegs>();
-    float* part = partial_tile(p, split);
-    unsigned char* ring = rings + wgi * kPipeStages * kARowsBytes;
-    uint64_t *rfull = full + wgi * kPipeStages, *rempty = empty + wgi * kPipeStages;
-    float acc[kWgAccum];
-    int i = 0, turns = 0;  // ring position; turns taken
-    for (int c = c_begin, u = 0; c < c_end; ++c, ++u) {
-      const int krows = min(kChunkK, p.k - c * kChunkK), ktiles = (krows + kBK - 1) / kBK;
-      const bool first = c == c_begin;
-      tc::mbar_wait(b_full, u & 1);
-      wg::fence_proxy_async();  // the B chunk's generic-proxy writes (cp.async or stores) made visible to wgmma
-      for (int b = (wgi + u * blocks) % 2; b < blocks; b += 2) {
-        const int row0 = b * 64;
-        prefetch_partial(first, part, p, row0, n0, warp, lane);
-        // Warpgroup 0 opens the CTA's sequence; after that each waits until the other has issued its block.
-        if (wgi == 1 || turns > 0) tc::mbar_wait(turn + wgi, (turns - (wgi == 0)) & 1);
-        int held = 0;  // the ring stage of the previous step, whose wgmma may still be reading it
-        for (int kt = 0; kt < ktiles; ++kt, ++i) {
-          const int s = i % kPipeStages;
-          tc::mbar_wait(rfull + s, (i / kPipeStages) & 1);
-          if constexpr (!VEC) wg::fence_proxy_async();  // TMA writes are already in the async proxy
-          wg_mma_step(acc, ring + s * kARowsBytes, bchunk, kt, kt == 0);
-          wg::wait<1>();
-          if (kt > 0) warp_arrive(rempty + held, lane);
-          held = s;
-        }
-        warp_arrive(turn + (1 - wgi), lane);  // every wgmma of this block is issued: the other warpgroup's turn
-        ++turns;
-        finish_block(acc, first, part, p, row0, n0, warp, lane);
-        warp_arrive(rempty + held, lane);
-      }
-      warp_arrive(b_empty, lane);  // every wgmma reading this chunk has been waited for
-    }
-  }
-}
-
-// C[row, col] = sum over the k-splits of the partial C, converted to OutT. One thread per element.
-template <typename OutT>
-__global__ void gemm_reduce_kernel(const GemmParams p) {
-  const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= static_cast<size_t>(p.m) * p.n) return;
-  const int row = static_cast<int>(idx / p.n), col = static_cast<int>(idx % p.n);
-  float sum = 0.f;
-  for (int s = 0; s < p.k_splits; ++s) sum += __ldcg(p.part + (static_cast<size_t>(s) * p.m + row) * p.ldp + col);
-  static_cast<OutT*>(p.c)[idx] = from_float(sum, OutT());
 }
 
 // The stream variant's panel copy by SM loads (copy "sm", beyond the paper): `height` rows of `width` T's, row

@@ -1,4 +1,5 @@
-"""CUDA GEMM case study: C = A B with B in pinned host memory (csrc/include/directkv/gemm_case_study.cuh).
+"""CUDA GEMM case study: C = A B with B in pinned host memory (csrc/include/directkv/gemm_case_study.cuh,
+gemm_stationary.cuh).
 
 Variants
 --------
