@@ -20,6 +20,7 @@ from directkv.errors import ConfigError
 from directkv.kernels.cuda.gemm_case_study import (
     HOST_LOADS,
     KERNEL_VARIANTS,
+    PREFETCHES,
     VARIANTS,
     HostPanels,
     gemm,
@@ -110,7 +111,7 @@ WGMMA_EDGES = [
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no_prefetch"])
+@pytest.mark.parametrize("prefetch", PREFETCHES)
 @pytest.mark.parametrize("variant", ["tiled", "pipelined"])
 @pytest.mark.parametrize("shape", WGMMA_EDGES, ids=lambda s: "x".join(map(str, s)))
 def test_gemm_wgmma_block_hand_out(shape, variant, prefetch):
@@ -162,6 +163,8 @@ def test_gemm_rejects_bad_host_load_before_touching_cuda():
     a = torch.randn(64, 64).half()
     with pytest.raises(ConfigError, match=r"host_load 'lru'; valid: ca, cg"):
         gemm(a, a, variant="tiled", host_load="lru")
+    with pytest.raises(ConfigError, match=r"prefetch True; valid: hint, load, none"):
+        gemm(a, a, variant="pipelined", prefetch=True)
     with pytest.raises(ConfigError, match="CUDA tensor"):
         gemm(a, a, variant="tiled", host_load="ca")
 

@@ -10,7 +10,7 @@ namespace py = pybind11;
 
 namespace directkv {
 void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, int m, int n, int k, int ldp,
-                         int k_splits, int variant, bool prefetch, int out_dtype, int host_load, uintptr_t stream);
+                         int k_splits, int variant, int prefetch, int out_dtype, int host_load, uintptr_t stream);
 std::string gemm_pointer_tier(uintptr_t ptr);
 void gemm_copy_panel_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, size_t src_pitch, size_t width_bytes,
                            size_t height, uintptr_t stream);

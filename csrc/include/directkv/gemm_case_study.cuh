@@ -50,8 +50,10 @@ struct GemmParams {
   int m, n, k, ldp;  // ldp = 128 * ceil(n / 128): partial rows padded so every fragment store is in bounds
   int k_splits;      // tiled / pipelined: CTAs per column strip (<= chunks)
   int chunks;        // ceil(k / kChunkK)
-  int prefetch;      // pipelined: prefetch the next B chunk into L2
+  int prefetch;      // pipelined: how the next B chunk is pulled into L2 (kPrefetch*)
 };
+
+constexpr int kPrefetchNone = 0, kPrefetchHint = 1, kPrefetchLoad = 2;  // = the index in Python's PREFETCHES
 
 // Copies ROWS x (8 CHUNKS) fp16 at g (leading dimension ld) into shared memory, 16-byte chunk c of row r to
 // dst(r, c); elements outside [0, rows_valid) x [0, cols_valid) read as zeros. VEC: 16-byte cp.async (needs

@@ -128,6 +128,34 @@ __device__ __forceinline__ void finish_block(float (&acc)[kWgAccum], bool first,
   });
 }
 
+// Pulls the B chunk at k row k0 of the CTA's strip into L2, by the 64 B-loading producer threads: prefetch hints
+// (kPrefetchHint, one a 128-byte line) or plain loads whose values are dropped (kPrefetchLoad, one a 32-byte sector,
+// kTouchDepth in flight a thread), which L2 must serve, where a hint may be dropped.
+constexpr int kTouchDepth = 8;
+__device__ __forceinline__ void prefetch_b_chunk(const GemmParams& p, int k0, int n0, int tid) {
+  const int rows = min(kChunkK, p.k - k0), bytes = min(kBN, p.n - n0) * 2;
+  const __half* base = p.b + static_cast<size_t>(k0) * p.n + n0;
+  if (p.prefetch == kPrefetchHint) {
+    const int lines = (bytes + 127) / 128;
+    for (int u = tid; u < rows * lines; u += 64) tc::prefetch_l2(base + static_cast<size_t>(u / lines) * p.n + (u % lines) * 64);
+    return;
+  }
+  // 4-byte loads at each sector's start (rows start 2-byte aligned, so a 4-byte load could straddle: use 2 bytes)
+  const int sectors = (bytes + 31) / 32, total = rows * sectors;
+  unsigned short sink = 0;
+  for (int u0 = tid; u0 < total; u0 += 64 * kTouchDepth) {
+    unsigned short v[kTouchDepth];
+#pragma unroll
+    for (int d = 0; d < kTouchDepth; ++d) {
+      const int u = u0 + d * 64;
+      v[d] = u < total ? __ldcg(reinterpret_cast<const unsigned short*>(base + static_cast<size_t>(u / sectors) * p.n + (u % sectors) * 16)) : 0;
+    }
+#pragma unroll
+    for (int d = 0; d < kTouchDepth; ++d) sink ^= v[d];
+  }
+  if (sink == 0x1234 && tid == 64) asm volatile("" ::"h"(sink));  // keeps the loads: their values are otherwise unused
+}
+
 // A CTA's share of a strip: chunks [begin, end) of split `split`.
 __device__ __forceinline__ void split_range(const GemmParams& p, int split, int& begin, int& end) {
   begin = static_cast<int>(static_cast<int64_t>(split) * p.chunks / p.k_splits);
@@ -271,15 +299,11 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
         const int k0 = c * kChunkK, krows = min(kChunkK, p.k - k0);
         if (u > 0) tc::mbar_wait(b_empty, (u - 1) & 1);
         load_b_chunk<VEC, L1>(bchunk, p, k0, krows, n0, tid, 64);
-        if (p.prefetch && c + 1 < c_end) {  // the next chunk crosses the link while this one is computed
-          const int nk0 = k0 + kChunkK, nrows = min(kChunkK, p.k - nk0);
-          const int lines = (min(kBN, p.n - n0) * 2 + 127) / 128;
-          for (int u2 = tid; u2 < nrows * lines; u2 += 64) {
-            tc::prefetch_l2(p.b + static_cast<size_t>(nk0 + u2 / lines) * p.n + n0 + (u2 % lines) * 64);
-          }
-        }
-        if constexpr (VEC) tc::cp_async_wait_all();  // the prefetches above are already on their way
+        if constexpr (VEC) tc::cp_async_wait_all();
         producer_arrive(b_full);
+        // The next chunk crosses the link while this one is computed. Issued only now: prefetches issued beside
+        // the chunk's own loads shared the link with them and delayed the chunk (no gain measured, 2026-12-04).
+        if (p.prefetch != kPrefetchNone && c + 1 < c_end) prefetch_b_chunk(p, k0 + kChunkK, n0, tid);
       }
     } else if (!VEC || lane == 0) {
       unsigned char* ring = rings + pw * kPipeStages * kARowsBytes;

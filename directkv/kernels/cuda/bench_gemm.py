@@ -39,7 +39,8 @@ KERNELS = {
     "tiled:cg": {"host_load": "cg"},  # B copied to L2 only (cp.async.cg); tiled / pipelined use .ca (through L1)
     "pipelined": {},
     "pipelined:cg": {"host_load": "cg"},
-    "pipelined:no_prefetch": {"prefetch": False},
+    "pipelined:no_prefetch": {"prefetch": "none"},
+    "pipelined:load": {"prefetch": "load"},  # the next chunk pulled into L2 by plain loads, not prefetch hints
     "tiled:b_hbm": {"_b": "hbm"},
     "raster": {},  # naive's kernel, CTAs down the m tiles first: does L2 serve B's repeats from host memory?
     "raster:b_hbm": {"_b": "hbm"},  # its on-chip time

@@ -44,7 +44,7 @@ stream    : beyond the paper, no kernel of ours: the copy engine moves B a colum
             gemm_graph.capture_gemm captures a call once and replays it as one graph: 16 panels from a graph met
             the target at both sizes in both of those runs (0.93-0.96x), within 1.3% of each other.
 
-The k-split plan is host-side arithmetic on the SM count: enough CTAs to fill the GPU in few waves.
+The k-split plan (plan_k_splits) gives each CTA one 512-row chunk of B as far as the partial-C workspace allows.
 
 host_load picks the cp.async form that copies B (every variant): "ca" goes through L1 (the default), "cg"
 caches in L2 only. Measured on the H200 (2026-11-29, 10240^3, one run): ca 17.1 ms and 229 MB of PCIe reads
@@ -77,6 +77,7 @@ TILE_M, TILE_N, TILE_K = 128, 128, 64
 CHUNK_K = 512  # B rows per stationary chunk (tiled, pipelined)
 OUT_CODES = {torch.float16: 0, torch.float32: 2}
 HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/directkv/dispatch.h)
+PREFETCHES = ("none", "hint", "load")  # index = the kernel's kPrefetch* code (pipelined)
 WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most, or WORKSPACE_SHARE of the GPU's memory if that is more
 WORKSPACE_SHARE = 8  # ... 1 / WORKSPACE_SHARE of it (H200: 17.6 GB, one chunk a CTA at 10240^3: 8.4 GB)
 STREAM_SLOTS = 2  # ring slots: the copy engine fills one while cuBLAS reads the other
@@ -227,7 +228,7 @@ def gemm(
     tile_n: int = TILE_N,
     tile_k: int = TILE_K,
     k_splits: int | None = None,
-    prefetch: bool = True,
+    prefetch: str = "hint",
     host_load: str = "ca",
     split: str = "n",
     panel: int | None = None,
@@ -247,7 +248,9 @@ def gemm(
     out : optional `[M, N]` contiguous CUDA output, fp16 or fp32 (default fp16).
     tile_m, tile_n, tile_k : must be 128, 128, 64 (the kernels' tiles).
     k_splits : tiled / pipelined: force the CTAs per column strip; None plans it (plan_k_splits).
-    prefetch : pipelined: prefetch the next B chunk into L2 while computing the current one.
+    prefetch : pipelined: how the producer pulls the CTA's next B chunk into L2 while the current one is computed,
+        once the current one has landed: "hint" (prefetch.global.L2 per 128-byte line), "load" (plain loads whose
+        values are dropped, one per 32-byte sector) or "none".
     host_load : "ca" (through L1, default) or "cg" (L2 only): how B tiles are copied (module docstring).
     split : stream only: "n" cuts B into column panels, each a 2-D copy of K rows (C's columns written once);
         "k" cuts it into row panels, each one contiguous copy, and C (float16 only) is accumulated over
@@ -271,6 +274,8 @@ def gemm(
         raise unknown_name("gemm variant", variant, VARIANTS)
     if host_load not in HOST_LOADS:
         raise unknown_name("gemm host_load", host_load, HOST_LOADS)
+    if prefetch not in PREFETCHES:
+        raise unknown_name("gemm prefetch", prefetch, PREFETCHES)
     if split not in SPLITS:
         raise unknown_name("gemm split", split, SPLITS)
     check(variant == "stream" or (panel is None and copy_streams == 1 and split == "n"), f"split / panel / "
@@ -325,7 +330,7 @@ def gemm(
         part = torch.empty(splits, m, ldp, dtype=torch.float32, device=a.device)
     build.load("gemm_case_study").run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if part is None else part.data_ptr(), m, n, k, ldp, splits,
-        KERNEL_VARIANTS.index(variant), bool(prefetch), OUT_CODES[out.dtype], HOST_LOADS.index(host_load),
+        KERNEL_VARIANTS.index(variant), PREFETCHES.index(prefetch), OUT_CODES[out.dtype], HOST_LOADS.index(host_load),
         torch.cuda.current_stream(a.device).cuda_stream,
     )  # fmt: skip
     schedule = "naive" if variant in OUTPUT_STATIONARY else variant
