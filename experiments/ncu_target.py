@@ -70,6 +70,8 @@ def call(op: str, variant: str, context: int, batch: int, q_len: int):
         return read_probe(host_bytes(op, context, batch))
     variant, _, detail = variant.partition(":")
     opts = {"host_load": detail} if detail in ("ca", "cg") else {}  # prefill / GEMM host-load mode
+    if detail == "load":  # the GEMM's next-chunk prefetch by plain loads
+        opts = {"prefetch": detail}
     if op == "gemm":
         a = torch.randn(context, context, dtype=torch.float16, device="cuda")
         b_host = pinned_empty((context, context), torch.float16)
