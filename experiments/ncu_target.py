@@ -69,9 +69,14 @@ def call(op: str, variant: str, context: int, batch: int, q_len: int):
     if variant == "read_probe":
         return read_probe(host_bytes(op, context, batch))
     variant, _, detail = variant.partition(":")
-    opts = {"host_load": detail} if detail in ("ca", "cg") else {}  # prefill / GEMM host-load mode
-    if detail == "load":  # the GEMM's next-chunk prefetch by plain loads
-        opts = {"prefetch": detail}
+    opts = {}
+    for d in filter(None, detail.split(":")):
+        if d in ("ca", "cg"):  # prefill / GEMM host-load mode
+            opts["host_load"] = d
+        elif d == "load":  # the GEMM's next-chunk prefetch by plain loads
+            opts["prefetch"] = d
+        elif d == "atomic":  # the GEMM's chunks added into one fp32 C
+            opts["accumulate"] = d
     if op == "gemm":
         a = torch.randn(context, context, dtype=torch.float16, device="cuda")
         b_host = pinned_empty((context, context), torch.float16)

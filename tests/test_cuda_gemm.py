@@ -18,6 +18,7 @@ import torch
 
 from directkv.errors import ConfigError
 from directkv.kernels.cuda.gemm_case_study import (
+    ACCUMULATES,
     HOST_LOADS,
     KERNEL_VARIANTS,
     PREFETCHES,
@@ -90,14 +91,17 @@ def test_gemm_matches_float64(shape, variant, out_dtype, host_load):
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("accumulate", ACCUMULATES)
 @pytest.mark.parametrize("host_load", HOST_LOADS)
 @pytest.mark.parametrize("variant", ["tiled", "pipelined"])
-@pytest.mark.parametrize("k_splits", [1, 2])
-def test_gemm_partial_c_round_trips(variant, k_splits, host_load):
-    """Forced few k-splits: each CTA owns several chunks and read-modify-writes its partial C."""
+@pytest.mark.parametrize("k_splits", [1, 2, None], ids=["s1", "s2", "planned"])
+def test_gemm_partial_c_round_trips(variant, k_splits, host_load, accumulate):
+    """Forced few k-splits: each CTA owns several chunks and read-modify-writes its partial C (or adds each chunk's
+    product into the one fp32 C); planned: one chunk a CTA."""
     for m, n, k in [(1000, 777, 1111), (300, 520, 2048)]:
         a = torch.randn(m, k, device="cuda").half()
-        check_product(a, host_b(k, n), variant, torch.float16, k_splits=k_splits, host_load=host_load)
+        check_product(a, host_b(k, n), variant, torch.float16, k_splits=k_splits, host_load=host_load,
+                      accumulate=accumulate)
 
 
 # Edge cases of the wgmma kernels' block hand-out, one split so a CTA walks every chunk: (m, n, k)
@@ -117,7 +121,9 @@ WGMMA_EDGES = [
 def test_gemm_wgmma_block_hand_out(shape, variant, prefetch):
     m, n, k = shape
     a = torch.randn(m, k, device="cuda").half()
-    check_product(a, host_b(k, n), variant, torch.float32, k_splits=1, prefetch=prefetch)
+    b = host_b(k, n)
+    check_product(a, b, variant, torch.float32, k_splits=1, prefetch=prefetch)
+    check_product(a, b, variant, torch.float32, k_splits=1, prefetch=prefetch, accumulate="atomic")
 
 
 @pytest.mark.gpu
@@ -165,6 +171,8 @@ def test_gemm_rejects_bad_host_load_before_touching_cuda():
         gemm(a, a, variant="tiled", host_load="lru")
     with pytest.raises(ConfigError, match=r"prefetch True; valid: hint, load, none"):
         gemm(a, a, variant="pipelined", prefetch=True)
+    with pytest.raises(ConfigError, match=r"accumulate 'sum'; valid: atomic, splits"):
+        gemm(a, a, variant="tiled", accumulate="sum")
     with pytest.raises(ConfigError, match="CUDA tensor"):
         gemm(a, a, variant="tiled", host_load="ca")
 

@@ -122,7 +122,8 @@ void launch(GemmParams& p, int variant, int out_dtype, int host_load, cudaStream
 }  // namespace
 
 void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, int m, int n, int k, int ldp,
-                         int k_splits, int variant, int prefetch, int out_dtype, int host_load, uintptr_t stream) {
+                         int k_splits, int variant, int prefetch, bool atomic, int out_dtype, int host_load,
+                         uintptr_t stream) {
   require(prefetch >= gemm::kPrefetchNone && prefetch <= gemm::kPrefetchLoad,
           "gemm_case_study: prefetch code " + std::to_string(prefetch) + " must be 0 (none), 1 (hint) or 2 (load)");
   GemmParams p{};
@@ -137,6 +138,7 @@ void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, 
   p.k_splits = k_splits;
   p.chunks = (k + gemm::kChunkK - 1) / gemm::kChunkK;
   p.prefetch = prefetch;
+  p.atomic = atomic ? 1 : 0;
   launch(p, variant, out_dtype, host_load, reinterpret_cast<cudaStream_t>(stream));
 }
 

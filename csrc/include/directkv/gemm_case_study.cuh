@@ -46,11 +46,12 @@ struct GemmParams {
   const __half* a;   // [m, k] HBM
   const __half* b;   // [k, n] pinned host (UVA) or HBM
   void* c;           // [m, n] fp16 or fp32: naive output, reduce output
-  float* part;       // tiled / pipelined: [k_splits, m, ldp] fp32 partial C of each split
+  float* part;       // tiled / pipelined: [k_splits, m, ldp] fp32 partial C of each split; [1, m, ldp], zeroed, when atomic
   int m, n, k, ldp;  // ldp = 128 * ceil(n / 128): partial rows padded so every fragment store is in bounds
   int k_splits;      // tiled / pipelined: CTAs per column strip (<= chunks)
   int chunks;        // ceil(k / kChunkK)
   int prefetch;      // pipelined: how the next B chunk is pulled into L2 (kPrefetch*)
+  int atomic;        // tiled / pipelined: every chunk's product is added into part[0] by red.global.add (no read-back)
 };
 
 constexpr int kPrefetchNone = 0, kPrefetchHint = 1, kPrefetchLoad = 2;  // = the index in Python's PREFETCHES

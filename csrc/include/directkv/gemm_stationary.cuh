@@ -87,13 +87,18 @@ __device__ __forceinline__ void for_wg_rows(int row0, int n0, int warp, int lane
 __device__ __forceinline__ void prefetch_line(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
 __device__ __forceinline__ float* partial_tile(const GemmParams& p, int split) {
-  return p.part + static_cast<size_t>(split) * p.m * p.ldp;
+  return p.part + static_cast<size_t>(p.atomic ? 0 : split) * p.m * p.ldp;
+}
+
+// *q += (x, y) in L2, by one vector reduction (no value comes back, so the thread does not wait for it).
+__device__ __forceinline__ void red_add(float2* q, float x, float y) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(q), "f"(x), "f"(y) : "memory");
 }
 
 // Pulls the block's partial C of earlier chunks into L2 when its k loop starts, so the end of the block reads it from
 // L2. (Holding it in registers across the k loop was slower: the wgmma fence waits for those loads; session 38.)
 __device__ __forceinline__ void prefetch_partial(bool first, const float* part, const GemmParams& p, int row0, int n0, int warp, int lane) {
-  if (first) return;
+  if (first || p.atomic) return;
   // The four lanes sharing a fragment row cover its 128 floats: one of them pulls the row's four 128-byte lines.
   for_wg_rows(row0, n0, warp, lane, [&](int, int row, int col) {
     if (row < p.m && (lane & 3) == 0) {
@@ -107,13 +112,18 @@ __device__ __forceinline__ void prefetch_partial(bool first, const float* part, 
 }
 
 // Waits for the warpgroup's wgmma, adds the partial C of earlier chunks (unless first) and stores the block into the
-// split's partial C.
+// split's partial C; when atomic, adds the block into the shared fp32 C in L2 instead.
 __device__ __forceinline__ void finish_block(float (&acc)[kWgAccum], bool first, float* part, const GemmParams& p, int row0, int n0, int warp, int lane) {
   wg::wait<0>();
   wg::touch(acc);
   for_wg_rows(row0, n0, warp, lane, [&](int h, int row, int col) {
     if (row < p.m) {
       float2* q = reinterpret_cast<float2*>(part + static_cast<size_t>(row) * p.ldp + col);
+      if (p.atomic) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) red_add(q + 4 * j, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        return;
+      }
       if (!first) {
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
@@ -161,10 +171,17 @@ __device__ __forceinline__ void prefetch_b_chunk(const GemmParams& p, int k0, in
 // row at about the same pace, and L2 serves one CTA's A tiles to the others. With strips outer (one strip's splits
 // together), each resident CTA streamed other columns of A, and A's re-reads came from DRAM: ncu, 10240^3, 20
 // splits, 2026-12-04: 17-22 GB of DRAM reads per call, 8.6 GB of them beyond the partial C.
+// When atomic, the other way round: a strip's splits are resident together and add into the same rows of C (5 MB of
+// fp32 a strip at m = 10240), which L2 then keeps between their additions.
 __device__ __forceinline__ void strip_and_split(const GemmParams& p, int& n0, int& split) {
   const int strips = (p.n + kBN - 1) / kBN;
-  n0 = static_cast<int>(blockIdx.x % strips) * kBN;
-  split = static_cast<int>(blockIdx.x / strips);
+  if (p.atomic) {
+    n0 = static_cast<int>(blockIdx.x / p.k_splits) * kBN;
+    split = static_cast<int>(blockIdx.x % p.k_splits);
+  } else {
+    n0 = static_cast<int>(blockIdx.x % strips) * kBN;
+    split = static_cast<int>(blockIdx.x / strips);
+  }
 }
 
 // A CTA's share of a strip: chunks [begin, end) of split `split`.
@@ -375,14 +392,15 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
   }
 }
 
-// C[row, col] = sum over the k-splits of the partial C, converted to OutT. One thread per element.
+// C[row, col] = sum over the k-splits of the partial C (the one sum when atomic), converted to OutT. One thread per
+// element.
 template <typename OutT>
 __global__ void gemm_reduce_kernel(const GemmParams p) {
   const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<size_t>(p.m) * p.n) return;
   const int row = static_cast<int>(idx / p.n), col = static_cast<int>(idx % p.n);
   float sum = 0.f;
-  for (int s = 0; s < p.k_splits; ++s) sum += __ldcg(p.part + (static_cast<size_t>(s) * p.m + row) * p.ldp + col);
+  for (int s = 0; s < (p.atomic ? 1 : p.k_splits); ++s) sum += __ldcg(p.part + (static_cast<size_t>(s) * p.m + row) * p.ldp + col);
   static_cast<OutT*>(p.c)[idx] = from_float(sum, OutT());
 }
 

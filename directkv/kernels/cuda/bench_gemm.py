@@ -42,6 +42,11 @@ KERNELS = {
     "pipelined:no_prefetch": {"prefetch": "none"},
     "pipelined:load": {"prefetch": "load"},  # the next chunk pulled into L2 by plain loads, not prefetch hints
     "tiled:b_hbm": {"_b": "hbm"},
+    # every chunk added into one fp32 C by red.global.add, a strip's CTAs together: L2 absorbs the additions
+    "tiled:cg:atomic": {"host_load": "cg", "accumulate": "atomic"},
+    "pipelined:cg:atomic": {"host_load": "cg", "accumulate": "atomic"},
+    "pipelined:b_hbm": {"_b": "hbm"},
+    "pipelined:b_hbm:atomic": {"_b": "hbm", "accumulate": "atomic"},
     "raster": {},  # naive's kernel, CTAs down the m tiles first: does L2 serve B's repeats from host memory?
     "raster:b_hbm": {"_b": "hbm"},  # its on-chip time
     "stream": {},  # copy-engine panels into a 2-slot HBM ring, cuBLAS per panel (plan_panel_cols)

@@ -78,6 +78,7 @@ CHUNK_K = 512  # B rows per stationary chunk (tiled, pipelined)
 OUT_CODES = {torch.float16: 0, torch.float32: 2}
 HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/directkv/dispatch.h)
 PREFETCHES = ("none", "hint", "load")  # index = the kernel's kPrefetch* code (pipelined)
+ACCUMULATES = ("splits", "atomic")  # tiled / pipelined: how the chunks' products are summed
 WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most, or WORKSPACE_SHARE of the GPU's memory if that is more
 WORKSPACE_SHARE = 8  # ... 1 / WORKSPACE_SHARE of it (H200: 17.6 GB, one chunk a CTA at 10240^3: 8.4 GB)
 STREAM_SLOTS = 2  # ring slots: the copy engine fills one while cuBLAS reads the other
@@ -229,6 +230,7 @@ def gemm(
     tile_k: int = TILE_K,
     k_splits: int | None = None,
     prefetch: str = "hint",
+    accumulate: str = "splits",
     host_load: str = "ca",
     split: str = "n",
     panel: int | None = None,
@@ -251,6 +253,10 @@ def gemm(
     prefetch : pipelined: how the producer pulls the CTA's next B chunk into L2 while the current one is computed,
         once the current one has landed: "hint" (prefetch.global.L2 per 128-byte line), "load" (plain loads whose
         values are dropped, one per 32-byte sector) or "none".
+    accumulate : tiled / pipelined: "splits" (each k-split writes its own fp32 partial C, which a reduce kernel sums)
+        or "atomic" (every chunk's product is added into one zeroed fp32 C by red.global.add, the CTAs of a column
+        strip resident together so L2 holds its rows between their additions; one chunk a CTA, a workspace of one
+        m x n fp32 C whatever the split count; the summation order, and so the last bits, vary from call to call).
     host_load : "ca" (through L1, default) or "cg" (L2 only): how B tiles are copied (module docstring).
     split : stream only: "n" cuts B into column panels, each a 2-D copy of K rows (C's columns written once);
         "k" cuts it into row panels, each one contiguous copy, and C (float16 only) is accumulated over
@@ -276,6 +282,8 @@ def gemm(
         raise unknown_name("gemm host_load", host_load, HOST_LOADS)
     if prefetch not in PREFETCHES:
         raise unknown_name("gemm prefetch", prefetch, PREFETCHES)
+    if accumulate not in ACCUMULATES:
+        raise unknown_name("gemm accumulate", accumulate, ACCUMULATES)
     if split not in SPLITS:
         raise unknown_name("gemm split", split, SPLITS)
     check(variant == "stream" or (panel is None and copy_streams == 1 and split == "n"), f"split / panel / "
@@ -325,12 +333,16 @@ def gemm(
     part, ldp, splits = None, 0, 1
     if variant not in OUTPUT_STATIONARY:
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-        splits = plan_k_splits(m, n, k, workspace=workspace_cap(_total_memory(device)), k_splits=k_splits)
         ldp = math.ceil(n / TILE_N) * TILE_N
-        part = torch.empty(splits, m, ldp, dtype=torch.float32, device=a.device)
+        if accumulate == "atomic":  # one shared sum: no workspace per split
+            splits = plan_k_splits(m, n, k, workspace=m * ldp * 4 * math.ceil(k / CHUNK_K), k_splits=k_splits)
+            part = torch.zeros(1, m, ldp, dtype=torch.float32, device=a.device)
+        else:
+            splits = plan_k_splits(m, n, k, workspace=workspace_cap(_total_memory(device)), k_splits=k_splits)
+            part = torch.empty(splits, m, ldp, dtype=torch.float32, device=a.device)
     build.load("gemm_case_study").run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if part is None else part.data_ptr(), m, n, k, ldp, splits,
-        KERNEL_VARIANTS.index(variant), PREFETCHES.index(prefetch), OUT_CODES[out.dtype], HOST_LOADS.index(host_load),
+        KERNEL_VARIANTS.index(variant), PREFETCHES.index(prefetch), accumulate == "atomic", OUT_CODES[out.dtype], HOST_LOADS.index(host_load),
         torch.cuda.current_stream(a.device).cuda_stream,
     )  # fmt: skip
     schedule = "naive" if variant in OUTPUT_STATIONARY else variant
