@@ -171,13 +171,18 @@ __device__ __forceinline__ void prefetch_b_chunk(const GemmParams& p, int k0, in
 // row at about the same pace, and L2 serves one CTA's A tiles to the others. With strips outer (one strip's splits
 // together), each resident CTA streamed other columns of A, and A's re-reads came from DRAM: ncu, 10240^3, 20
 // splits, 2026-12-04: 17-22 GB of DRAM reads per call, 8.6 GB of them beyond the partial C.
-// When atomic, the other way round: a strip's splits are resident together and add into the same rows of C (5 MB of
-// fp32 a strip at m = 10240), which L2 then keeps between their additions.
+// When atomic, splits in groups of kAtomicGroup, strips inner, the group's splits innermost: the CTAs resident together
+// are a few strips x a group of splits, so each strip's rows of C take the group's additions while L2 holds them, and
+// each split's columns of A serve several strips. (All splits of a strip together kept C in L2 but sent A's re-reads
+// to DRAM: 16.8 GB read a call at 10240^3, 2026-12-04.)
+constexpr int kAtomicGroup = 8;
 __device__ __forceinline__ void strip_and_split(const GemmParams& p, int& n0, int& split) {
   const int strips = (p.n + kBN - 1) / kBN;
   if (p.atomic) {
-    n0 = static_cast<int>(blockIdx.x / p.k_splits) * kBN;
-    split = static_cast<int>(blockIdx.x % p.k_splits);
+    const int per_group = strips * kAtomicGroup, g = static_cast<int>(blockIdx.x) / per_group;
+    const int r = static_cast<int>(blockIdx.x) % per_group, size = min(kAtomicGroup, p.k_splits - g * kAtomicGroup);
+    n0 = r / size * kBN;
+    split = g * kAtomicGroup + r % size;
   } else {
     n0 = static_cast<int>(blockIdx.x % strips) * kBN;
     split = static_cast<int>(blockIdx.x / strips);

@@ -42,7 +42,7 @@ KERNELS = {
     "pipelined:no_prefetch": {"prefetch": "none"},
     "pipelined:load": {"prefetch": "load"},  # the next chunk pulled into L2 by plain loads, not prefetch hints
     "tiled:b_hbm": {"_b": "hbm"},
-    # every chunk added into one fp32 C by red.global.add, a strip's CTAs together: L2 absorbs the additions
+    # every chunk added into one fp32 C by red.global.add, a few strips x 8 splits together: L2 absorbs the additions
     "tiled:cg:atomic": {"host_load": "cg", "accumulate": "atomic"},
     "pipelined:cg:atomic": {"host_load": "cg", "accumulate": "atomic"},
     "pipelined:b_hbm": {"_b": "hbm"},

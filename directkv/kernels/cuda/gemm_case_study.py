@@ -254,9 +254,10 @@ def gemm(
         once the current one has landed: "hint" (prefetch.global.L2 per 128-byte line), "load" (plain loads whose
         values are dropped, one per 32-byte sector) or "none".
     accumulate : tiled / pipelined: "splits" (each k-split writes its own fp32 partial C, which a reduce kernel sums)
-        or "atomic" (every chunk's product is added into one zeroed fp32 C by red.global.add, the CTAs of a column
-        strip resident together so L2 holds its rows between their additions; one chunk a CTA, a workspace of one
-        m x n fp32 C whatever the split count; the summation order, and so the last bits, vary from call to call).
+        or "atomic" (every chunk's product is added into one zeroed fp32 C by red.global.add, the CTAs resident
+        together a few column strips x a group of 8 splits, so L2 holds those rows of C between their additions; one
+        chunk a CTA, a workspace of one m x n fp32 C whatever the split count; the summation order, and so the last
+        bits, vary from call to call).
     host_load : "ca" (through L1, default) or "cg" (L2 only): how B tiles are copied (module docstring).
     split : stream only: "n" cuts B into column panels, each a 2-D copy of K rows (C's columns written once);
         "k" cuts it into row panels, each one contiguous copy, and C (float16 only) is accumulated over
