@@ -75,7 +75,7 @@ def call(op: str, variant: str, context: int, batch: int, q_len: int):
             opts["host_load"] = d
         elif d == "load":  # the GEMM's next-chunk prefetch by plain loads
             opts["prefetch"] = d
-        elif d == "atomic":  # the GEMM's chunks added into one fp32 C
+        elif d == "splits":  # the GEMM's chunks summed by a partial C per k-split
             opts["accumulate"] = d
     if op == "gemm":
         a = torch.randn(context, context, dtype=torch.float16, device="cuda")

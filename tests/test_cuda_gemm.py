@@ -19,6 +19,7 @@ import torch
 from directkv.errors import ConfigError
 from directkv.kernels.cuda.gemm_case_study import (
     ACCUMULATES,
+    HOST_LOAD_DEFAULT,
     HOST_LOADS,
     KERNEL_VARIANTS,
     PREFETCHES,
@@ -162,6 +163,10 @@ def test_gemm_sees_b_rewritten_between_launches(variant, host_load):
     b.copy_(torch.randn(b.shape, device="cuda").half())  # the same pinned bytes, new values
     torch.cuda.synchronize()
     check_product(a, b, variant, torch.float16, host_load=host_load)
+
+
+def test_host_load_default_names_every_variant():
+    assert set(HOST_LOAD_DEFAULT) == set(VARIANTS) and set(HOST_LOAD_DEFAULT.values()) <= set(HOST_LOADS)
 
 
 def test_gemm_rejects_bad_host_load_before_touching_cuda():

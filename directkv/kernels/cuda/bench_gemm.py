@@ -35,18 +35,17 @@ from directkv.kernels.cuda.zero_copy import device_view, pinned_empty
 # "_graph": the call is captured into a CUDA graph at its first (checked) call and replayed after that.
 KERNELS = {
     "naive": {},
-    "tiled": {},
-    "tiled:cg": {"host_load": "cg"},  # B copied to L2 only (cp.async.cg); tiled / pipelined use .ca (through L1)
+    "tiled": {},  # B by cp.async.cg, chunks added into one fp32 C (accumulate "atomic"): the defaults
+    "tiled:ca": {"host_load": "ca"},  # B copied through L1 (cp.async.ca)
+    "tiled:splits": {"accumulate": "splits"},  # a partial C per k-split in DRAM, summed by the reduce kernel
     "pipelined": {},
-    "pipelined:cg": {"host_load": "cg"},
+    "pipelined:ca": {"host_load": "ca"},
+    "pipelined:splits": {"accumulate": "splits"},
     "pipelined:no_prefetch": {"prefetch": "none"},
     "pipelined:load": {"prefetch": "load"},  # the next chunk pulled into L2 by plain loads, not prefetch hints
-    "tiled:b_hbm": {"_b": "hbm"},
-    # every chunk added into one fp32 C by red.global.add, a few strips x 8 splits together: L2 absorbs the additions
-    "tiled:cg:atomic": {"host_load": "cg", "accumulate": "atomic"},
-    "pipelined:cg:atomic": {"host_load": "cg", "accumulate": "atomic"},
+    "tiled:b_hbm": {"_b": "hbm"},  # B in HBM: the kernels' on-chip time with no link in the way
     "pipelined:b_hbm": {"_b": "hbm"},
-    "pipelined:b_hbm:atomic": {"_b": "hbm", "accumulate": "atomic"},
+    "pipelined:b_hbm:splits": {"_b": "hbm", "accumulate": "splits"},
     "raster": {},  # naive's kernel, CTAs down the m tiles first: does L2 serve B's repeats from host memory?
     "raster:b_hbm": {"_b": "hbm"},  # its on-chip time
     "stream": {},  # copy-engine panels into a 2-slot HBM ring, cuBLAS per panel (plan_panel_cols)
@@ -75,7 +74,7 @@ SLOW = ("naive", "cublas_zero_copy")  # B re-read across the link per row tile: 
 REL_ERR_MAX = 5e-3  # fp16 C against cuBLAS's fp16 C: row panels, which round C once per panel, measured 5.6e-4
 # Closed-form link bytes are what the SMs request; for raster, L2 decides what crosses the link (ncu tells)
 SM_REQUESTS_ONLY = ("raster",)
-STATIONARY = ("tiled", "pipelined")  # B-stationary: fp32 partial C through HBM once per chunk (hbm_floor_ms)
+STATIONARY = ("tiled", "pipelined")  # B-stationary: with accumulate "splits", fp32 partial C through DRAM (hbm_floor_ms)
 
 
 def bench_gemm(
@@ -92,8 +91,9 @@ def bench_gemm(
     Returns one row per (size, method): time_ms (median), tflops, link_read_bytes (closed form; None where
     unknown), link_gbps (link_read_bytes, else b_bytes, over time_ms), b_bytes, floor_ms (b_bytes over the
     copy-engine H2D rate), target_ms (1.15 x max(floor_ms, cublas_hbm time)), rel_err against cublas_hbm,
-    the ceilings of this run, status; tiled / pipelined rows also hbm_floor_bytes (stationary_hbm_floor_bytes)
-    and hbm_floor_ms (those bytes at this run's HBM copy rate: no schedule of that kind is faster).
+    the ceilings of this run, status; tiled / pipelined rows with accumulate "splits" also hbm_floor_bytes
+    (stationary_hbm_floor_bytes) and hbm_floor_ms (those bytes at this run's HBM copy rate: no schedule that sends
+    every chunk's partial C through DRAM is faster).
     """
     ceilings = get_ceilings() if ceilings is None else ceilings
     rows: list[dict] = []
@@ -112,7 +112,7 @@ def bench_gemm(
             r["link_gbps"] = moved / (t * 1e-3) / 1e9 if t and moved else None
             r["tflops"] = 2 * m * n * k / (t * 1e-3) / 1e12 if t else None
             r["target_ms"] = 1.15 * max(floors) if floors else None
-            if r["variant"].split(":")[0] in STATIONARY:
+            if r["variant"].split(":")[0] in STATIONARY and KERNELS[r["variant"]].get("accumulate") == "splits":
                 r["hbm_floor_bytes"] = stationary_hbm_floor_bytes(m, n, k)
                 hbm_gbps = ceilings.get("hbm_copy_gbps")
                 r["hbm_floor_ms"] = r["hbm_floor_bytes"] / (hbm_gbps * 1e9) * 1e3 if hbm_gbps else None

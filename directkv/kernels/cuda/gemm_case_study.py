@@ -46,13 +46,22 @@ stream    : beyond the paper, no kernel of ours: the copy engine moves B a colum
 
 The k-split plan (plan_k_splits) gives each CTA one 512-row chunk of B as far as the partial-C workspace allows.
 
-host_load picks the cp.async form that copies B (every variant): "ca" goes through L1 (the default), "cg"
-caches in L2 only. Measured on the H200 (2026-11-29, 10240^3, one run): ca 17.1 ms and 229 MB of PCIe reads
-for 210 MB of B (1.09x), cg 19.1 ms and 366 MB (1.75x); the decode kernel had shown the same (.cg stalled
-near 21 GB/s over host memory, .ca streams at the link's rate). No CTA writes B, so L1's
-lack of coherence within a launch cannot serve stale bytes; A and the partial C stay on "cg". Shapes that
-take the element-load path (K or N not a multiple of 8) copy B through registers, and there the option
-changes nothing.
+host_load picks the cp.async form that copies B (every variant): "ca" goes through L1, "cg" caches in L2 only.
+Default: "ca" for naive / raster, "cg" for tiled / pipelined (HOST_LOAD_DEFAULT). Measured on the H200 (2026-11-29,
+10240^3, one run, the mma.sync kernels of then): ca 17.1 ms and 229 MB of PCIe reads for 210 MB of B (1.09x), cg
+19.1 ms and 366 MB (1.75x); the decode kernel had shown the same (.cg stalled near 21 GB/s over host memory, .ca
+streams at the link's rate). With the wgmma kernels (2026-12-04, five runs at 10240^3) cg was the faster in every
+pair, tiled 8.7-9.1 ms against 9.4-9.9 and pipelined 8.0-9.0 against 8.7-9.2, with the same PCIe bytes as ca
+(ncu: 1.0004x a plain read's). No CTA writes B, so L1's lack of coherence within a launch cannot serve stale bytes;
+A and the partial C stay out of L1. Shapes that take the element-load path (K or N not a multiple of 8) copy B
+through registers, and there the option changes nothing.
+
+accumulate picks how tiled / pipelined sum the chunks' products (default "atomic"): with "splits" every chunk's
+fp32 partial C goes to DRAM and back once (stationary_hbm_floor_bytes: 17.2 GB at 10240^3, 4.1 ms at the H200's
+HBM copy rate against a target of 4.38); with "atomic" L2 absorbs most of the additions. H200, 2026-12-04, 10240^3,
+two runs: pipelined 7.16 / 7.44 ms against 8.01 / 8.36, tiled 7.55 / 7.98 against 8.74 / 9.08, with B in HBM
+pipelined 5.40 / 5.48 against 6.82 / 6.64; ncu: 12.7 GB of DRAM traffic a call against 17.8; 4096^3 1.02 against
+1.06 ms.
 """
 
 from __future__ import annotations
@@ -79,6 +88,7 @@ OUT_CODES = {torch.float16: 0, torch.float32: 2}
 HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/directkv/dispatch.h)
 PREFETCHES = ("none", "hint", "load")  # index = the kernel's kPrefetch* code (pipelined)
 ACCUMULATES = ("splits", "atomic")  # tiled / pipelined: how the chunks' products are summed
+HOST_LOAD_DEFAULT = {"naive": "ca", "raster": "ca", "tiled": "cg", "pipelined": "cg", "stream": "ca"}
 WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most, or WORKSPACE_SHARE of the GPU's memory if that is more
 WORKSPACE_SHARE = 8  # ... 1 / WORKSPACE_SHARE of it (H200: 17.6 GB, one chunk a CTA at 10240^3: 8.4 GB)
 STREAM_SLOTS = 2  # ring slots: the copy engine fills one while cuBLAS reads the other
@@ -230,8 +240,8 @@ def gemm(
     tile_k: int = TILE_K,
     k_splits: int | None = None,
     prefetch: str = "hint",
-    accumulate: str = "splits",
-    host_load: str = "ca",
+    accumulate: str = "atomic",
+    host_load: str | None = None,
     split: str = "n",
     panel: int | None = None,
     copy_streams: int = 1,
@@ -254,11 +264,12 @@ def gemm(
         once the current one has landed: "hint" (prefetch.global.L2 per 128-byte line), "load" (plain loads whose
         values are dropped, one per 32-byte sector) or "none".
     accumulate : tiled / pipelined: "splits" (each k-split writes its own fp32 partial C, which a reduce kernel sums)
-        or "atomic" (every chunk's product is added into one zeroed fp32 C by red.global.add, the CTAs resident
+        or "atomic" (the default: every chunk's product is added into one zeroed fp32 C by red.global.add, the CTAs resident
         together a few column strips x a group of 8 splits, so L2 holds those rows of C between their additions; one
         chunk a CTA, a workspace of one m x n fp32 C whatever the split count; the summation order, and so the last
         bits, vary from call to call).
-    host_load : "ca" (through L1, default) or "cg" (L2 only): how B tiles are copied (module docstring).
+    host_load : "ca" (through L1) or "cg" (L2 only): how B tiles are copied; None: HOST_LOAD_DEFAULT of the variant
+        (module docstring).
     split : stream only: "n" cuts B into column panels, each a 2-D copy of K rows (C's columns written once);
         "k" cuts it into row panels, each one contiguous copy, and C (float16 only) is accumulated over
         them (cuBLAS with beta = 1 reads C back once per panel after the first and rounds it once per
@@ -279,6 +290,8 @@ def gemm(
     """
     if variant not in VARIANTS:
         raise unknown_name("gemm variant", variant, VARIANTS)
+    if host_load is None:
+        host_load = HOST_LOAD_DEFAULT[variant]
     if host_load not in HOST_LOADS:
         raise unknown_name("gemm host_load", host_load, HOST_LOADS)
     if prefetch not in PREFETCHES:
