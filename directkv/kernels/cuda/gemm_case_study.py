@@ -50,17 +50,17 @@ host_load picks the cp.async form that copies B (every variant): "ca" goes throu
 Default: "ca" for naive / raster, "cg" for tiled / pipelined (HOST_LOAD_DEFAULT). Measured on the H200 (2026-11-29,
 10240^3, one run, the mma.sync kernels of then): ca 17.1 ms and 229 MB of PCIe reads for 210 MB of B (1.09x), cg
 19.1 ms and 366 MB (1.75x); the decode kernel had shown the same (.cg stalled near 21 GB/s over host memory, .ca
-streams at the link's rate). With the wgmma kernels (2026-12-04, five runs at 10240^3) cg was the faster in every
-pair, tiled 8.7-9.1 ms against 9.4-9.9 and pipelined 8.0-9.0 against 8.7-9.2, with the same PCIe bytes as ca
-(ncu: 1.0004x a plain read's). No CTA writes B, so L1's lack of coherence within a launch cannot serve stale bytes;
+streams at the link's rate). With the wgmma kernels and a partial C per split (2026-12-04, eight runs at 10240^3) cg
+was the faster in every pair, tiled 8.7-9.1 ms against 9.2-9.9 and pipelined 7.9-9.0 against 8.6-9.2, with the same
+PCIe bytes as ca (ncu: 1.0004x a plain read's); with accumulate "atomic" the two were level (one run). No CTA writes B, so L1's lack of coherence within a launch cannot serve stale bytes;
 A and the partial C stay out of L1. Shapes that take the element-load path (K or N not a multiple of 8) copy B
 through registers, and there the option changes nothing.
 
 accumulate picks how tiled / pipelined sum the chunks' products (default "atomic"): with "splits" every chunk's
 fp32 partial C goes to DRAM and back once (stationary_hbm_floor_bytes: 17.2 GB at 10240^3, 4.1 ms at the H200's
-HBM copy rate against a target of 4.38); with "atomic" L2 absorbs most of the additions. H200, 2026-12-04, 10240^3,
-two runs: pipelined 7.16 / 7.44 ms against 8.01 / 8.36, tiled 7.55 / 7.98 against 8.74 / 9.08, with B in HBM
-pipelined 5.40 / 5.48 against 6.82 / 6.64; ncu: 12.7 GB of DRAM traffic a call against 17.8; 4096^3 1.02 against
+HBM copy rate against a target of 4.36); with "atomic" L2 absorbs most of the additions. H200, 2026-12-04, 10240^3,
+two runs (B by cg): pipelined 7.16 / 7.44 ms against 8.01 / 8.36, tiled 7.55 / 7.98 against 8.74 / 9.08, with B in
+HBM pipelined 5.40 / 5.48 against 6.82 / 6.64; ncu: 12.7 GB of DRAM traffic a call against 17.8; 4096^3 1.02 against
 1.06 ms.
 """
 
