@@ -68,15 +68,15 @@ def read_probe(nbytes: int):
 def call(op: str, variant: str, context: int, batch: int, q_len: int):
     if variant == "read_probe":
         return read_probe(host_bytes(op, context, batch))
+    name = variant
     variant, _, detail = variant.partition(":")
-    opts = {}
-    for d in filter(None, detail.split(":")):
-        if d in ("ca", "cg"):  # prefill / GEMM host-load mode
-            opts["host_load"] = d
-        elif d == "load":  # the GEMM's next-chunk prefetch by plain loads
-            opts["prefetch"] = d
-        elif d == "splits":  # the GEMM's chunks summed by a partial C per k-split
-            opts["accumulate"] = d
+    opts = {"host_load": detail} if detail in ("ca", "cg") else {}  # prefill's host-load mode
+    if op == "gemm" and variant != "cublas_zero_copy":  # the benchmark row's own options
+        from directkv.kernels.cuda.bench_gemm import KERNELS
+
+        opts = dict(KERNELS.get(name, {"_unknown": name}))
+        if any(key.startswith("_") for key in opts):  # B elsewhere than the host, a graph, or no such row
+            raise SystemExit(f"ncu_target: gemm row {name!r} is not profiled (B in pinned host memory, eager calls only)")
     if op == "gemm":
         a = torch.randn(context, context, dtype=torch.float16, device="cuda")
         b_host = pinned_empty((context, context), torch.float16)

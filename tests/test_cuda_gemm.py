@@ -50,6 +50,8 @@ SHAPES = [  # (m, n, k)
     (300, 520, 2048),
 ]
 KERNELS = ["naive", "tiled", "pipelined", "raster"]
+# (variant, accumulate): the B-stationary kernels with each way of summing their chunks
+KERNEL_CASES = [("naive", None), ("raster", None)] + [(v, acc) for v in ("tiled", "pipelined") for acc in ACCUMULATES]
 
 
 def host_b(k: int, n: int) -> torch.Tensor:
@@ -74,13 +76,13 @@ def check_product(a, b, variant, out_dtype, *, b_ref=None, **kwargs):
 @needs_cuda
 @pytest.mark.parametrize("host_load", HOST_LOADS)
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32], ids=["c16", "c32"])
-@pytest.mark.parametrize("variant", KERNELS)
+@pytest.mark.parametrize("variant,accumulate", KERNEL_CASES, ids=[f"{v}-{a}" if a else v for v, a in KERNEL_CASES])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_gemm_matches_float64(shape, variant, out_dtype, host_load):
+def test_gemm_matches_float64(shape, variant, accumulate, out_dtype, host_load):
     m, n, k = shape
     a = torch.randn(m, k, device="cuda").half()
     b = host_b(k, n)
-    traffic = check_product(a, b, variant, out_dtype, host_load=host_load)
+    traffic = check_product(a, b, variant, out_dtype, host_load=host_load, accumulate=accumulate)
     # The SMs request B once per row tile (naive, and raster: the same schedule in another CTA order) or once
     # (tiled, pipelined); the reference agrees.
     schedule = "naive" if variant == "raster" else variant
@@ -114,29 +116,46 @@ WGMMA_EDGES = [
 ]
 
 
+# (variant, its options): tiled, and pipelined with each form of its next-chunk prefetch
+HAND_OUT_CASES = [("tiled", {})] + [("pipelined", {"prefetch": p}) for p in PREFETCHES]
+
+
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("prefetch", PREFETCHES)
-@pytest.mark.parametrize("variant", ["tiled", "pipelined"])
+@pytest.mark.parametrize("variant,opts", HAND_OUT_CASES, ids=["tiled"] + [f"pipelined-{p}" for p in PREFETCHES])
 @pytest.mark.parametrize("shape", WGMMA_EDGES, ids=lambda s: "x".join(map(str, s)))
-def test_gemm_wgmma_block_hand_out(shape, variant, prefetch):
+def test_gemm_wgmma_block_hand_out(shape, variant, opts):
     m, n, k = shape
     a = torch.randn(m, k, device="cuda").half()
     b = host_b(k, n)
-    check_product(a, b, variant, torch.float32, k_splits=1, prefetch=prefetch)
-    check_product(a, b, variant, torch.float32, k_splits=1, prefetch=prefetch, accumulate="atomic")
+    for accumulate in ACCUMULATES:  # "splits": the partial C changes hands between the consumer warpgroups
+        check_product(a, b, variant, torch.float32, k_splits=1, accumulate=accumulate, **opts)
 
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("accumulate", ACCUMULATES)
 @pytest.mark.parametrize("variant", ["tiled", "pipelined"])
-def test_gemm_unaligned_a_takes_element_loads(variant):
+def test_gemm_unaligned_a_takes_element_loads(variant, accumulate):
     """A whose rows are 16-byte aligned in stride but whose first element is not (a view 2 bytes into its
     storage): the launcher must not hand it to TMA, which needs a 16-byte aligned base."""
     m, k = 130, 1088
     a = torch.randn(m * k + 1, device="cuda").half()[1:].view(m, k)
     assert a.data_ptr() % 16 != 0
-    check_product(a, host_b(k, 264), variant, torch.float16, k_splits=1)
+    check_product(a, host_b(k, 264), variant, torch.float16, k_splits=1, accumulate=accumulate)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("accumulate", ACCUMULATES)
+@pytest.mark.parametrize("variant", ["tiled", "pipelined"])
+@pytest.mark.parametrize("k_splits", [None, 10, 3], ids=["planned", "s10", "s3"])
+def test_gemm_many_chunks(variant, accumulate, k_splits):
+    """12 chunks (k = 5732, the last ragged): more splits than one atomic group of 8 (planned: 8 + 4; 10: 8 + 2)
+    and, at 3 splits, four chunks a CTA."""
+    m, n, k = 200, 300, 5732
+    a = torch.randn(m, k, device="cuda").half()
+    check_product(a, host_b(k, n), variant, torch.float16, k_splits=k_splits, accumulate=accumulate)
 
 
 @pytest.mark.gpu
@@ -178,6 +197,16 @@ def test_gemm_rejects_bad_host_load_before_touching_cuda():
         gemm(a, a, variant="pipelined", prefetch=True)
     with pytest.raises(ConfigError, match=r"accumulate 'sum'; valid: atomic, splits"):
         gemm(a, a, variant="tiled", accumulate="sum")
+    with pytest.raises(ConfigError, match=r"prefetch is an option of gemm variant 'pipelined'; got 'none' for 'tiled'"):
+        gemm(a, a, variant="tiled", prefetch="none")
+    with pytest.raises(ConfigError, match=r"accumulate / k_splits are options of gemm variants 'tiled' and "
+                                          r"'pipelined'; got 'atomic' / None for 'naive'"):
+        gemm(a, a, variant="naive", accumulate="atomic")
+    with pytest.raises(ConfigError, match=r"got None / 2 for 'raster'"):
+        gemm(a, a, variant="raster", k_splits=2)
+    for bad in (0, True, 1.5):
+        with pytest.raises(ConfigError, match=rf"k_splits must be a positive int; got {bad!r}"):
+            gemm(a, a, variant="tiled", k_splits=bad)
     with pytest.raises(ConfigError, match="CUDA tensor"):
         gemm(a, a, variant="tiled", host_load="ca")
 

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 import directkv.counters as counters
 from experiments import kernel_bench
-from experiments.ncu_target import host_bytes
+from experiments.ncu_target import call, host_bytes
 
 KV = host_bytes("prefill", 16384, 1)  # 64 MiB of K and V at a 16K past
 
@@ -76,3 +76,11 @@ def test_read_probe_target_runs_on_the_gpu():
     fn = call("prefill", "read_probe", 1000, 1, 16)
     fn()
     torch.cuda.synchronize()
+
+
+def test_ncu_target_refuses_gemm_rows_it_cannot_build():
+    """Runs without a GPU: a GEMM row is built from its benchmark options, and one whose B is not in pinned host
+    memory (or no such row) stops the target before CUDA is touched, instead of profiling the default kernel."""
+    for name in ("tiled:b_hbm", "stream:graph", "tiled:nonsense"):
+        with pytest.raises(SystemExit, match=f"gemm row '{name}' is not profiled"):
+            call("gemm", name, 64, 1, 1)

@@ -19,7 +19,7 @@ void gemm_copy_panel_sm_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, si
 }  // namespace directkv
 
 PYBIND11_MODULE(_dkv_gemm_case_study, m) {
-  m.doc() = "GEMM case study with B in pinned host memory (see csrc/include/directkv/gemm_case_study.cuh)";
+  m.doc() = "GEMM case study with B in pinned host memory (see csrc/include/directkv/gemm_case_study.cuh, gemm_stationary.cuh)";
   m.def("run", &directkv::gemm_case_study_run, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("part"), py::arg("m"),
         py::arg("n"), py::arg("k"), py::arg("ldp"), py::arg("k_splits"), py::arg("variant"), py::arg("prefetch"), py::arg("atomic"),
         py::arg("out_dtype"), py::arg("host_load"), py::arg("stream"));

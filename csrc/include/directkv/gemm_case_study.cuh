@@ -13,19 +13,20 @@
 // tiled     : B-stationary, Hopper wgmma (wgmma.cuh). A CTA owns a 128-wide column strip of C and a contiguous
 //             run of 512-row B chunks (its k-split). Each chunk is loaded into shared memory once and stays while
 //             the CTA sweeps all m / 128 row tiles, streaming A tiles from HBM (by TMA) through a 6-stage ring
-//             refilled after a CTA barrier; the fp32 partial C tile is read-modified-written in the split's own HBM
-//             buffer (no two CTAs touch the same bytes), and gemm_reduce_kernel sums the splits into C. B crosses
+//             refilled after a CTA barrier. Each chunk's fp32 product is added into one fp32 C by red.global.add
+//             (atomic, the default; the CTAs resident together then share rows of C and columns of A in L2), or
+//             read-modified-written in the split's own buffer, which gemm_reduce_kernel sums into C. B crosses
 //             the link exactly once. Two warpgroups, 64 rows of the C tile each.
 // pipelined : tiled with warp specialisation: producer warps stream A into one ring per consumer warpgroup,
-//             load each B chunk once its last reader is done and prefetch the next one into L2, so the link
-//             transfer of chunk i+1 overlaps the math of chunk i; the two consumer warpgroups take 64-row blocks
-//             in turn (ping-pong), so one stores its block while the other computes.
+//             load each B chunk once its last reader is done and, when the CTA owns further chunks, prefetch the
+//             next one into L2; the two consumer warpgroups take 64-row blocks in turn (ping-pong), so one stores
+//             its block while the other computes.
 // tiled and pipelined, with the reduction of their k-splits, are in gemm_stationary.cuh; this file holds the shared
 // parameters, naive / raster and the stream variant's panel copy.
 //
 // L1 (all variants, 16-byte path only) copies the B tiles with cp.async.ca (through L1) instead of .cg (L2
-// only). B is an input no CTA writes, so a non-coherent L1 cannot serve stale bytes; A is read .cg (naive) or by TMA / element loads (tiled, pipelined), and the
-// partial C each CTA writes and re-reads goes through ld/st.cg, never through L1.
+// only). B is an input no CTA writes, so a non-coherent L1 cannot serve stale bytes; A is read .cg (naive) or by
+// TMA / element loads (tiled, pipelined), and the partial C goes through ld/st.cg or red, never through L1.
 #pragma once
 
 #include "directkv/prefill_common.cuh"

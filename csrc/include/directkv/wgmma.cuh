@@ -38,7 +38,7 @@ __device__ __forceinline__ uint64_t desc128(const void* p, uint32_t lbo, uint32_
 
 // Makes this thread's generic-proxy writes to shared memory (st.shared, landed cp.async) visible to the async
 // proxy through which wgmma reads its operands; each writer runs it before the barrier that hands the tile over
-// (the pipelined consumers also run it after the hand-off: one fence a chunk, so both sides are covered).
+// (the pipelined consumers also run it after each hand-off, so the ordering does not rest on one side alone).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Orders the calling thread's mbarrier.init before any later TMA completion on those barriers (the copy unit is

@@ -41,8 +41,9 @@ KERNELS = {
     "pipelined": {},
     "pipelined:ca": {"host_load": "ca"},
     "pipelined:splits": {"accumulate": "splits"},
-    "pipelined:no_prefetch": {"prefetch": "none"},
-    "pipelined:load": {"prefetch": "load"},  # the next chunk pulled into L2 by plain loads, not prefetch hints
+    # 4 CTAs a strip, so a CTA owns several chunks and prefetches the next one (the planned one chunk a CTA never does)
+    "pipelined:s4": {"k_splits": 4},
+    "pipelined:s4:no_prefetch": {"k_splits": 4, "prefetch": "none"},
     "tiled:b_hbm": {"_b": "hbm"},  # B in HBM: the kernels' on-chip time with no link in the way
     "pipelined:b_hbm": {"_b": "hbm"},
     "pipelined:b_hbm:splits": {"_b": "hbm", "accumulate": "splits"},
@@ -74,7 +75,6 @@ SLOW = ("naive", "cublas_zero_copy")  # B re-read across the link per row tile: 
 REL_ERR_MAX = 5e-3  # fp16 C against cuBLAS's fp16 C: row panels, which round C once per panel, measured 5.6e-4
 # Closed-form link bytes are what the SMs request; for raster, L2 decides what crosses the link (ncu tells)
 SM_REQUESTS_ONLY = ("raster",)
-STATIONARY = ("tiled", "pipelined")  # B-stationary: with accumulate "splits", fp32 partial C through DRAM (hbm_floor_ms)
 
 
 def bench_gemm(
@@ -112,7 +112,7 @@ def bench_gemm(
             r["link_gbps"] = moved / (t * 1e-3) / 1e9 if t and moved else None
             r["tflops"] = 2 * m * n * k / (t * 1e-3) / 1e12 if t else None
             r["target_ms"] = 1.15 * max(floors) if floors else None
-            if r["variant"].split(":")[0] in STATIONARY and KERNELS[r["variant"]].get("accumulate") == "splits":
+            if KERNELS.get(r["variant"], {}).get("accumulate") == "splits":  # fp32 partial C through DRAM
                 r["hbm_floor_bytes"] = stationary_hbm_floor_bytes(m, n, k)
                 hbm_gbps = ceilings.get("hbm_copy_gbps")
                 r["hbm_floor_ms"] = r["hbm_floor_bytes"] / (hbm_gbps * 1e9) * 1e3 if hbm_gbps else None

@@ -5,10 +5,12 @@ Variants
 --------
 naive     : output-stationary 128x128 C tiles; B crosses the link once per 128-row tile of A.
 tiled     : B-stationary: a 512x128 B chunk sits in shared memory while the CTA sweeps every row tile of
-            A; fp32 partial C per k-split in HBM, summed by a reduce kernel. B crosses the link once. Math on
-            Hopper wgmma, A tiles by TMA when A's rows are 16-byte aligned (since 2026-12-03; mma.sync before).
-pipelined : tiled plus warp specialisation: producer warps (an mbarrier ring of A per consumer warpgroup, L2
-            prefetch of the next B chunk) and two consumer warpgroups taking 64-row blocks in turn.
+            A; each chunk's fp32 product added into one fp32 C in L2 (accumulate "atomic", the default) or a
+            partial C per k-split summed by a reduce kernel ("splits"). B crosses the link once. Math on Hopper
+            wgmma, A tiles by TMA when A's rows are 16-byte aligned (since 2026-12-03; mma.sync before).
+pipelined : tiled plus warp specialisation: producer warps (an mbarrier ring of A per consumer warpgroup; L2
+            prefetch of the next B chunk when a CTA owns several) and two consumer warpgroups taking 64-row
+            blocks in turn.
 raster    : naive's kernel with the CTAs ordered down the m tiles first, so the CTAs resident together request
             the same B tiles at about the same time: B crosses the link once per tile if L2 serves the
             repeats, and not otherwise. An experiment on L2 and host memory beyond the paper's variants; its
@@ -52,9 +54,10 @@ Default: "ca" for naive / raster, "cg" for tiled / pipelined (HOST_LOAD_DEFAULT)
 19.1 ms and 366 MB (1.75x); the decode kernel had shown the same (.cg stalled near 21 GB/s over host memory, .ca
 streams at the link's rate). With the wgmma kernels and a partial C per split (2026-12-04, eight runs at 10240^3) cg
 was the faster in every pair, tiled 8.7-9.1 ms against 9.2-9.9 and pipelined 7.9-9.0 against 8.6-9.2, with the same
-PCIe bytes as ca (ncu: 1.0004x a plain read's); with accumulate "atomic" the two were level (one run). No CTA writes B, so L1's lack of coherence within a launch cannot serve stale bytes;
-A and the partial C stay out of L1. Shapes that take the element-load path (K or N not a multiple of 8) copy B
-through registers, and there the option changes nothing.
+PCIe bytes as ca (ncu: 1.0004x a plain read's); with accumulate "atomic" the two were level (one run). No CTA
+writes B, so L1's lack of coherence within a launch cannot serve stale bytes; A and the partial C stay out of L1.
+Shapes that take the element-load path (K or N not a multiple of 8) copy B through registers, and there the option
+changes nothing.
 
 accumulate picks how tiled / pipelined sum the chunks' products (default "atomic"): with "splits" every chunk's
 fp32 partial C goes to DRAM and back once (stationary_hbm_floor_bytes: 17.2 GB at 10240^3, 4.1 ms at the H200's
@@ -82,6 +85,7 @@ from directkv.kernels.traffic_model import STREAM_RING_BYTES, gemm_traffic
 KERNEL_VARIANTS = ("naive", "tiled", "pipelined", "raster")  # index = the launcher's variant code
 VARIANTS = (*KERNEL_VARIANTS, "stream")
 OUTPUT_STATIONARY = ("naive", "raster")  # no k-split workspace
+STATIONARY = ("tiled", "pipelined")  # B-stationary: k-splits, accumulate
 TILE_M, TILE_N, TILE_K = 128, 128, 64
 CHUNK_K = 512  # B rows per stationary chunk (tiled, pipelined)
 OUT_CODES = {torch.float16: 0, torch.float32: 2}
@@ -118,7 +122,8 @@ def plan_k_splits(m: int, n: int, k: int, *, workspace: int = WORKSPACE_CAP, k_s
     strips, chunks = math.ceil(n / TILE_N), math.ceil(k / CHUNK_K)
     cap = max(1, workspace // (m * strips * TILE_N * 4))
     if k_splits is not None:
-        check(isinstance(k_splits, int) and k_splits >= 1, f"k_splits must be a positive int; got {k_splits!r}")
+        check(isinstance(k_splits, int) and not isinstance(k_splits, bool) and k_splits >= 1,
+              f"k_splits must be a positive int; got {k_splits!r}")
     return max(1, min(chunks if k_splits is None else k_splits, chunks, cap))
 
 
@@ -239,8 +244,8 @@ def gemm(
     tile_n: int = TILE_N,
     tile_k: int = TILE_K,
     k_splits: int | None = None,
-    prefetch: str = "hint",
-    accumulate: str = "atomic",
+    prefetch: str | None = None,
+    accumulate: str | None = None,
     host_load: str | None = None,
     split: str = "n",
     panel: int | None = None,
@@ -259,15 +264,17 @@ def gemm(
     variant : "naive", "tiled", "pipelined", "raster" or "stream" (module docstring).
     out : optional `[M, N]` contiguous CUDA output, fp16 or fp32 (default fp16).
     tile_m, tile_n, tile_k : must be 128, 128, 64 (the kernels' tiles).
-    k_splits : tiled / pipelined: force the CTAs per column strip; None plans it (plan_k_splits).
-    prefetch : pipelined: how the producer pulls the CTA's next B chunk into L2 while the current one is computed,
-        once the current one has landed: "hint" (prefetch.global.L2 per 128-byte line), "load" (plain loads whose
-        values are dropped, one per 32-byte sector) or "none".
-    accumulate : tiled / pipelined: "splits" (each k-split writes its own fp32 partial C, which a reduce kernel sums)
-        or "atomic" (the default: every chunk's product is added into one zeroed fp32 C by red.global.add, the CTAs resident
-        together a few column strips x a group of 8 splits, so L2 holds those rows of C between their additions; one
-        chunk a CTA, a workspace of one m x n fp32 C whatever the split count; the summation order, and so the last
-        bits, vary from call to call).
+    k_splits : tiled / pipelined: force the CTAs per column strip (a positive int, clipped to the chunks); None
+        plans it: one chunk a CTA (with "splits" as far as the workspace allows, plan_k_splits).
+    prefetch : pipelined only: how the producer pulls the CTA's next B chunk into L2 once the current one has
+        landed, which only a CTA owning several chunks (k_splits < chunks) does: "hint" (the default;
+        prefetch.global.L2::evict_last per 128-byte line), "load" (plain loads whose values are dropped, one per
+        32-byte sector) or "none". Measured on the H200: none of them faster than "none".
+    accumulate : tiled / pipelined only: "atomic" (the default: every chunk's product is added into one zeroed
+        fp32 C by red.global.add, the CTAs resident together a few column strips x a group of 8 splits, so L2
+        holds those rows of C between their additions; a workspace of one m x n fp32 C whatever the split count;
+        the summation order, and so the last bits, vary from call to call) or "splits" (each k-split writes its
+        own fp32 partial C, which a reduce kernel sums: deterministic).
     host_load : "ca" (through L1) or "cg" (L2 only): how B tiles are copied; None: HOST_LOAD_DEFAULT of the variant
         (module docstring).
     split : stream only: "n" cuts B into column panels, each a 2-D copy of K rows (C's columns written once);
@@ -285,8 +292,9 @@ def gemm(
     Returns
     -------
     (c `[M, N]`, Traffic from traffic_model.gemm_traffic; for tiled / pipelined at tile_k = 512, the
-    stationary chunk, i.e. one fp32 partial-C pass per chunk; the split reduction's extra pass is left out;
-    raster states naive's schedule; stream at its split and panel)
+    stationary chunk, i.e. one fp32 partial-C pass per chunk through HBM (what "splits" moves, less the split
+    reduction's extra pass; "atomic" keeps most of those passes in L2); raster states naive's schedule; stream at
+    its split and panel)
     """
     if variant not in VARIANTS:
         raise unknown_name("gemm variant", variant, VARIANTS)
@@ -294,10 +302,17 @@ def gemm(
         host_load = HOST_LOAD_DEFAULT[variant]
     if host_load not in HOST_LOADS:
         raise unknown_name("gemm host_load", host_load, HOST_LOADS)
+    check(variant == "pipelined" or prefetch is None, f"prefetch is an option of gemm variant 'pipelined'; got "
+          f"{prefetch!r} for {variant!r}")
+    check(variant in STATIONARY or (accumulate is None and k_splits is None), f"accumulate / k_splits are options of "
+          f"gemm variants 'tiled' and 'pipelined'; got {accumulate!r} / {k_splits!r} for {variant!r}")
+    prefetch, accumulate = prefetch or "hint", accumulate or "atomic"
     if prefetch not in PREFETCHES:
         raise unknown_name("gemm prefetch", prefetch, PREFETCHES)
     if accumulate not in ACCUMULATES:
         raise unknown_name("gemm accumulate", accumulate, ACCUMULATES)
+    check(k_splits is None or (isinstance(k_splits, int) and not isinstance(k_splits, bool) and k_splits >= 1),
+          f"k_splits must be a positive int; got {k_splits!r}")
     if split not in SPLITS:
         raise unknown_name("gemm split", split, SPLITS)
     check(variant == "stream" or (panel is None and copy_streams == 1 and split == "n"), f"split / panel / "
@@ -348,16 +363,17 @@ def gemm(
     if variant not in OUTPUT_STATIONARY:
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
         ldp = math.ceil(n / TILE_N) * TILE_N
-        if accumulate == "atomic":  # one shared sum: no workspace per split
-            splits = plan_k_splits(m, n, k, workspace=m * ldp * 4 * math.ceil(k / CHUNK_K), k_splits=k_splits)
+        if accumulate == "atomic":  # one shared sum, no workspace per split: one chunk a CTA unless told
+            chunks = math.ceil(k / CHUNK_K)
+            splits = chunks if k_splits is None else min(k_splits, chunks)
             part = torch.zeros(1, m, ldp, dtype=torch.float32, device=a.device)
         else:
             splits = plan_k_splits(m, n, k, workspace=workspace_cap(_total_memory(device)), k_splits=k_splits)
             part = torch.empty(splits, m, ldp, dtype=torch.float32, device=a.device)
     build.load("gemm_case_study").run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if part is None else part.data_ptr(), m, n, k, ldp, splits,
-        KERNEL_VARIANTS.index(variant), PREFETCHES.index(prefetch), accumulate == "atomic", OUT_CODES[out.dtype], HOST_LOADS.index(host_load),
-        torch.cuda.current_stream(a.device).cuda_stream,
+        KERNEL_VARIANTS.index(variant), PREFETCHES.index(prefetch), accumulate == "atomic", OUT_CODES[out.dtype],
+        HOST_LOADS.index(host_load), torch.cuda.current_stream(a.device).cuda_stream,
     )  # fmt: skip
     schedule = "naive" if variant in OUTPUT_STATIONARY else variant
     return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant=schedule, b_tier=b_tier(b),
