@@ -58,7 +58,8 @@ def simulated_rows(cfg: DictConfig, s: Setup, n: int) -> list[dict]:
             extra = stream_cut(n, n, "k" if v == "stream:k" else "n")
             t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant="stream", **extra)
         else:  # the kernels' schedules: naive streams k tiles; tiled / pipelined keep CHUNK_K-row chunks stationary
-            # (the model's in-place partial C: one fp32 pass fewer each way than the CUDA kernel's split reduction)
+            # (the model's in-place partial C through HBM: the CUDA kernels' accumulate="splits" less one pass each
+            # way; their default, "atomic", keeps most of those passes in L2, which the model does not credit)
             t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant=v,
                                 **(tiles if v == "naive" else tiles | {"tile_k": CHUNK_K}))
         terms = s.cm.terms(t, link="ce" if stream else "sm", flops_kind="matmul")
