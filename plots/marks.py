@@ -311,6 +311,9 @@ def draw_grouped_bars(
                         va="bottom",
                         fontsize=7,
                         gid=VALUE_LABEL_GID,
+                        # over the target / floor marks, which would otherwise strike through a short bar's label
+                        zorder=4,
+                        bbox={"boxstyle": "square,pad=0.05", "fc": "white", "ec": "none", "alpha": 0.85},
                     )
                 fv = floors.get((g, variant), np.nan)
                 if np.isfinite(fv) and fv > 0:
