@@ -71,13 +71,14 @@ def call(op: str, variant: str, context: int, batch: int, q_len: int):
     name = variant
     variant, _, detail = variant.partition(":")
     opts = {"host_load": detail} if detail in ("ca", "cg") else {}  # prefill's host-load mode
-    if op == "gemm" and variant != "cublas_zero_copy":  # the benchmark row's own options
-        from directkv.kernels.cuda.bench_gemm import KERNELS
-
-        opts = dict(KERNELS.get(name, {"_unknown": name}))
-        if any(key.startswith("_") for key in opts):  # B elsewhere than the host, a graph, or no such row
-            raise SystemExit(f"ncu_target: gemm row {name!r} is not profiled (B in pinned host memory, eager calls only)")
     if op == "gemm":
+        if variant != "cublas_zero_copy":  # the benchmark row's own options
+            from directkv.kernels.cuda.bench_gemm import KERNELS
+
+            opts = dict(KERNELS.get(name, {"_unknown": name}))
+            if any(key.startswith("_") for key in opts):  # B elsewhere than the host, a graph, or no such row
+                raise SystemExit(f"ncu_target: gemm row {name!r} is not profiled (B in pinned host memory, eager calls "
+                                 f"only)")
         a = torch.randn(context, context, dtype=torch.float16, device="cuda")
         b_host = pinned_empty((context, context), torch.float16)
         b_host.copy_(torch.randn(context, context, dtype=torch.float16))

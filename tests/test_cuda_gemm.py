@@ -270,6 +270,7 @@ def test_plan_k_splits_by_workspace():
     assert plan_k_splits(1024, 1024, 65536) == 128
     assert plan_k_splits(1024, 1024, 65536, k_splits=500) == 128  # a given count: clipped to the chunks
     assert plan_k_splits(1024, 1024, 65536, k_splits=3) == 3
+    assert plan_k_splits(16384, 16384, 65536, workspace=None) == 128  # no cap (accumulate "atomic"): every chunk
     assert plan_k_splits(16384, 16384, 65536) == 3  # the 3 GiB workspace holds 3 splits of 16384^2 fp32
     with pytest.raises(ConfigError, match="k_splits must be a positive int; got 0"):
         plan_k_splits(1024, 1024, 65536, k_splits=0)

@@ -230,14 +230,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tiled_kernel(const __grid_co
     __syncthreads();
     const bool first = c == c_begin;
     const int steps = mtiles * ktiles;  // (row tile, k tile) pairs, A tiles streamed in this order
-    for (int s = 0; s < kWgAhead && s < steps; ++s) {
-      const int st = (g + s) % kWgStages, m0 = (s / ktiles) * kBM, kt = s % ktiles;
+    // The A tile of step `step` (of this chunk) into ring stage `st`.
+    auto load_a = [&](int step, int st) {
+      const int m0 = (step / ktiles) * kBM, kt = step % ktiles;
       if constexpr (VEC) {
         if (threadIdx.x == 0) tma_a_tile<kBM>(as + st * kATileBytes, a_full + st, p, m0, k0 + kt * kBK);
       } else {
         load_a_tile<kBM>(as + st * kATileBytes, p, m0, k0 + kt * kBK, krows - kt * kBK, threadIdx.x, kThreads);
       }
-    }
+    };
+    for (int s = 0; s < kWgAhead && s < steps; ++s) load_a(s, (g + s) % kWgStages);
     // Row tiles outer, k tiles inner, so every k step ends in the same wgmma state (one group in flight) and the
     // tile's end in none: ptxas then keeps the wgmma of step i running while step i + 1 is set up (a loop whose
     // steps end in either state got a full wait injected at every step).
@@ -254,14 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tiled_kernel(const __grid_co
         // A tile i landed for everyone, and the wgmma of step i - 2, which read the stage refilled next, is done
         // in both warpgroups (each waited for it in step i - 1).
         __syncthreads();
-        if (i + kWgAhead < steps) {
-          const int nst = (g + kWgAhead) % kWgStages, ni = i + kWgAhead, m0 = (ni / ktiles) * kBM, nkt = ni % ktiles;
-          if constexpr (VEC) {
-            if (threadIdx.x == 0) tma_a_tile<kBM>(as + nst * kATileBytes, a_full + nst, p, m0, k0 + nkt * kBK);
-          } else {
-            load_a_tile<kBM>(as + nst * kATileBytes, p, m0, k0 + nkt * kBK, krows - nkt * kBK, threadIdx.x, kThreads);
-          }
-        }
+        if (i + kWgAhead < steps) load_a(i + kWgAhead, (g + kWgAhead) % kWgStages);
         wg_mma_step(acc, as + st * kATileBytes + wgi * kARowsBytes, bchunk, kt, kt == 0);
         wg::wait<1>();  // step i - 1 done; step i may run on
       }

@@ -109,9 +109,15 @@ def workspace_cap(total_memory: int) -> int:
     return max(WORKSPACE_CAP, total_memory // WORKSPACE_SHARE)
 
 
-def plan_k_splits(m: int, n: int, k: int, *, workspace: int = WORKSPACE_CAP, k_splits: int | None = None) -> int:
+def check_k_splits(k_splits: object) -> None:
+    check(k_splits is None or (isinstance(k_splits, int) and not isinstance(k_splits, bool) and k_splits >= 1),
+          f"k_splits must be a positive int; got {k_splits!r}")
+
+
+def plan_k_splits(m: int, n: int, k: int, *, workspace: int | None = WORKSPACE_CAP, k_splits: int | None = None) -> int:
     """CTAs per 128-column strip for tiled / pipelined: one 512-row chunk of B a CTA, as far as `workspace` bytes of
-    partial C allow (fewer splits, each CTA owning several chunks, beyond it); a given value is clipped the same way.
+    partial C allow (fewer splits, each CTA owning several chunks, beyond it; None: no cap, as for accumulate
+    "atomic", whose one shared C does not grow with the splits); a given value is clipped the same way.
 
     A CTA with one chunk writes its partial C once and never reads it back; with several it reads and rewrites it
     once per further chunk, and those reads stall the block ends (ncu, H200, 2026-12-03). Measured with the wgmma
@@ -120,10 +126,8 @@ def plan_k_splits(m: int, n: int, k: int, *, workspace: int = WORKSPACE_CAP, k_s
     8.70 and 9.67 / 8.03; 7 (the 3 GiB cap) 10.85 / 9.10 and 10.16 / 8.83. 4096^3 takes its 8 chunks in 8 splits
     either way."""
     strips, chunks = math.ceil(n / TILE_N), math.ceil(k / CHUNK_K)
-    cap = max(1, workspace // (m * strips * TILE_N * 4))
-    if k_splits is not None:
-        check(isinstance(k_splits, int) and not isinstance(k_splits, bool) and k_splits >= 1,
-              f"k_splits must be a positive int; got {k_splits!r}")
+    cap = chunks if workspace is None else max(1, workspace // (m * strips * TILE_N * 4))
+    check_k_splits(k_splits)
     return max(1, min(chunks if k_splits is None else k_splits, chunks, cap))
 
 
@@ -311,8 +315,7 @@ def gemm(
         raise unknown_name("gemm prefetch", prefetch, PREFETCHES)
     if accumulate not in ACCUMULATES:
         raise unknown_name("gemm accumulate", accumulate, ACCUMULATES)
-    check(k_splits is None or (isinstance(k_splits, int) and not isinstance(k_splits, bool) and k_splits >= 1),
-          f"k_splits must be a positive int; got {k_splits!r}")
+    check_k_splits(k_splits)
     if split not in SPLITS:
         raise unknown_name("gemm split", split, SPLITS)
     check(variant == "stream" or (panel is None and copy_streams == 1 and split == "n"), f"split / panel / "
@@ -363,13 +366,11 @@ def gemm(
     if variant not in OUTPUT_STATIONARY:
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
         ldp = math.ceil(n / TILE_N) * TILE_N
-        if accumulate == "atomic":  # one shared sum, no workspace per split: one chunk a CTA unless told
-            chunks = math.ceil(k / CHUNK_K)
-            splits = chunks if k_splits is None else min(k_splits, chunks)
-            part = torch.zeros(1, m, ldp, dtype=torch.float32, device=a.device)
-        else:
-            splits = plan_k_splits(m, n, k, workspace=workspace_cap(_total_memory(device)), k_splits=k_splits)
-            part = torch.empty(splits, m, ldp, dtype=torch.float32, device=a.device)
+        atomic = accumulate == "atomic"  # one shared sum: no workspace per split, so no cap on the splits
+        splits = plan_k_splits(m, n, k, workspace=None if atomic else workspace_cap(_total_memory(device)),
+                               k_splits=k_splits)
+        part = (torch.zeros(1, m, ldp, dtype=torch.float32, device=a.device) if atomic
+                else torch.empty(splits, m, ldp, dtype=torch.float32, device=a.device))
     build.load("gemm_case_study").run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if part is None else part.data_ptr(), m, n, k, ldp, splits,
         KERNEL_VARIANTS.index(variant), PREFETCHES.index(prefetch), accumulate == "atomic", OUT_CODES[out.dtype],
