@@ -158,6 +158,41 @@ def test_gemm_many_chunks(variant, accumulate, k_splits):
     check_product(a, host_b(k, n), variant, torch.float16, k_splits=k_splits, accumulate=accumulate)
 
 
+# pipelined in cluster pairs (TMA multicast of A): (m, n, k) with an even number of 128-column strips and 16-byte rows
+CLUSTER_SHAPES = [
+    (130, 136, 1032),  # one pair, ragged strip, three chunks
+    (1, 256, 1024),  # one row: the second CTA's half of every A tile is wholly past m (zeros)
+    (333, 1024, 1544),  # four pairs, m not a multiple of 32, a ragged last chunk
+    (64, 512, 4096),  # one 64-row block (one consumer warpgroup idle), eight chunks
+]
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("accumulate", ACCUMULATES)
+@pytest.mark.parametrize("k_splits", [1, 3, None], ids=["s1", "s3", "planned"])
+@pytest.mark.parametrize("cluster", [1, 2], ids=["c1", "c2"])
+@pytest.mark.parametrize("shape", CLUSTER_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gemm_pipelined_cluster_pairs(shape, cluster, k_splits, accumulate):
+    m, n, k = shape
+    a = torch.randn(m, k, device="cuda").half()
+    check_product(a, host_b(k, n), "pipelined", torch.float32, cluster=cluster, k_splits=k_splits,
+                  accumulate=accumulate)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gemm_cluster_pairs_refused_where_strips_do_not_pair():
+    a = torch.randn(130, 1024, device="cuda").half()
+    with pytest.raises(ConfigError, match=r"cluster 2 needs .* got k = 1024, n = 264 \(3 strips\)"):
+        gemm(a, host_b(1024, 264), variant="pipelined", cluster=2)
+    check_product(a, host_b(1024, 264), "pipelined", torch.float16)  # None: single CTAs there
+    a = torch.randn(130, 1001, device="cuda").half()
+    with pytest.raises(ConfigError, match=r"got k = 1001, n = 256"):
+        gemm(a, host_b(1001, 256), variant="pipelined", cluster=2)
+    check_product(a, host_b(1001, 256), "pipelined", torch.float16)
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("host_load", HOST_LOADS)
@@ -207,6 +242,11 @@ def test_gemm_rejects_bad_host_load_before_touching_cuda():
     for bad in (0, True, 1.5):
         with pytest.raises(ConfigError, match=rf"k_splits must be a positive int; got {bad!r}"):
             gemm(a, a, variant="tiled", k_splits=bad)
+    with pytest.raises(ConfigError, match=r"cluster is an option of gemm variant 'pipelined'; got 2 for 'tiled'"):
+        gemm(a, a, variant="tiled", cluster=2)
+    for bad in (0, 3, True, 2.0):
+        with pytest.raises(ConfigError, match=rf"gemm cluster {bad!r} is not supported; valid: None, 1, 2"):
+            gemm(a, a, variant="pipelined", cluster=bad)
     with pytest.raises(ConfigError, match="CUDA tensor"):
         gemm(a, a, variant="tiled", host_load="ca")
 

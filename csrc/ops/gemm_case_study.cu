@@ -66,7 +66,25 @@ void dispatch_vec_l1(bool vec, int host_load, F&& f) {
   });
 }
 
-void launch(GemmParams& p, int variant, int out_dtype, int host_load, cudaStream_t stream) {
+// pipelined in clusters of `cluster` CTAs: grid / cluster clusters of (cluster, 1, 1), the same launch otherwise.
+template <typename Kernel>
+void launch_clustered(Kernel kernel, unsigned grid, unsigned threads, size_t smem, int cluster, cudaStream_t stream, const GemmParams& p) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, p), "gemm_case_study: clustered kernel launch");
+}
+
+void launch(GemmParams& p, int variant, int out_dtype, int host_load, int cluster, cudaStream_t stream) {
   require(p.m >= 1 && p.n >= 1 && p.k >= 1, "gemm_case_study: m, n, k must be >= 1");
   require(p.a && p.b && p.c, "gemm_case_study: null a, b or c");
   const bool vec = p.k % 8 == 0 && p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.a) % 16 == 0 &&
@@ -99,15 +117,25 @@ void launch(GemmParams& p, int variant, int out_dtype, int host_load, cudaStream
   require(p.k_splits >= 1 && p.k_splits <= p.chunks, "gemm_case_study: k_splits must be in 1.." + std::to_string(p.chunks));
   require(ntiles * p.k_splits < (int64_t{1} << 31), "gemm_case_study: grid too large");
   const unsigned grid = static_cast<unsigned>(ntiles * p.k_splits);
-  if (vec) p.a_map = a_tensor_map(p.a, p.m, p.k, variant == kTiled ? gemm::kBM : 64);  // pipelined: 64-row blocks
+  // Pairs of strips share A tiles by TMA multicast: pipelined, A by TMA (16-byte rows), and strips that pair up.
+  const bool pairs = variant == kPipelined && vec && ntiles % 2 == 0;
+  require(cluster >= 0 && cluster <= 2, "gemm_case_study: cluster code " + std::to_string(cluster) + " must be 0 (auto), 1 or 2");
+  require(cluster != 2 || pairs, "gemm_case_study: cluster 2 needs variant pipelined, k and n multiples of 8 and an even number of "
+                                 "128-column strips; got n = " + std::to_string(p.n) + ", k = " + std::to_string(p.k));
+  const bool pair = cluster == 2 || (cluster == 0 && pairs);
+  // pipelined: 64-row blocks, each half (32 rows) from one CTA of a pair
+  if (vec) p.a_map = a_tensor_map(p.a, p.m, p.k, variant == kTiled ? gemm::kBM : pair ? 32 : 64);
   dispatch_vec_l1(vec, host_load, [&](auto v, auto l1) {
     constexpr bool V = decltype(v)::value, L1 = decltype(l1)::value;
     if (variant == kTiled) {
       allow_max_smem("gemm_case_study", gemm::gemm_tiled_kernel<V, L1>, gemm::kTiledSmem);
       gemm::gemm_tiled_kernel<V, L1><<<grid, gemm::kThreads, gemm::kTiledSmem, stream>>>(p);
-    } else {
-      allow_max_smem("gemm_case_study", gemm::gemm_pipelined_kernel<V, L1>, gemm::kPipeSmem);
-      gemm::gemm_pipelined_kernel<V, L1><<<grid, gemm::kPipeThreads, gemm::kPipeSmem, stream>>>(p);
+    } else if (!pair) {
+      allow_max_smem("gemm_case_study", gemm::gemm_pipelined_kernel<V, L1, 1>, gemm::kPipeSmem);
+      gemm::gemm_pipelined_kernel<V, L1, 1><<<grid, gemm::kPipeThreads, gemm::kPipeSmem, stream>>>(p);
+    } else if constexpr (V) {  // pair implies 16-byte rows
+      allow_max_smem("gemm_case_study", gemm::gemm_pipelined_kernel<V, L1, 2>, gemm::kPipeSmem);
+      launch_clustered(gemm::gemm_pipelined_kernel<V, L1, 2>, grid, gemm::kPipeThreads, gemm::kPipeSmem, 2, stream, p);
     }
     check_cuda(cudaGetLastError(), "gemm_case_study: kernel launch");
   });
@@ -122,7 +150,7 @@ void launch(GemmParams& p, int variant, int out_dtype, int host_load, cudaStream
 }  // namespace
 
 void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, int m, int n, int k, int ldp,
-                         int k_splits, int variant, int prefetch, bool atomic, int out_dtype, int host_load,
+                         int k_splits, int variant, int prefetch, bool atomic, int cluster, int out_dtype, int host_load,
                          uintptr_t stream) {
   require(prefetch >= gemm::kPrefetchNone && prefetch <= gemm::kPrefetchLoad,
           "gemm_case_study: prefetch code " + std::to_string(prefetch) + " must be 0 (none), 1 (hint) or 2 (load)");
@@ -139,7 +167,7 @@ void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, 
   p.chunks = (k + gemm::kChunkK - 1) / gemm::kChunkK;
   p.prefetch = prefetch;
   p.atomic = atomic ? 1 : 0;
-  launch(p, variant, out_dtype, host_load, reinterpret_cast<cudaStream_t>(stream));
+  launch(p, variant, out_dtype, host_load, cluster, reinterpret_cast<cudaStream_t>(stream));
 }
 
 // "host" when ptr is page-locked host memory (read across the link), "hbm" for device memory.

@@ -90,9 +90,35 @@ __device__ __forceinline__ float* partial_tile(const GemmParams& p, int split) {
   return p.part + static_cast<size_t>(p.atomic ? 0 : split) * p.m * p.ldp;
 }
 
-// *q += (x, y) in L2, by one vector reduction (no value comes back, so the thread does not wait for it).
-__device__ __forceinline__ void red_add(float2* q, float x, float y) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(q), "f"(x), "f"(y) : "memory");
+// *q += v in L2, by one 16-byte vector reduction (no value comes back, so the thread does not wait for it).
+__device__ __forceinline__ void red_add4(float4* q, float4 v) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(q), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+
+// Adds fragment row h of acc into the C row at q (this thread's column pair in the row's first 8-column group) by
+// 16-byte reductions: lanes 2i and 2i + 1 hold adjacent pairs, so each swaps one pair with the other and sends four
+// consecutive floats, the even lane those of the even 8-column groups, the odd lane the odd ones. Half the requests
+// of one 8-byte reduction a pair, for the same bytes (L2 was 89% busy with those at 10240^3, ncu 2026-12-04).
+// Called by all 32 lanes (the swaps need them); only rows inside C (`valid`) are added.
+__device__ __forceinline__ void red_add_row(const float (&acc)[kWgAccum], int h, float* q, bool valid, int lane) {
+  const bool odd = lane & 1;
+  float* base = q - (odd ? 2 : 0);  // the 4-float run starts at the even lane's pair
+#pragma unroll
+  for (int j = 0; j < 16; j += 2) {  // indices fixed at compile time and values selected, so acc stays in registers
+    const float e0 = acc[4 * j + 2 * h], e1 = acc[4 * j + 2 * h + 1];              // group j's pair
+    const float o0 = acc[4 * j + 4 + 2 * h], o1 = acc[4 * j + 4 + 2 * h + 1];      // group j + 1's pair
+    const float x = __shfl_xor_sync(0xffffffffu, odd ? e0 : o0, 1), y = __shfl_xor_sync(0xffffffffu, odd ? e1 : o1, 1);
+    const float4 v = odd ? make_float4(x, y, o0, o1) : make_float4(e0, e1, x, y);
+    if (valid) red_add4(reinterpret_cast<float4*>(base + 8 * (odd ? j + 1 : j)), v);
+  }
+}
+
+// pipelined in a cluster pair: each CTA's producer fetches half the tile's rows (p.a_map's box is 32 x 64) into the
+// stage of both CTAs, so each 64-row tile is read from L2 once for two column strips; each CTA's `full` expects the
+// whole tile, its own half and the peer's.
+__device__ __forceinline__ void tma_a_half(unsigned char* stage, uint64_t* full, const GemmParams& p, int m0, int kc, int rank) {
+  wg::mbar_arrive_expect_tx(full, 64 * wg::kSwizzleRow);
+  wg::tma_load_2d_multicast(stage + rank * 32 * wg::kSwizzleRow, &p.a_map, kc, m0 + 32 * rank, full, 0x3);
 }
 
 // Pulls the block's partial C of earlier chunks into L2 when its k loop starts, so the end of the block reads it from
@@ -117,13 +143,12 @@ __device__ __forceinline__ void finish_block(float (&acc)[kWgAccum], bool first,
   wg::wait<0>();
   wg::touch(acc);
   for_wg_rows(row0, n0, warp, lane, [&](int h, int row, int col) {
+    if (p.atomic) {  // row may be past m: the pointer is only formed, never used, there
+      red_add_row(acc, h, part + static_cast<size_t>(row) * p.ldp + col, row < p.m, lane);
+      return;
+    }
     if (row < p.m) {
       float2* q = reinterpret_cast<float2*>(part + static_cast<size_t>(row) * p.ldp + col);
-      if (p.atomic) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) red_add(q + 4 * j, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        return;
-      }
       if (!first) {
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
@@ -177,18 +202,24 @@ __device__ __forceinline__ void prefetch_b_chunk(const GemmParams& p, int k0, in
 // are a few strips x a group of splits, so each strip's rows of C take the group's additions while L2 holds them, and
 // each split's columns of A serve several strips. (All splits of a strip together kept C in L2 but sent A's re-reads
 // to DRAM: 16.8 GB read a call at 10240^3, 2026-12-04.)
+// In clusters of C = 2 (pipelined), a cluster is a pair of adjacent strips on the same split, ordered as one CTA.
 constexpr int kAtomicGroup = 8;
+template <int C>
 __device__ __forceinline__ void strip_and_split(const GemmParams& p, int& n0, int& split) {
-  const int strips = (p.n + kBN - 1) / kBN;
+  constexpr int c = C;
+  const int id = static_cast<int>(blockIdx.x) / c, rank = static_cast<int>(blockIdx.x) % c;
+  const int strips = (p.n + kBN - 1) / kBN / c;  // of the cluster's c strips
+  int strip;
   if (p.atomic) {
-    const int per_group = strips * kAtomicGroup, g = static_cast<int>(blockIdx.x) / per_group;
-    const int r = static_cast<int>(blockIdx.x) % per_group, size = min(kAtomicGroup, p.k_splits - g * kAtomicGroup);
-    n0 = r / size * kBN;
+    const int per_group = strips * kAtomicGroup, g = id / per_group;
+    const int r = id % per_group, size = min(kAtomicGroup, p.k_splits - g * kAtomicGroup);
+    strip = r / size;
     split = g * kAtomicGroup + r % size;
   } else {
-    n0 = static_cast<int>(blockIdx.x % strips) * kBN;
-    split = static_cast<int>(blockIdx.x / strips);
+    strip = id % strips;
+    split = id / strips;
   }
+  n0 = (strip * c + rank) * kBN;
 }
 
 // A CTA's share of a strip: chunks [begin, end) of split `split`.
@@ -209,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tiled_kernel(const __grid_co
   uint64_t* a_full = reinterpret_cast<uint64_t*>(as + kWgStages * kATileBytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wgi = wg::warpgroup_index();
   int n0, split;
-  strip_and_split(p, n0, split);
+  strip_and_split<1>(p, n0, split);
   const int mtiles = (p.m + kBM - 1) / kBM;
   float* part = partial_tile(p, split);
   int c_begin, c_end;
@@ -285,16 +316,31 @@ __device__ __forceinline__ void warp_arrive(uint64_t* bar, int lane) {
   if (lane == 0) tc::mbar_arrive(bar);
 }
 
+// A consumer warp's release of an A ring stage: in a cluster pair (CL = 2) the peer's producer writes half of this
+// stage too, so the release goes to the same `empty` in both CTAs.
+template <int CL>
+__device__ __forceinline__ void release_stage(uint64_t* bar, int lane, int rank) {
+  __syncwarp();
+  if (lane == 0) {
+    tc::mbar_arrive(bar);
+    if constexpr (CL > 1) wg::mbar_arrive_cluster(bar, rank ^ 1);
+  }
+}
+
 // grid (ceil(n / 128) * k_splits), 384 threads, smem kPipeSmem. Warp specialisation with ping-pong consumers:
 // - the C strip of each chunk is cut into 64-row blocks, taken by the two consumer warpgroups in turn (block b of
 //   the CTA's whole sequence, over all its chunks, is warpgroup b % 2's), each with its own A ring of 64-row tiles;
 // - the warpgroups take turns at the tensor cores (`turn` mbarriers): one issues all the wgmma of its block and hands
 //   the turn over, then stores its block while the other computes, so stores overlap math;
 // - producer warp 8 + w fills ring w (one thread by TMA, box 64 x 64, when VEC; the warp's lanes otherwise), warps 10
-//   and 11 load each B chunk once its last reader is done and pull the next one into L2.
-template <bool VEC, bool L1>
+//   and 11 load each B chunk once its last reader is done and pull the next one into L2;
+// - in a cluster pair (CL = 2: two adjacent strips, same split, so the same A tiles in the same order) each
+//   ring producer fetches half of every A tile for both CTAs (tma_a_half), and a stage is refilled once the
+//   consumers of both CTAs have released it.
+template <bool VEC, bool L1, int CL>
 __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const __grid_constant__ GemmParams p) {
   static_assert(VEC || !L1, "the L1 form is a cp.async: 16-byte path only");
+  static_assert(CL == 1 || (CL == 2 && VEC), "cluster pairs share A tiles by TMA multicast: 16-byte path only");
   extern __shared__ unsigned char smem_sw[];
   unsigned char* bchunk = align_atom(smem_sw);
   unsigned char* rings = bchunk + kBChunkBytes;  // [2][kPipeStages][64 rows]
@@ -305,14 +351,15 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
   uint64_t* turn = b_empty + 1;  // [2]: warpgroup w may issue its next block's wgmma
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wgi = wg::warpgroup_index();
   int n0, split;
-  strip_and_split(p, n0, split);
+  strip_and_split<CL>(p, n0, split);
+  const int rank = static_cast<int>(blockIdx.x) % CL;  // = %cluster_ctarank: clusters are (CL, 1, 1)
   const int blocks = (p.m + 63) / 64;  // 64-row blocks of C per chunk
   int c_begin, c_end;
   split_range(p, split, c_begin, c_end);
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2 * kPipeStages; ++s) {
       tc::mbar_init(full + s, VEC ? 1 : 32);  // the TMA issuer's arrival, or one per lane of the ring's producer warp
-      tc::mbar_init(empty + s, 4);            // one per warp of the ring's consumer warpgroup
+      tc::mbar_init(empty + s, 4 * CL);  // one per warp of the ring's consumer warpgroups (in each CTA)
     }
     tc::mbar_init(b_full, 64);                    // one per B-loading producer thread
     tc::mbar_init(b_empty, kConsumerWarps);       // one per consumer warp
@@ -320,7 +367,11 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
     tc::mbar_init(turn + 1, 4);
     wg::fence_mbarrier_init();
   }
-  __syncthreads();
+  if constexpr (CL > 1) {
+    wg::cluster_sync();  // the peer's barriers are initialised before this CTA signals them
+  } else {
+    __syncthreads();
+  }
 
   if (wgi == 2) {  // producer warpgroup
     wg::set_max_regs_dec<kProducerRegs>();
@@ -348,7 +399,11 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
             const int s = i % kPipeStages;
             if (i >= kPipeStages) tc::mbar_wait(rempty + s, ((i / kPipeStages) - 1) & 1);
             if constexpr (VEC) {
-              tma_a_tile<64>(ring + s * kARowsBytes, rfull + s, p, b * 64, k0 + kt * kBK);
+              if constexpr (CL > 1) {
+                tma_a_half(ring + s * kARowsBytes, rfull + s, p, b * 64, k0 + kt * kBK, rank);
+              } else {
+                tma_a_tile<64>(ring + s * kARowsBytes, rfull + s, p, b * 64, k0 + kt * kBK);
+              }
             } else {
               load_a_tile<64>(ring + s * kARowsBytes, p, b * 64, k0 + kt * kBK, krows - kt * kBK, lane, 32);
               producer_arrive(rfull + s);
@@ -381,17 +436,18 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
           if constexpr (!VEC) wg::fence_proxy_async();  // TMA writes are already in the async proxy
           wg_mma_step(acc, ring + s * kARowsBytes, bchunk, kt, kt == 0);
           wg::wait<1>();
-          if (kt > 0) warp_arrive(rempty + held, lane);
+          if (kt > 0) release_stage<CL>(rempty + held, lane, rank);
           held = s;
         }
         warp_arrive(turn + (1 - wgi), lane);  // every wgmma of this block is issued: the other warpgroup's turn
         ++turns;
         finish_block(acc, first, part, p, row0, n0, warp, lane);
-        warp_arrive(rempty + held, lane);
+        release_stage<CL>(rempty + held, lane, rank);
       }
       warp_arrive(b_empty, lane);  // every wgmma reading this chunk has been waited for
     }
   }
+  if constexpr (CL > 1) wg::cluster_sync();  // no CTA leaves while its peer may still write its stages or barriers
 }
 
 // C[row, col] = sum over the k-splits of the partial C (the one sum when atomic), converted to OutT. One thread per

@@ -120,4 +120,39 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
+// The same box, written into the shared memory of every CTA of the cluster in `mask` (bit r: rank r) at dst's offset,
+// each of them completing the bytes on its own mbarrier at bar's offset.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(
+          tc::smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(tc::smem_u32(bar)), "h"(mask)
+      : "memory");
+}
+
+// ---- thread-block clusters ----
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+// Every thread of every CTA of the cluster arrives, then waits for all (release / acquire at cluster scope): the
+// peers' mbarriers are initialised before anyone signals them, and no CTA leaves while a peer may still write to it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// One arrival on the mbarrier at bar's offset in the shared memory of cluster CTA `rank`. Release at CTA scope, as a
+// local arrival: it hands over shared-memory stages read by this thread's finished wgmma. At cluster scope the
+// arrival also waited for the thread's earlier global reductions to complete (pipelined 2.3x slower, 2026-12-04).
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
+  asm volatile(
+      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n mbarrier.arrive.release.cta.shared::cluster.b64 _, [remote];\n}\n" ::"r"(
+          tc::smem_u32(bar)),
+      "r"(rank)
+      : "memory");
+}
+
 }  // namespace directkv::wg

@@ -92,6 +92,7 @@ OUT_CODES = {torch.float16: 0, torch.float32: 2}
 HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/directkv/dispatch.h)
 PREFETCHES = ("none", "hint", "load")  # index = the kernel's kPrefetch* code (pipelined)
 ACCUMULATES = ("splits", "atomic")  # tiled / pipelined: how the chunks' products are summed
+CLUSTERS = (1, 2)  # pipelined: CTAs per cluster (2: column-strip pairs sharing A tiles by TMA multicast)
 HOST_LOAD_DEFAULT = {"naive": "ca", "raster": "ca", "tiled": "cg", "pipelined": "cg", "stream": "ca"}
 WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most, or WORKSPACE_SHARE of the GPU's memory if that is more
 WORKSPACE_SHARE = 8  # ... 1 / WORKSPACE_SHARE of it (H200: 17.6 GB, one chunk a CTA at 10240^3: 8.4 GB)
@@ -250,6 +251,7 @@ def gemm(
     k_splits: int | None = None,
     prefetch: str | None = None,
     accumulate: str | None = None,
+    cluster: int | None = None,
     host_load: str | None = None,
     split: str = "n",
     panel: int | None = None,
@@ -279,6 +281,10 @@ def gemm(
         holds those rows of C between their additions; a workspace of one m x n fp32 C whatever the split count;
         the summation order, and so the last bits, vary from call to call) or "splits" (each k-split writes its
         own fp32 partial C, which a reduce kernel sums: deterministic).
+    cluster : pipelined only: 2 runs the CTAs in pairs over adjacent 128-column strips of the same k-split, each
+        fetching half of every A tile by TMA multicast into both, so A crosses L2 once per two strips; it needs
+        k and n multiples of 8, 16-byte aligned A and B and an even number of strips (else the launch is refused).
+        1 runs single CTAs. None: 2 where those hold, else 1.
     host_load : "ca" (through L1) or "cg" (L2 only): how B tiles are copied; None: HOST_LOAD_DEFAULT of the variant
         (module docstring).
     split : stream only: "n" cuts B into column panels, each a 2-D copy of K rows (C's columns written once);
@@ -310,6 +316,10 @@ def gemm(
           f"{prefetch!r} for {variant!r}")
     check(variant in STATIONARY or (accumulate is None and k_splits is None), f"accumulate / k_splits are options of "
           f"gemm variants 'tiled' and 'pipelined'; got {accumulate!r} / {k_splits!r} for {variant!r}")
+    check(variant == "pipelined" or cluster is None, f"cluster is an option of gemm variant 'pipelined'; got "
+          f"{cluster!r} for {variant!r}")
+    check(cluster is None or (type(cluster) is int and cluster in CLUSTERS), f"gemm cluster {cluster!r} is not "
+          f"supported; valid: None, 1, 2")
     prefetch, accumulate = prefetch or "hint", accumulate or "atomic"
     if prefetch not in PREFETCHES:
         raise unknown_name("gemm prefetch", prefetch, PREFETCHES)
@@ -362,6 +372,11 @@ def gemm(
         _run_stream(a, b, out, split, panel, copy_streams, copy, copy_ctas)
         return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="stream",
                                  b_tier=b_tier(b_tensor), **cut)
+    if cluster == 2:  # the launcher would refuse it too; here the message names the shape
+        aligned = k % 8 == 0 and n % 8 == 0 and a.data_ptr() % 16 == 0 and b_tensor.data_ptr() % 16 == 0
+        check(aligned and math.ceil(n / TILE_N) % 2 == 0, f"gemm cluster 2 needs k and n multiples of 8, 16-byte "
+              f"aligned A and B and an even number of {TILE_N}-column strips; got k = {k}, n = {n} "
+              f"({math.ceil(n / TILE_N)} strips); use cluster 1 or None")
     part, ldp, splits = None, 0, 1
     if variant not in OUTPUT_STATIONARY:
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
@@ -373,7 +388,8 @@ def gemm(
                 else torch.empty(splits, m, ldp, dtype=torch.float32, device=a.device))
     build.load("gemm_case_study").run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if part is None else part.data_ptr(), m, n, k, ldp, splits,
-        KERNEL_VARIANTS.index(variant), PREFETCHES.index(prefetch), accumulate == "atomic", OUT_CODES[out.dtype],
+        KERNEL_VARIANTS.index(variant), PREFETCHES.index(prefetch), accumulate == "atomic", cluster or 0,
+        OUT_CODES[out.dtype],
         HOST_LOADS.index(host_load), torch.cuda.current_stream(a.device).cuda_stream,
     )  # fmt: skip
     schedule = "naive" if variant in OUTPUT_STATIONARY else variant
