@@ -180,6 +180,32 @@ def test_gemm_pipelined_cluster_pairs(shape, cluster, k_splits, accumulate):
                   accumulate=accumulate)
 
 
+# persistent pipelined: (m, n, k) with more items (strips x chunks) than SMs, so CTAs walk several and stage the next
+# chunk in HBM, and with fewer (a CTA an item, no staging)
+PERSISTENT_SHAPES = [
+    (256, 2048, 8192),  # 16 strips x 16 chunks: 256 items, ~2 a CTA (pair)
+    (130, 4096, 5000),  # 32 x 10 items, ragged m, ragged last chunk (392 rows)
+    (200, 264, 5736),  # 3 strips (pairs impossible: single CTAs), 12 chunks
+    (1, 256, 1024),  # 4 items
+]
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("cluster", [1, 2], ids=["c1", "c2"])
+@pytest.mark.parametrize("shape", PERSISTENT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gemm_pipelined_persistent(shape, cluster):
+    m, n, k = shape
+    if cluster == 2 and math.ceil(n / 128) % 2:
+        pytest.skip("odd strip count: no pairs")
+    a = torch.randn(m, k, device="cuda").half()
+    b = host_b(k, n)
+    check_product(a, b, "pipelined", torch.float32, cluster=cluster, persistent=True)
+    b.copy_(torch.randn(b.shape, device="cuda").half())  # new values in the same pinned bytes: no stale slot
+    torch.cuda.synchronize()
+    check_product(a, b, "pipelined", torch.float16, cluster=cluster, persistent=True)
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_gemm_cluster_pairs_refused_where_strips_do_not_pair():
@@ -191,6 +217,13 @@ def test_gemm_cluster_pairs_refused_where_strips_do_not_pair():
     with pytest.raises(ConfigError, match=r"got k = 1001, n = 256"):
         gemm(a, host_b(1001, 256), variant="pipelined", cluster=2)
     check_product(a, host_b(1001, 256), "pipelined", torch.float16)
+    with pytest.raises(ConfigError, match=r"persistent needs accumulate 'atomic', .* got accumulate 'atomic', k = 1001"):
+        gemm(a, host_b(1001, 256), variant="pipelined", persistent=True)
+    a = torch.randn(130, 1024, device="cuda").half()
+    with pytest.raises(ConfigError, match=r"persistent needs .* got accumulate 'splits'"):
+        gemm(a, host_b(1024, 256), variant="pipelined", persistent=True, accumulate="splits")
+    with pytest.raises(ConfigError, match=r"k_splits must be None; got 2"):
+        gemm(a, host_b(1024, 256), variant="pipelined", persistent=True, k_splits=2)
 
 
 @pytest.mark.gpu
@@ -247,6 +280,10 @@ def test_gemm_rejects_bad_host_load_before_touching_cuda():
     for bad in (0, 3, True, 2.0):
         with pytest.raises(ConfigError, match=rf"gemm cluster {bad!r} is not supported; valid: None, 1, 2"):
             gemm(a, a, variant="pipelined", cluster=bad)
+    with pytest.raises(ConfigError, match=r"persistent is an option of gemm variant 'pipelined'; got True for 'tiled'"):
+        gemm(a, a, variant="tiled", persistent=True)
+    with pytest.raises(ConfigError, match=r"persistent must be None, True or False; got 'yes'"):
+        gemm(a, a, variant="pipelined", persistent="yes")
     with pytest.raises(ConfigError, match="CUDA tensor"):
         gemm(a, a, variant="tiled", host_load="ca")
 

@@ -84,7 +84,7 @@ void launch_clustered(Kernel kernel, unsigned grid, unsigned threads, size_t sme
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, p), "gemm_case_study: clustered kernel launch");
 }
 
-void launch(GemmParams& p, int variant, int out_dtype, int host_load, int cluster, cudaStream_t stream) {
+void launch(GemmParams& p, int variant, int out_dtype, int host_load, int cluster, int ctas, cudaStream_t stream) {
   require(p.m >= 1 && p.n >= 1 && p.k >= 1, "gemm_case_study: m, n, k must be >= 1");
   require(p.a && p.b && p.c, "gemm_case_study: null a, b or c");
   const bool vec = p.k % 8 == 0 && p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.a) % 16 == 0 &&
@@ -116,13 +116,19 @@ void launch(GemmParams& p, int variant, int out_dtype, int host_load, int cluste
   require(p.chunks == (p.k + gemm::kChunkK - 1) / gemm::kChunkK, "gemm_case_study: chunks must be ceil(k / 512)");
   require(p.k_splits >= 1 && p.k_splits <= p.chunks, "gemm_case_study: k_splits must be in 1.." + std::to_string(p.chunks));
   require(ntiles * p.k_splits < (int64_t{1} << 31), "gemm_case_study: grid too large");
-  const unsigned grid = static_cast<unsigned>(ntiles * p.k_splits);
   // Pairs of strips share A tiles by TMA multicast: pipelined, A by TMA (16-byte rows), and strips that pair up.
-  const bool pairs = variant == kPipelined && vec && ntiles % 2 == 0;
-  require(cluster >= 0 && cluster <= 2, "gemm_case_study: cluster code " + std::to_string(cluster) + " must be 0 (auto), 1 or 2");
-  require(cluster != 2 || pairs, "gemm_case_study: cluster 2 needs variant pipelined, k and n multiples of 8 and an even number of "
-                                 "128-column strips; got n = " + std::to_string(p.n) + ", k = " + std::to_string(p.k));
-  const bool pair = cluster == 2 || (cluster == 0 && pairs);
+  require(cluster == 1 || cluster == 2, "gemm_case_study: cluster " + std::to_string(cluster) + " must be 1 or 2");
+  require(cluster == 1 || (variant == kPipelined && vec && ntiles % 2 == 0),
+          "gemm_case_study: cluster 2 needs variant pipelined, k and n multiples of 8 and an even number of 128-column strips; "
+          "got n = " + std::to_string(p.n) + ", k = " + std::to_string(p.k));
+  const bool pair = cluster == 2;
+  if (p.stage) {  // persistent: ctas CTAs walk the strips x chunks items, staging each next B chunk in HBM
+    require(variant == kPipelined && p.atomic && vec && p.k_splits == p.chunks,
+            "gemm_case_study: persistent CTAs need variant pipelined, accumulate atomic, 16-byte rows and one chunk a split");
+    require(ctas >= cluster && ctas % cluster == 0, "gemm_case_study: persistent grid " + std::to_string(ctas) +
+                                                        " must be a positive multiple of the cluster size");
+  }
+  const unsigned grid = static_cast<unsigned>(p.stage ? ctas : ntiles * p.k_splits);
   // pipelined: 64-row blocks, each half (32 rows) from one CTA of a pair
   if (vec) p.a_map = a_tensor_map(p.a, p.m, p.k, variant == kTiled ? gemm::kBM : pair ? 32 : 64);
   dispatch_vec_l1(vec, host_load, [&](auto v, auto l1) {
@@ -149,9 +155,9 @@ void launch(GemmParams& p, int variant, int out_dtype, int host_load, int cluste
 
 }  // namespace
 
-void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, int m, int n, int k, int ldp,
-                         int k_splits, int variant, int prefetch, bool atomic, int cluster, int out_dtype, int host_load,
-                         uintptr_t stream) {
+void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, uintptr_t stage, int ctas, int m, int n,
+                         int k, int ldp, int k_splits, int variant, int prefetch, bool atomic, int cluster, int out_dtype,
+                         int host_load, uintptr_t stream) {
   require(prefetch >= gemm::kPrefetchNone && prefetch <= gemm::kPrefetchLoad,
           "gemm_case_study: prefetch code " + std::to_string(prefetch) + " must be 0 (none), 1 (hint) or 2 (load)");
   GemmParams p{};
@@ -159,6 +165,7 @@ void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, 
   p.b = reinterpret_cast<const __half*>(b);
   p.c = reinterpret_cast<void*>(c);
   p.part = reinterpret_cast<float*>(part);
+  p.stage = reinterpret_cast<unsigned char*>(stage);
   p.m = m;
   p.n = n;
   p.k = k;
@@ -167,7 +174,7 @@ void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, 
   p.chunks = (k + gemm::kChunkK - 1) / gemm::kChunkK;
   p.prefetch = prefetch;
   p.atomic = atomic ? 1 : 0;
-  launch(p, variant, out_dtype, host_load, cluster, reinterpret_cast<cudaStream_t>(stream));
+  launch(p, variant, out_dtype, host_load, cluster, ctas, reinterpret_cast<cudaStream_t>(stream));
 }
 
 // "host" when ptr is page-locked host memory (read across the link), "hbm" for device memory.

@@ -53,6 +53,8 @@ struct GemmParams {
   int chunks;        // ceil(k / kChunkK)
   int prefetch;      // pipelined: how the next B chunk is pulled into L2 (kPrefetch*)
   int atomic;        // tiled / pipelined: every chunk's product is added into part[0] by red.global.add (no read-back)
+  unsigned char* stage;  // pipelined, persistent: [gridDim.x][128 KB] HBM slots, a B chunk each in its shared-memory
+                         // layout; null: one k-split of one strip a CTA
 };
 
 constexpr int kPrefetchNone = 0, kPrefetchHint = 1, kPrefetchLoad = 2;  // = the index in Python's PREFETCHES

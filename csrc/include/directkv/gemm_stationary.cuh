@@ -205,9 +205,9 @@ __device__ __forceinline__ void prefetch_b_chunk(const GemmParams& p, int k0, in
 // In clusters of C = 2 (pipelined), a cluster is a pair of adjacent strips on the same split, ordered as one CTA.
 constexpr int kAtomicGroup = 8;
 template <int C>
-__device__ __forceinline__ void strip_and_split(const GemmParams& p, int& n0, int& split) {
+__device__ __forceinline__ void strip_and_split(const GemmParams& p, int block, int& n0, int& split) {
   constexpr int c = C;
-  const int id = static_cast<int>(blockIdx.x) / c, rank = static_cast<int>(blockIdx.x) % c;
+  const int id = block / c, rank = block % c;
   const int strips = (p.n + kBN - 1) / kBN / c;  // of the cluster's c strips
   int strip;
   if (p.atomic) {
@@ -228,6 +228,76 @@ __device__ __forceinline__ void split_range(const GemmParams& p, int split, int&
   end = static_cast<int>(static_cast<int64_t>(split + 1) * p.chunks / p.k_splits);
 }
 
+// pipelined's work items, (column strip n0, chunk c) in the order the CTA takes them: its k-split's chunks of one
+// strip; or, persistent (p.stage; one chunk a split), items b, b + G, b + 2 G, ... of the strips x chunks items in
+// strip_and_split's order (b = the CTA's cluster, G = the grid's clusters), so the CTAs at work together keep the
+// one-chunk-a-CTA grid's L2 sharing.
+template <int CL>
+struct WorkItems {
+  int count;
+  __device__ explicit WorkItems(const GemmParams& p) {
+    if (p.stage) {
+      const int clusters = static_cast<int>(gridDim.x) / CL, total = (p.n + kBN - 1) / kBN / CL * p.chunks;
+      const int b = static_cast<int>(blockIdx.x) / CL;
+      count = b < total ? (total - b + clusters - 1) / clusters : 0;
+    } else {
+      int n0, split, begin, end;
+      strip_and_split<CL>(p, static_cast<int>(blockIdx.x), n0, split);
+      split_range(p, split, begin, end);
+      count = end - begin;
+    }
+  }
+  __device__ void at(const GemmParams& p, int u, int& n0, int& c) const {
+    const int rank = static_cast<int>(blockIdx.x) % CL;
+    if (p.stage) {
+      const int item = static_cast<int>(blockIdx.x) / CL + u * (static_cast<int>(gridDim.x) / CL);
+      strip_and_split<CL>(p, item * CL + rank, n0, c);
+    } else {
+      int split, end;
+      strip_and_split<CL>(p, static_cast<int>(blockIdx.x), n0, split);
+      split_range(p, split, c, end);
+      c += u;
+    }
+  }
+};
+
+// persistent: the CTA's B-loading producer threads (tid 0..63) copy the chunk at k0 of strip n0 from host memory into
+// the CTA's HBM slot, already in the shared-memory layout (load_b_chunk's: swizzled, zeros past k and n), while the
+// consumers compute the previous chunk; load_staged_chunk later moves the slot into shared memory at HBM speed. Each
+// thread copies the same 16-byte pieces in both, so its own program order puts the stores before the reloads.
+// kStageDepth loads in flight a thread: 64 x 2 x 16 B = 2 KB an SM, 270 KB over 132 SMs, about twice what the link
+// needs in flight (51 GB/s x ~2 us). Deeper (4, 8) spilled within the producers' registers.
+constexpr int kStageDepth = 2;
+__device__ __forceinline__ void stage_b_chunk(unsigned char* slot, const GemmParams& p, int k0, int krows, int n0, int tid) {
+  const int pieces = (krows + kBK - 1) / kBK * kBK * (kBN / 8), cols = p.n - n0;
+  const __half* base = p.b + static_cast<size_t>(k0) * p.n + n0;
+  for (int u0 = tid; u0 < pieces; u0 += 64 * kStageDepth) {
+    uint4 v[kStageDepth];
+#pragma unroll
+    for (int d = 0; d < kStageDepth; ++d) {
+      const int u = u0 + d * 64, r = u / (kBN / 8), c = u % (kBN / 8);
+      v[d] = u < pieces && r < krows && c * 8 < cols ? __ldcg(reinterpret_cast<const uint4*>(base + static_cast<size_t>(r) * p.n + c * 8))
+                                                     : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int d = 0; d < kStageDepth; ++d) {
+      const int u = u0 + d * 64, r = u / (kBN / 8), c = u % (kBN / 8);
+      if (u < pieces) __stcg(reinterpret_cast<uint4*>(slot + (c >> 3) * kBBlockBytes + wg::swizzle128(r, c & 7)), v[d]);
+    }
+  }
+}
+
+// The staged chunk from the slot into shared memory by cp.async (.cg: an earlier chunk's bytes of the slot may sit in
+// L1); the caller waits for it.
+__device__ __forceinline__ void load_staged_chunk(unsigned char* bchunk, const unsigned char* slot, int krows, int tid) {
+  const int pieces = (krows + kBK - 1) / kBK * kBK * (kBN / 8);
+  for (int u = tid; u < pieces; u += 64) {
+    const int r = u / (kBN / 8), c = u % (kBN / 8);
+    const uint32_t off = (c >> 3) * kBBlockBytes + wg::swizzle128(r, c & 7);
+    cp_async16<0>(bchunk + off, slot + off);
+  }
+}
+
 // grid (ceil(n / 128) * k_splits), 256 threads (two warpgroups, which also load), smem kTiledSmem. One 128-row A ring
 // shared by both warpgroups (rows [64 w, 64 w + 64) of each tile are warpgroup w's), refilled after a CTA barrier;
 // A tiles by TMA (p.a_map box 128 x 64) when VEC.
@@ -240,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tiled_kernel(const __grid_co
   uint64_t* a_full = reinterpret_cast<uint64_t*>(as + kWgStages * kATileBytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wgi = wg::warpgroup_index();
   int n0, split;
-  strip_and_split<1>(p, n0, split);
+  strip_and_split<1>(p, static_cast<int>(blockIdx.x), n0, split);
   const int mtiles = (p.m + kBM - 1) / kBM;
   float* part = partial_tile(p, split);
   int c_begin, c_end;
@@ -297,8 +367,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tiled_kernel(const __grid_co
 }
 
 // Registers per thread after the split: the producer warpgroup needs few, the consumers hold the accumulators.
-// 128 x (2 x 232 + 40) = 64,512 of the SM's 65,536.
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+// 128 x (2 x 224 + 56) = 64,512 of the SM's 65,536 (the producers' B staging spilled within 40).
+constexpr int kProducerRegs = 56, kConsumerRegs = 224;
 constexpr int kPipeThreads = kThreads + 128;
 
 // A producer thread's hand-off of a buffer it filled (its cp.async landed, or plain stores): the proxy fence makes the
@@ -350,12 +420,9 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
   uint64_t* b_empty = b_full + 1;
   uint64_t* turn = b_empty + 1;  // [2]: warpgroup w may issue its next block's wgmma
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wgi = wg::warpgroup_index();
-  int n0, split;
-  strip_and_split<CL>(p, n0, split);
   const int rank = static_cast<int>(blockIdx.x) % CL;  // = %cluster_ctarank: clusters are (CL, 1, 1)
   const int blocks = (p.m + 63) / 64;  // 64-row blocks of C per chunk
-  int c_begin, c_end;
-  split_range(p, split, c_begin, c_end);
+  const WorkItems<CL> items(p);
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2 * kPipeStages; ++s) {
       tc::mbar_init(full + s, VEC ? 1 : 32);  // the TMA issuer's arrival, or one per lane of the ring's producer warp
@@ -378,21 +445,37 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
     const int pw = warp - kConsumerWarps;  // 0, 1: ring producers; 2, 3: B chunk
     if (pw >= 2) {
       const int tid = threadIdx.x - kThreads - 64;
-      for (int c = c_begin, u = 0; c < c_end; ++c, ++u) {
+      unsigned char* slot = p.stage + static_cast<size_t>(blockIdx.x) * kBChunkBytes;
+      for (int u = 0; u < items.count; ++u) {
+        int n0, c;
+        items.at(p, u, n0, c);
         const int k0 = c * kChunkK, krows = min(kChunkK, p.k - k0);
         if (u > 0) tc::mbar_wait(b_empty, (u - 1) & 1);
-        load_b_chunk<VEC, L1>(bchunk, p, k0, krows, n0, tid, 64);
+        if (p.stage && u > 0) {
+          load_staged_chunk(bchunk, slot, krows, tid);  // staged while the previous chunk was computed
+        } else {
+          load_b_chunk<VEC, L1>(bchunk, p, k0, krows, n0, tid, 64);
+        }
         if constexpr (VEC) tc::cp_async_wait_all();
         producer_arrive(b_full);
-        // The next chunk crosses the link while this one is computed. Issued only now: prefetches issued beside
-        // the chunk's own loads shared the link with them and delayed the chunk (no gain measured, 2026-12-04).
-        if (p.prefetch != kPrefetchNone && c + 1 < c_end) prefetch_b_chunk(p, k0 + kChunkK, n0, tid);
+        if (u + 1 == items.count) continue;
+        int n1, c1;
+        items.at(p, u + 1, n1, c1);
+        if (p.stage) {  // the next chunk crosses the link into HBM while this one is computed
+          stage_b_chunk(slot, p, c1 * kChunkK, min(kChunkK, p.k - c1 * kChunkK), n1, tid);
+        } else if (p.prefetch != kPrefetchNone) {
+          // The same into L2. Issued only now: prefetches issued beside the chunk's own loads shared the link with
+          // them and delayed the chunk (no gain measured, 2026-12-04).
+          prefetch_b_chunk(p, c1 * kChunkK, n1, tid);
+        }
       }
     } else if (!VEC || lane == 0) {
       unsigned char* ring = rings + pw * kPipeStages * kARowsBytes;
       uint64_t *rfull = full + pw * kPipeStages, *rempty = empty + pw * kPipeStages;
       int i = 0;  // ring position
-      for (int c = c_begin, u = 0; c < c_end; ++c, ++u) {
+      for (int u = 0; u < items.count; ++u) {
+        int n0, c;
+        items.at(p, u, n0, c);
         const int k0 = c * kChunkK, krows = min(kChunkK, p.k - k0), ktiles = (krows + kBK - 1) / kBK;
         for (int b = (pw + u * blocks) % 2; b < blocks; b += 2) {  // this ring's blocks of the chunk
           for (int kt = 0; kt < ktiles; ++kt, ++i) {
@@ -414,14 +497,18 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
     }
   } else {  // consumer warpgroup wgi
     wg::set_max_regs_inc<kConsumerRegs>();
+    int n0, split;  // the CTA's k-split (persistent CTAs have none: they add into the one fp32 C)
+    strip_and_split<CL>(p, static_cast<int>(blockIdx.x), n0, split);
     float* part = partial_tile(p, split);
     unsigned char* ring = rings + wgi * kPipeStages * kARowsBytes;
     uint64_t *rfull = full + wgi * kPipeStages, *rempty = empty + wgi * kPipeStages;
     float acc[kWgAccum];
     int i = 0, turns = 0;  // ring position; turns taken
-    for (int c = c_begin, u = 0; c < c_end; ++c, ++u) {
+    for (int u = 0; u < items.count; ++u) {
+      int c;
+      items.at(p, u, n0, c);
       const int krows = min(kChunkK, p.k - c * kChunkK), ktiles = (krows + kBK - 1) / kBK;
-      const bool first = c == c_begin;
+      const bool first = u == 0;
       tc::mbar_wait(b_full, u & 1);
       wg::fence_proxy_async();  // the B chunk's generic-proxy writes (cp.async or stores) made visible to wgmma
       for (int b = (wgi + u * blocks) % 2; b < blocks; b += 2) {

@@ -93,6 +93,7 @@ HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/d
 PREFETCHES = ("none", "hint", "load")  # index = the kernel's kPrefetch* code (pipelined)
 ACCUMULATES = ("splits", "atomic")  # tiled / pipelined: how the chunks' products are summed
 CLUSTERS = (1, 2)  # pipelined: CTAs per cluster (2: column-strip pairs sharing A tiles by TMA multicast)
+STAGE_SLOT_BYTES = 128 * 1024  # pipelined, persistent: a B chunk (512 x 128 fp16) in its shared-memory layout
 HOST_LOAD_DEFAULT = {"naive": "ca", "raster": "ca", "tiled": "cg", "pipelined": "cg", "stream": "ca"}
 WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most, or WORKSPACE_SHARE of the GPU's memory if that is more
 WORKSPACE_SHARE = 8  # ... 1 / WORKSPACE_SHARE of it (H200: 17.6 GB, one chunk a CTA at 10240^3: 8.4 GB)
@@ -252,6 +253,7 @@ def gemm(
     prefetch: str | None = None,
     accumulate: str | None = None,
     cluster: int | None = None,
+    persistent: bool | None = None,
     host_load: str | None = None,
     split: str = "n",
     panel: int | None = None,
@@ -285,6 +287,11 @@ def gemm(
         fetching half of every A tile by TMA multicast into both, so A crosses L2 once per two strips; it needs
         k and n multiples of 8, 16-byte aligned A and B and an even number of strips (else the launch is refused).
         1 runs single CTAs. None: 2 where those hold, else 1.
+    persistent : pipelined only: True runs one CTA (pair) per SM, walking the (column strip, chunk) items in the
+        one-chunk-a-CTA order; its B-loading producer warps copy the next item's chunk from the host into an HBM
+        slot of the CTA (128 KB, already in the shared-memory layout) while the consumers compute the current one,
+        then move it into shared memory at HBM speed, so B's link transfer overlaps the math. Needs accumulate
+        "atomic" and 16-byte rows (k, n multiples of 8, aligned A and B). None: False.
     host_load : "ca" (through L1) or "cg" (L2 only): how B tiles are copied; None: HOST_LOAD_DEFAULT of the variant
         (module docstring).
     split : stream only: "n" cuts B into column panels, each a 2-D copy of K rows (C's columns written once);
@@ -320,6 +327,9 @@ def gemm(
           f"{cluster!r} for {variant!r}")
     check(cluster is None or (type(cluster) is int and cluster in CLUSTERS), f"gemm cluster {cluster!r} is not "
           f"supported; valid: None, 1, 2")
+    check(variant == "pipelined" or persistent is None, f"persistent is an option of gemm variant 'pipelined'; got "
+          f"{persistent!r} for {variant!r}")
+    check(persistent in (None, True, False), f"gemm persistent must be None, True or False; got {persistent!r}")
     prefetch, accumulate = prefetch or "hint", accumulate or "atomic"
     if prefetch not in PREFETCHES:
         raise unknown_name("gemm prefetch", prefetch, PREFETCHES)
@@ -372,23 +382,35 @@ def gemm(
         _run_stream(a, b, out, split, panel, copy_streams, copy, copy_ctas)
         return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="stream",
                                  b_tier=b_tier(b_tensor), **cut)
-    if cluster == 2:  # the launcher would refuse it too; here the message names the shape
-        aligned = k % 8 == 0 and n % 8 == 0 and a.data_ptr() % 16 == 0 and b_tensor.data_ptr() % 16 == 0
-        check(aligned and math.ceil(n / TILE_N) % 2 == 0, f"gemm cluster 2 needs k and n multiples of 8, 16-byte "
-              f"aligned A and B and an even number of {TILE_N}-column strips; got k = {k}, n = {n} "
-              f"({math.ceil(n / TILE_N)} strips); use cluster 1 or None")
-    part, ldp, splits = None, 0, 1
+    # 16-byte rows: A tiles by TMA, B by 16-byte copies (else the kernels take their element-load path)
+    aligned = k % 8 == 0 and n % 8 == 0 and a.data_ptr() % 16 == 0 and b_tensor.data_ptr() % 16 == 0
+    strips = math.ceil(n / TILE_N)
+    check(cluster != 2 or (aligned and strips % 2 == 0), f"gemm cluster 2 needs k and n multiples of 8, 16-byte "
+          f"aligned A and B and an even number of {TILE_N}-column strips; got k = {k}, n = {n} ({strips} strips); "
+          f"use cluster 1 or None")
+    check(not persistent or (aligned and accumulate == "atomic"), f"gemm persistent needs accumulate 'atomic', k and "
+          f"n multiples of 8 and 16-byte aligned A and B; got accumulate {accumulate!r}, k = {k}, n = {n}")
+    check(not persistent or k_splits is None, f"gemm persistent CTAs take one chunk an item: k_splits must be None; "
+          f"got {k_splits!r}")
+    if cluster is None:
+        cluster = 2 if variant == "pipelined" and aligned and strips % 2 == 0 else 1
+    part, stage, ctas, ldp, splits = None, None, 0, 0, 1
     if variant not in OUTPUT_STATIONARY:
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-        ldp = math.ceil(n / TILE_N) * TILE_N
+        ldp = strips * TILE_N
         atomic = accumulate == "atomic"  # one shared sum: no workspace per split, so no cap on the splits
         splits = plan_k_splits(m, n, k, workspace=None if atomic else workspace_cap(_total_memory(device)),
                                k_splits=k_splits)
         part = (torch.zeros(1, m, ldp, dtype=torch.float32, device=a.device) if atomic
                 else torch.empty(splits, m, ldp, dtype=torch.float32, device=a.device))
+        if persistent:  # one CTA (pair) an SM, at most one an item; an HBM slot each for the next B chunk
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            ctas = min(sms // cluster, strips // cluster * splits) * cluster  # splits: one chunk each (atomic)
+            stage = torch.empty(ctas * STAGE_SLOT_BYTES, dtype=torch.uint8, device=a.device)
     build.load("gemm_case_study").run(
-        a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if part is None else part.data_ptr(), m, n, k, ldp, splits,
-        KERNEL_VARIANTS.index(variant), PREFETCHES.index(prefetch), accumulate == "atomic", cluster or 0,
+        a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if part is None else part.data_ptr(),
+        0 if stage is None else stage.data_ptr(), ctas, m, n, k, ldp, splits,
+        KERNEL_VARIANTS.index(variant), PREFETCHES.index(prefetch), accumulate == "atomic", cluster,
         OUT_CODES[out.dtype],
         HOST_LOADS.index(host_load), torch.cuda.current_stream(a.device).cuda_stream,
     )  # fmt: skip
