@@ -13,6 +13,7 @@ void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, 
                          int k, int ldp, int k_splits, int variant, int prefetch, bool atomic, int cluster, int out_dtype,
                          int host_load, uintptr_t stream);
 std::string gemm_pointer_tier(uintptr_t ptr);
+int gemm_persistent_ctas(int cluster);
 void gemm_copy_panel_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, size_t src_pitch, size_t width_bytes,
                            size_t height, uintptr_t stream);
 void gemm_copy_panel_sm_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, size_t src_pitch, size_t width_bytes,
@@ -24,6 +25,8 @@ PYBIND11_MODULE(_dkv_gemm_case_study, m) {
   m.def("run", &directkv::gemm_case_study_run, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("part"), py::arg("stage"), py::arg("ctas"), py::arg("m"),
         py::arg("n"), py::arg("k"), py::arg("ldp"), py::arg("k_splits"), py::arg("variant"), py::arg("prefetch"), py::arg("atomic"),
         py::arg("cluster"), py::arg("out_dtype"), py::arg("host_load"), py::arg("stream"));
+  m.def("persistent_ctas", &directkv::gemm_persistent_ctas, py::arg("cluster"),
+        "CTAs of the persistent pipelined grid: the clusters resident at once, times the cluster size");
   m.def("pointer_tier", &directkv::gemm_pointer_tier, py::arg("ptr"),
         "'host' for page-locked host memory, 'hbm' for device memory");
   m.def("copy_panel_async", &directkv::gemm_copy_panel_async, py::arg("dst"), py::arg("dst_pitch"), py::arg("src"),

@@ -177,6 +177,32 @@ void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, 
   launch(p, variant, out_dtype, host_load, cluster, ctas, reinterpret_cast<cudaStream_t>(stream));
 }
 
+// CTAs of the persistent pipelined grid: as many clusters of `cluster` as can be resident at once (one CTA an SM;
+// pairs need two free SMs of one GPC), so no CTA waits for another to finish before taking its first item.
+int gemm_persistent_ctas(int cluster) {
+  require(cluster == 1 || cluster == 2, "gemm_case_study: cluster " + std::to_string(cluster) + " must be 1 or 2");
+  auto kernel = cluster == 2 ? gemm::gemm_pipelined_kernel<true, false, 2> : gemm::gemm_pipelined_kernel<true, false, 1>;
+  allow_max_smem("gemm_case_study", kernel, gemm::kPipeSmem);
+  int device = 0, sms = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(sms / cluster * cluster));
+  cfg.blockDim = dim3(gemm::kPipeThreads);
+  cfg.dynamicSmemBytes = gemm::kPipeSmem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), "gemm_case_study: cudaOccupancyMaxActiveClusters");
+  require(clusters >= 1, "gemm_case_study: no cluster of " + std::to_string(cluster) + " pipelined CTAs fits this GPU");
+  return clusters * cluster;
+}
+
 // "host" when ptr is page-locked host memory (read across the link), "hbm" for device memory.
 std::string gemm_pointer_tier(uintptr_t ptr) {
   cudaPointerAttributes attr{};

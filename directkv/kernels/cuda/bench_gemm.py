@@ -38,20 +38,22 @@ KERNELS = {
     "tiled": {},  # B by cp.async.cg, chunks added into one fp32 C (accumulate "atomic"): the defaults
     "tiled:ca": {"host_load": "ca"},  # B copied through L1 (cp.async.ca)
     "tiled:splits": {"accumulate": "splits"},  # a partial C per k-split in DRAM, summed by the reduce kernel
+    # the default: a CTA (pair) an SM walking the (strip, chunk) items, the next B chunk staged in HBM while the
+    # current one is computed, column-strip pairs sharing A tiles by TMA multicast
     "pipelined": {},
     "pipelined:ca": {"host_load": "ca"},
-    "pipelined:splits": {"accumulate": "splits"},
-    "pipelined:c1": {"cluster": 1},  # single CTAs reading their own A tiles (default: strip pairs share them)
-    # a CTA (pair) an SM walking the items, the next B chunk staged in HBM while the current one is computed
-    "pipelined:persistent": {"persistent": True},
-    "pipelined:persistent:c1": {"persistent": True, "cluster": 1},
+    "pipelined:splits": {"accumulate": "splits"},  # a CTA (pair) an item: persistent CTAs need "atomic"
+    "pipelined:c1": {"cluster": 1},  # single CTAs reading their own A tiles
+    # a CTA (pair) an item, B loaded once the CTA starts (no overlap within a CTA)
+    "pipelined:grid": {"persistent": False},
+    "pipelined:grid:c1": {"persistent": False, "cluster": 1},
     # 4 CTAs a strip, so a CTA owns several chunks and prefetches the next one (the planned one chunk a CTA never does)
     "pipelined:s4": {"k_splits": 4},
     "pipelined:s4:no_prefetch": {"k_splits": 4, "prefetch": "none"},
     "tiled:b_hbm": {"_b": "hbm"},  # B in HBM: the kernels' on-chip time with no link in the way
     "pipelined:b_hbm": {"_b": "hbm"},
     "pipelined:b_hbm:c1": {"_b": "hbm", "cluster": 1},
-    "pipelined:b_hbm:persistent": {"_b": "hbm", "persistent": True},
+    "pipelined:b_hbm:grid": {"_b": "hbm", "persistent": False},
     "pipelined:b_hbm:splits": {"_b": "hbm", "accumulate": "splits"},
     "raster": {},  # naive's kernel, CTAs down the m tiles first: does L2 serve B's repeats from host memory?
     "raster:b_hbm": {"_b": "hbm"},  # its on-chip time

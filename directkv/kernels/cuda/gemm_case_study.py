@@ -235,6 +235,12 @@ def _total_memory(device: int) -> int:
     return torch.cuda.get_device_properties(device).total_memory
 
 
+@cache
+def _persistent_ctas(device: int, cluster: int) -> int:
+    with torch.cuda.device(device):
+        return build.load("gemm_case_study").persistent_ctas(cluster)
+
+
 def b_tier(b: torch.Tensor) -> str:
     """'host' when b's memory is page-locked host memory (a zero-copy view or a pinned CPU tensor), else 'hbm'."""
     return build.load("gemm_case_study").pointer_tier(b.data_ptr())
@@ -291,7 +297,8 @@ def gemm(
         one-chunk-a-CTA order; its B-loading producer warps copy the next item's chunk from the host into an HBM
         slot of the CTA (128 KB, already in the shared-memory layout) while the consumers compute the current one,
         then move it into shared memory at HBM speed, so B's link transfer overlaps the math. Needs accumulate
-        "atomic" and 16-byte rows (k, n multiples of 8, aligned A and B). None: False.
+        "atomic", k_splits None and 16-byte rows (k, n multiples of 8, aligned A and B). None: True where those
+        hold, else False.
     host_load : "ca" (through L1) or "cg" (L2 only): how B tiles are copied; None: HOST_LOAD_DEFAULT of the variant
         (module docstring).
     split : stream only: "n" cuts B into column panels, each a 2-D copy of K rows (C's columns written once);
@@ -394,6 +401,8 @@ def gemm(
           f"got {k_splits!r}")
     if cluster is None:
         cluster = 2 if variant == "pipelined" and aligned and strips % 2 == 0 else 1
+    if persistent is None:
+        persistent = variant == "pipelined" and aligned and accumulate == "atomic" and k_splits is None
     part, stage, ctas, ldp, splits = None, None, 0, 0, 1
     if variant not in OUTPUT_STATIONARY:
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
@@ -403,9 +412,8 @@ def gemm(
                                k_splits=k_splits)
         part = (torch.zeros(1, m, ldp, dtype=torch.float32, device=a.device) if atomic
                 else torch.empty(splits, m, ldp, dtype=torch.float32, device=a.device))
-        if persistent:  # one CTA (pair) an SM, at most one an item; an HBM slot each for the next B chunk
-            sms = torch.cuda.get_device_properties(device).multi_processor_count
-            ctas = min(sms // cluster, strips // cluster * splits) * cluster  # splits: one chunk each (atomic)
+        if persistent:  # the CTAs resident at once, at most one an item; an HBM slot each for the next B chunk
+            ctas = min(_persistent_ctas(device, cluster), strips * splits)  # splits: one chunk each (atomic)
             stage = torch.empty(ctas * STAGE_SLOT_BYTES, dtype=torch.uint8, device=a.device)
     build.load("gemm_case_study").run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if part is None else part.data_ptr(),
