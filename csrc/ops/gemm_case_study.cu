@@ -147,8 +147,8 @@ void launch(GemmParams& p, int variant, int out_dtype, int host_load, int cluste
   });
   dispatch_out(out_dtype, [&](auto o) {
     constexpr int kReduceThreads = 256;
-    const int64_t elems = static_cast<int64_t>(p.m) * p.n;
-    gemm::gemm_reduce_kernel<decltype(o)><<<static_cast<unsigned>((elems + kReduceThreads - 1) / kReduceThreads), kReduceThreads, 0, stream>>>(p);
+    const int64_t quads = static_cast<int64_t>(p.m) * (p.ldp / 4);  // a thread per 4 columns of a padded row
+    gemm::gemm_reduce_kernel<decltype(o)><<<static_cast<unsigned>((quads + kReduceThreads - 1) / kReduceThreads), kReduceThreads, 0, stream>>>(p);
     check_cuda(cudaGetLastError(), "gemm_case_study: reduce kernel launch");
   });
 }
