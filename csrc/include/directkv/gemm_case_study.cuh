@@ -20,7 +20,9 @@
 // pipelined : tiled with warp specialisation: producer warps stream A into one ring per consumer warpgroup,
 //             load each B chunk once its last reader is done and, when the CTA owns further chunks, prefetch the
 //             next one into L2; the two consumer warpgroups take 64-row blocks in turn (ping-pong), so one stores
-//             its block while the other computes.
+//             its block while the other computes. Clusters of two CTAs on adjacent strips share each A tile by
+//             TMA multicast. Persistent (p.stage): one CTA (pair) an SM walks (strip, chunk) items, and its B
+//             producers stage the next item's chunk from the host in an HBM slot while the current one is computed.
 // tiled and pipelined, with the reduction of their k-splits, are in gemm_stationary.cuh; this file holds the shared
 // parameters, naive / raster and the stream variant's panel copy.
 //
