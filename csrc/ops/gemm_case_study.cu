@@ -67,22 +67,26 @@ void dispatch_vec_l1(bool vec, int host_load, F&& f) {
 }
 
 // pipelined in clusters of `cluster` CTAs: grid / cluster clusters of (cluster, 1, 1), the same launch otherwise.
-template <typename Kernel>
-void launch_clustered(Kernel kernel, unsigned grid, unsigned threads, size_t smem, int cluster, cudaStream_t stream, const GemmParams& p) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
+// A launch of `grid` pipelined CTAs (kPipeThreads, kPipeSmem) in clusters of (cluster, 1, 1). cfg points into the
+// object's own attribute, so it is neither copied nor moved.
+struct ClusterLaunch {
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  check_cuda(cudaLaunchKernelEx(&cfg, kernel, p), "gemm_case_study: clustered kernel launch");
-}
+  cudaLaunchConfig_t cfg{};
+  ClusterLaunch(unsigned grid, int cluster, cudaStream_t stream) {
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(gemm::kPipeThreads);
+    cfg.dynamicSmemBytes = gemm::kPipeSmem;
+    cfg.stream = stream;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
 
 void launch(GemmParams& p, int variant, int out_dtype, int host_load, int cluster, int ctas, cudaStream_t stream) {
   require(p.m >= 1 && p.n >= 1 && p.k >= 1, "gemm_case_study: m, n, k must be >= 1");
@@ -141,7 +145,8 @@ void launch(GemmParams& p, int variant, int out_dtype, int host_load, int cluste
       gemm::gemm_pipelined_kernel<V, L1, 1><<<grid, gemm::kPipeThreads, gemm::kPipeSmem, stream>>>(p);
     } else if constexpr (V) {  // pair implies 16-byte rows
       allow_max_smem("gemm_case_study", gemm::gemm_pipelined_kernel<V, L1, 2>, gemm::kPipeSmem);
-      launch_clustered(gemm::gemm_pipelined_kernel<V, L1, 2>, grid, gemm::kPipeThreads, gemm::kPipeSmem, 2, stream, p);
+      const ClusterLaunch pairs_launch(grid, 2, stream);
+      check_cuda(cudaLaunchKernelEx(&pairs_launch.cfg, gemm::gemm_pipelined_kernel<V, L1, 2>, p), "gemm_case_study: clustered kernel launch");
     }
     check_cuda(cudaGetLastError(), "gemm_case_study: kernel launch");
   });
@@ -186,19 +191,9 @@ int gemm_persistent_ctas(int cluster) {
   int device = 0, sms = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(sms / cluster * cluster));
-  cfg.blockDim = dim3(gemm::kPipeThreads);
-  cfg.dynamicSmemBytes = gemm::kPipeSmem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const ClusterLaunch full_grid(static_cast<unsigned>(sms / cluster * cluster), cluster, nullptr);
   int clusters = 0;
-  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), "gemm_case_study: cudaOccupancyMaxActiveClusters");
+  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &full_grid.cfg), "gemm_case_study: cudaOccupancyMaxActiveClusters");
   require(clusters >= 1, "gemm_case_study: no cluster of " + std::to_string(cluster) + " pipelined CTAs fits this GPU");
   return clusters * cluster;
 }

@@ -302,7 +302,8 @@ def gemm(
         slot of the CTA (128 KB, already in the shared-memory layout) while the consumers compute the current one,
         then move it into shared memory at HBM speed, so B's link transfer overlaps the math. Needs accumulate
         "atomic", k_splits None and 16-byte rows (k, n multiples of 8, aligned A and B). None: True where those
-        hold, else False.
+        hold, else False. The staging copies read B by ld.global.cg whatever host_load says; host_load applies
+        to each CTA's first chunk, loaded straight into shared memory.
     host_load : "ca" (through L1) or "cg" (L2 only): how B tiles are copied; None: HOST_LOAD_DEFAULT of the variant
         (module docstring).
     split : stream only: "n" cuts B into column panels, each a 2-D copy of K rows (C's columns written once);
