@@ -27,6 +27,7 @@ from directkv.kernels.cuda.gemm_case_study import (
     HostPanels,
     gemm,
     host_panels,
+    pipelined_options,
     plan_k_splits,
     plan_panel_cols,
     plan_panel_rows,
@@ -180,24 +181,27 @@ def test_gemm_pipelined_cluster_pairs(shape, cluster, k_splits, accumulate):
                   accumulate=accumulate)
 
 
-# persistent pipelined: (m, n, k) with more items (strips x chunks) than SMs, so CTAs walk several and stage the next
-# chunk in HBM, and with fewer (a CTA an item, no staging)
-PERSISTENT_SHAPES = [
-    (256, 2048, 8192),  # 16 strips x 16 chunks: 256 items, ~2 a CTA (pair)
-    (130, 4096, 5000),  # 32 x 10 items, ragged m, ragged last chunk (392 rows)
-    (200, 264, 5736),  # 3 strips (pairs impossible: single CTAs), 12 chunks
-    (1, 256, 1024),  # 4 items
+# persistent pipelined: (m, n, k, clusters tried, staged) with more items (strips x chunks) than resident CTAs, so
+# CTAs walk several and stage the next chunk in HBM, or fewer (a CTA an item, nothing staged)
+PERSISTENT_CASES = [
+    (256, 2048, 8192, (1, 2), True),  # 16 strips x 16 chunks: 256 items
+    (130, 4096, 5000, (1, 2), True),  # 32 x 10 items, ragged m, ragged last chunk (392 rows)
+    (130, 2184, 8192, (1, 2), True),  # 18 x 16 items, the last strip 8 columns wide (zeros staged past n)
+    (200, 264, 5736, (1,), False),  # 3 strips (pairs impossible), 12 chunks
+    (1, 256, 1024, (1, 2), False),  # 4 items
 ]
+PERSISTENT_RUNS = [(m, n, k, c, staged) for m, n, k, cs, staged in PERSISTENT_CASES for c in cs]
 
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("cluster", [1, 2], ids=["c1", "c2"])
-@pytest.mark.parametrize("shape", PERSISTENT_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_gemm_pipelined_persistent(shape, cluster):
-    m, n, k = shape
-    if cluster == 2 and math.ceil(n / 128) % 2:
-        pytest.skip("odd strip count: no pairs")
+@pytest.mark.parametrize("m,n,k,cluster,staged", PERSISTENT_RUNS,
+                         ids=[f"{m}x{n}x{k}-c{c}" for m, n, k, c, _ in PERSISTENT_RUNS])
+def test_gemm_pipelined_persistent(m, n, k, cluster, staged):
+    from directkv.kernels.cuda.gemm_case_study import _persistent_ctas
+
+    items = math.ceil(n / 128) * math.ceil(k / 512)
+    assert (items > _persistent_ctas(torch.cuda.current_device(), cluster)) == staged  # the case tests what it says
     a = torch.randn(m, k, device="cuda").half()
     b = host_b(k, n)
     check_product(a, b, "pipelined", torch.float32, cluster=cluster, persistent=True)
@@ -217,13 +221,15 @@ def test_gemm_cluster_pairs_refused_where_strips_do_not_pair():
     with pytest.raises(ConfigError, match=r"got k = 1001, n = 256"):
         gemm(a, host_b(1001, 256), variant="pipelined", cluster=2)
     check_product(a, host_b(1001, 256), "pipelined", torch.float16)
-    with pytest.raises(ConfigError, match=r"persistent needs accumulate 'atomic', .* got accumulate 'atomic', k = 1001"):
+    with pytest.raises(ConfigError, match=r"persistent needs k and n multiples of 8 .* got k = 1001, n = 256"):
         gemm(a, host_b(1001, 256), variant="pipelined", persistent=True)
     a = torch.randn(130, 1024, device="cuda").half()
-    with pytest.raises(ConfigError, match=r"persistent needs .* got accumulate 'splits'"):
+    with pytest.raises(ConfigError, match=r"persistent needs accumulate 'atomic'; got 'splits'"):
         gemm(a, host_b(1024, 256), variant="pipelined", persistent=True, accumulate="splits")
     with pytest.raises(ConfigError, match=r"k_splits must be None; got 2"):
         gemm(a, host_b(1024, 256), variant="pipelined", persistent=True, k_splits=2)
+    with pytest.raises(ConfigError, match=r"persistent CTAs stage the next chunk in HBM and take no prefetch"):
+        gemm(a, host_b(1024, 256), variant="pipelined", persistent=True, prefetch="hint")
 
 
 @pytest.mark.gpu
@@ -282,10 +288,30 @@ def test_gemm_rejects_bad_host_load_before_touching_cuda():
             gemm(a, a, variant="pipelined", cluster=bad)
     with pytest.raises(ConfigError, match=r"persistent is an option of gemm variant 'pipelined'; got True for 'tiled'"):
         gemm(a, a, variant="tiled", persistent=True)
-    with pytest.raises(ConfigError, match=r"persistent must be None, True or False; got 'yes'"):
-        gemm(a, a, variant="pipelined", persistent="yes")
+    for bad in ("yes", 1, 0):
+        with pytest.raises(ConfigError, match=rf"persistent must be None, True or False; got {bad!r}"):
+            gemm(a, a, variant="pipelined", persistent=bad)
     with pytest.raises(ConfigError, match="CUDA tensor"):
         gemm(a, a, variant="tiled", host_load="ca")
+
+
+def test_pipelined_options_by_hand():
+    """The defaults and refusals of pipelined's cluster / persistent (CPU tensors: only shapes and addresses count)."""
+    a = torch.empty(64, 1024, dtype=torch.float16)
+    b = lambda n: torch.empty(1024, n, dtype=torch.float16)  # noqa: E731
+    assert pipelined_options(a, b(256), "atomic", None, None, None) == (2, True)
+    assert pipelined_options(a, b(384), "atomic", None, None, None) == (1, True)  # 3 strips: no pairs
+    assert pipelined_options(a, b(256), "splits", None, None, None) == (2, False)
+    assert pipelined_options(a, b(256), "atomic", 4, None, None) == (2, False)
+    assert pipelined_options(a, b(256), "atomic", None, None, None, prefetch_given=True) == (2, False)
+    assert pipelined_options(a, b(256), "atomic", None, 1, False) == (1, False)
+    assert pipelined_options(a, b(260), "atomic", None, None, None) == (1, False)  # n % 8: element loads
+    unaligned = torch.empty(64 * 1024 + 1, dtype=torch.float16)[1:].view(64, 1024)
+    assert pipelined_options(unaligned, b(256), "atomic", None, None, None) == (1, False)
+    with pytest.raises(ConfigError, match=r"got k = 1024, n = 256 \(2 strips\), A at 2 and B at 0 bytes"):
+        pipelined_options(unaligned, b(256), "atomic", None, 2, None)
+    with pytest.raises(ConfigError, match=r"\(3 strips\)"):
+        pipelined_options(a, b(384), "atomic", None, 2, None)
 
 
 @pytest.mark.gpu

@@ -123,14 +123,18 @@ void launch(GemmParams& p, int variant, int out_dtype, int host_load, int cluste
   // Pairs of strips share A tiles by TMA multicast: pipelined, A by TMA (16-byte rows), and strips that pair up.
   require(cluster == 1 || cluster == 2, "gemm_case_study: cluster " + std::to_string(cluster) + " must be 1 or 2");
   require(cluster == 1 || (variant == kPipelined && vec && ntiles % 2 == 0),
-          "gemm_case_study: cluster 2 needs variant pipelined, k and n multiples of 8 and an even number of 128-column strips; "
-          "got n = " + std::to_string(p.n) + ", k = " + std::to_string(p.k));
+          "gemm_case_study: cluster 2 needs variant pipelined, k and n multiples of 8, 16-byte aligned A and B and an even "
+          "number of 128-column strips; got variant " + std::to_string(variant) + ", n = " + std::to_string(p.n) + ", k = " +
+              std::to_string(p.k) + ", 16-byte rows " + std::to_string(vec));
   const bool pair = cluster == 2;
   if (p.stage) {  // persistent: ctas CTAs walk the strips x chunks items, staging each next B chunk in HBM
     require(variant == kPipelined && p.atomic && vec && p.k_splits == p.chunks,
-            "gemm_case_study: persistent CTAs need variant pipelined, accumulate atomic, 16-byte rows and one chunk a split");
-    require(ctas >= cluster && ctas % cluster == 0, "gemm_case_study: persistent grid " + std::to_string(ctas) +
-                                                        " must be a positive multiple of the cluster size");
+            "gemm_case_study: persistent CTAs need variant pipelined, accumulate atomic, 16-byte rows and one chunk a split; got "
+            "variant " + std::to_string(variant) + ", atomic " + std::to_string(p.atomic) + ", 16-byte rows " + std::to_string(vec) +
+                ", k_splits " + std::to_string(p.k_splits) + " of " + std::to_string(p.chunks) + " chunks");
+    require(ctas >= cluster && ctas % cluster == 0 && ctas <= ntiles * p.chunks,
+            "gemm_case_study: persistent grid " + std::to_string(ctas) + " must be a multiple of the cluster size " +
+                std::to_string(cluster) + " in 1.." + std::to_string(ntiles * p.chunks) + " (the items)");
   }
   const unsigned grid = static_cast<unsigned>(p.stage ? ctas : ntiles * p.k_splits);
   // pipelined: 64-row blocks, each half (32 rows) from one CTA of a pair

@@ -392,20 +392,22 @@ __device__ __forceinline__ void warp_arrive(uint64_t* bar, int lane) {
 // stage too, so the release goes to the same `empty` in both CTAs.
 template <int CL>
 __device__ __forceinline__ void release_stage(uint64_t* bar, int lane, int rank) {
-  __syncwarp();
-  if (lane == 0) {
-    tc::mbar_arrive(bar);
-    if constexpr (CL > 1) wg::mbar_arrive_cluster(bar, rank ^ 1);
+  warp_arrive(bar, lane);
+  if constexpr (CL > 1) {
+    if (lane == 0) wg::mbar_arrive_cluster(bar, rank ^ 1);
   }
 }
 
-// grid (ceil(n / 128) * k_splits), 384 threads, smem kPipeSmem. Warp specialisation with ping-pong consumers:
-// - the C strip of each chunk is cut into 64-row blocks, taken by the two consumer warpgroups in turn (block b of
-//   the CTA's whole sequence, over all its chunks, is warpgroup b % 2's), each with its own A ring of 64-row tiles;
+// grid (ceil(n / 128) * k_splits), or persistent (p.stage) as many CTAs as are resident at once, 384 threads, smem
+// kPipeSmem; clusters of (CL, 1, 1). Warp specialisation with ping-pong consumers:
+// - the C strip of each item (WorkItems) is cut into 64-row blocks, taken by the two consumer warpgroups in turn
+//   (block b of the CTA's whole sequence, over all its items, is warpgroup b % 2's), each with its own A ring of
+//   64-row tiles;
 // - the warpgroups take turns at the tensor cores (`turn` mbarriers): one issues all the wgmma of its block and hands
 //   the turn over, then stores its block while the other computes, so stores overlap math;
 // - producer warp 8 + w fills ring w (one thread by TMA, box 64 x 64, when VEC; the warp's lanes otherwise), warps 10
-//   and 11 load each B chunk once its last reader is done and pull the next one into L2;
+//   and 11 load each B chunk once its last reader is done, then copy the next item's chunk from the host into the
+//   CTA's HBM slot (persistent) or pull it into L2 (p.prefetch);
 // - in a cluster pair (CL = 2: two adjacent strips, same split, so the same A tiles in the same order) each
 //   ring producer fetches half of every A tile for both CTAs (tma_a_half), and a stage is refilled once the
 //   consumers of both CTAs have released it.
@@ -453,7 +455,8 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
         items.at(p, u, n0, c);
         const int k0 = c * kChunkK, krows = min(kChunkK, p.k - k0);
         if (u > 0) tc::mbar_wait(b_empty, (u - 1) & 1);
-        if (p.stage && u > 0) {
+        const bool staged = VEC && p.stage;  // persistent runs on the 16-byte path only (the launcher's check)
+        if (staged && u > 0) {
           load_staged_chunk(bchunk, slot, krows, tid);  // staged while the previous chunk was computed
         } else {
           load_b_chunk<VEC, L1>(bchunk, p, k0, krows, n0, tid, 64);
@@ -463,7 +466,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
         if (u + 1 == items.count) continue;
         int n1, c1;
         items.at(p, u + 1, n1, c1);
-        if (p.stage) {  // the next chunk crosses the link into HBM while this one is computed
+        if (staged) {  // the next chunk crosses the link into HBM while this one is computed
           stage_b_chunk(slot, p, c1 * kChunkK, min(kChunkK, p.k - c1 * kChunkK), n1, tid);
         } else if (p.prefetch != kPrefetchNone) {
           // The same into L2. Issued only now: prefetches issued beside the chunk's own loads shared the link with
@@ -499,8 +502,8 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
     }
   } else {  // consumer warpgroup wgi
     wg::set_max_regs_inc<kConsumerRegs>();
-    int n0, split;  // the CTA's k-split (persistent CTAs have none: they add into the one fp32 C)
-    strip_and_split<CL>(p, static_cast<int>(blockIdx.x), n0, split);
+    int n0, split = 0;  // the CTA's k-split (persistent CTAs have none: they add into the one fp32 C)
+    if (!p.stage) strip_and_split<CL>(p, static_cast<int>(blockIdx.x), n0, split);
     float* part = partial_tile(p, split);
     unsigned char* ring = rings + wgi * kPipeStages * kARowsBytes;
     uint64_t *rfull = full + wgi * kPipeStages, *rempty = empty + wgi * kPipeStages;

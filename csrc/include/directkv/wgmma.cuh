@@ -132,12 +132,6 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
 
 // ---- thread-block clusters ----
 
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-
 // Every thread of every CTA of the cluster arrives, then waits for all (release / acquire at cluster scope): the
 // peers' mbarriers are initialised before anyone signals them, and no CTA leaves while a peer may still write to it.
 __device__ __forceinline__ void cluster_sync() {

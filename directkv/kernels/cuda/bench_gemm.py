@@ -41,13 +41,13 @@ KERNELS = {
     # the default: a CTA (pair) an SM walking the (strip, chunk) items, the next B chunk staged in HBM while the
     # current one is computed, column-strip pairs sharing A tiles by TMA multicast
     "pipelined": {},
-    "pipelined:ca": {"host_load": "ca"},
+    "pipelined:ca": {"host_load": "ca"},  # persistent: only each CTA's first chunk (the staging copies are .cg)
     "pipelined:splits": {"accumulate": "splits"},  # a CTA (pair) an item: persistent CTAs need "atomic"
     "pipelined:c1": {"cluster": 1},  # single CTAs reading their own A tiles
     # a CTA (pair) an item, B loaded once the CTA starts (no overlap within a CTA)
     "pipelined:grid": {"persistent": False},
     "pipelined:grid:c1": {"persistent": False, "cluster": 1},
-    # 4 CTAs a strip, so a CTA owns several chunks and prefetches the next one (the planned one chunk a CTA never does)
+    # 4 CTAs a strip, so a CTA owns several chunks and prefetches the next one into L2 (not persistent)
     "pipelined:s4": {"k_splits": 4},
     "pipelined:s4:no_prefetch": {"k_splits": 4, "prefetch": "none"},
     "tiled:b_hbm": {"_b": "hbm"},  # B in HBM: the kernels' on-chip time with no link in the way

@@ -97,7 +97,7 @@ HOST_LOADS = ("cg", "ca")  # index = the kernel's host-load code (csrc/include/d
 PREFETCHES = ("none", "hint", "load")  # index = the kernel's kPrefetch* code (pipelined)
 ACCUMULATES = ("splits", "atomic")  # tiled / pipelined: how the chunks' products are summed
 CLUSTERS = (1, 2)  # pipelined: CTAs per cluster (2: column-strip pairs sharing A tiles by TMA multicast)
-STAGE_SLOT_BYTES = 128 * 1024  # pipelined, persistent: a B chunk (512 x 128 fp16) in its shared-memory layout
+STAGE_SLOT_BYTES = CHUNK_K * TILE_N * 2  # pipelined, persistent: a B chunk (fp16) in its shared-memory layout
 HOST_LOAD_DEFAULT = {"naive": "ca", "raster": "ca", "tiled": "cg", "pipelined": "cg", "stream": "ca"}
 WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most, or WORKSPACE_SHARE of the GPU's memory if that is more
 WORKSPACE_SHARE = 8  # ... 1 / WORKSPACE_SHARE of it (H200: 17.6 GB, one chunk a CTA at 10240^3: 8.4 GB)
@@ -239,6 +239,32 @@ def _total_memory(device: int) -> int:
     return torch.cuda.get_device_properties(device).total_memory
 
 
+def pipelined_options(a: torch.Tensor, b: torch.Tensor, accumulate: str, k_splits: int | None, cluster: int | None,
+                      persistent: bool | None, prefetch_given: bool = False) -> tuple[int, bool]:
+    """pipelined's (cluster, persistent) for A `[M, K]` and B `[K, N]`: the given ones, checked against the shape, or
+    the defaults: cluster 2 where A's and B's rows are 16-byte aligned (A by TMA) and the 128-column strips pair up,
+    persistent where the rows are aligned, accumulate is "atomic", k_splits None and no prefetch is asked for."""
+    k, n = b.shape
+    aligned = k % 8 == 0 and n % 8 == 0 and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+    strips = math.ceil(n / TILE_N)
+    got = (f"k = {k}, n = {n} ({strips} strips), A at {a.data_ptr() % 16} and B at {b.data_ptr() % 16} bytes past a "
+           f"16-byte boundary")
+    check(cluster != 2 or (aligned and strips % 2 == 0), f"gemm cluster 2 needs k and n multiples of 8, 16-byte "
+          f"aligned A and B and an even number of {TILE_N}-column strips; got {got}; use cluster 1 or None")
+    check(not persistent or aligned, f"gemm persistent needs k and n multiples of 8 and 16-byte aligned A and B; got "
+          f"{got}")
+    check(not persistent or accumulate == "atomic", f"gemm persistent needs accumulate 'atomic'; got {accumulate!r}")
+    check(not persistent or k_splits is None, f"gemm persistent CTAs take one chunk an item: k_splits must be None; "
+          f"got {k_splits!r}")
+    check(not persistent or not prefetch_given, "gemm persistent CTAs stage the next chunk in HBM and take no "
+          "prefetch; pass persistent=False with prefetch")
+    if cluster is None:
+        cluster = 2 if aligned and strips % 2 == 0 else 1
+    if persistent is None:
+        persistent = aligned and accumulate == "atomic" and k_splits is None and not prefetch_given
+    return cluster, persistent
+
+
 @cache
 def _persistent_ctas(device: int, cluster: int) -> int:
     with torch.cuda.device(device):
@@ -284,8 +310,8 @@ def gemm(
     tile_m, tile_n, tile_k : must be 128, 128, 64 (the kernels' tiles).
     k_splits : tiled / pipelined: force the CTAs per column strip (a positive int, clipped to the chunks); None
         plans it: one chunk a CTA (with "splits" as far as the workspace allows, plan_k_splits).
-    prefetch : pipelined only: how the producer pulls the CTA's next B chunk into L2 once the current one has
-        landed, which only a CTA owning several chunks (k_splits < chunks) does: "hint" (the default;
+    prefetch : pipelined only, not persistent: how the producer pulls the CTA's next B chunk into L2 once the
+        current one has landed, which only a CTA owning several chunks (k_splits < chunks) does: "hint" (the default;
         prefetch.global.L2::evict_last per 128-byte line), "load" (plain loads whose values are dropped, one per
         32-byte sector) or "none". Measured on the H200: none of them faster than "none".
     accumulate : tiled / pipelined only: "atomic" (the default: every chunk's product is added into one zeroed
@@ -301,8 +327,8 @@ def gemm(
         one-chunk-a-CTA order; its B-loading producer warps copy the next item's chunk from the host into an HBM
         slot of the CTA (128 KB, already in the shared-memory layout) while the consumers compute the current one,
         then move it into shared memory at HBM speed, so B's link transfer overlaps the math. Needs accumulate
-        "atomic", k_splits None and 16-byte rows (k, n multiples of 8, aligned A and B). None: True where those
-        hold, else False. The staging copies read B by ld.global.cg whatever host_load says; host_load applies
+        "atomic", k_splits None, no prefetch and 16-byte rows (k, n multiples of 8, aligned A and B). None: True
+        where those hold, else False (pipelined_options). The staging copies read B by ld.global.cg whatever host_load says; host_load applies
         to each CTA's first chunk, loaded straight into shared memory.
     host_load : "ca" (through L1) or "cg" (L2 only): how B tiles are copied; None: HOST_LOAD_DEFAULT of the variant
         (module docstring).
@@ -322,8 +348,8 @@ def gemm(
     -------
     (c `[M, N]`, Traffic from traffic_model.gemm_traffic; for tiled / pipelined at tile_k = 512, the
     stationary chunk, i.e. one fp32 partial-C pass per chunk through HBM (what "splits" moves, less the split
-    reduction's extra pass; "atomic" keeps most of those passes in L2); raster states naive's schedule; stream at
-    its split and panel)
+    reduction's extra pass; "atomic" keeps most of those passes in L2; persistent's round trip of B through its HBM
+    slots, 2 k n 2 bytes, is not counted); raster states naive's schedule; stream at its split and panel)
     """
     if variant not in VARIANTS:
         raise unknown_name("gemm variant", variant, VARIANTS)
@@ -341,7 +367,9 @@ def gemm(
           f"supported; valid: None, 1, 2")
     check(variant == "pipelined" or persistent is None, f"persistent is an option of gemm variant 'pipelined'; got "
           f"{persistent!r} for {variant!r}")
-    check(persistent in (None, True, False), f"gemm persistent must be None, True or False; got {persistent!r}")
+    check(persistent is None or isinstance(persistent, bool), f"gemm persistent must be None, True or False; got "
+          f"{persistent!r}")
+    prefetch_given = prefetch is not None
     prefetch, accumulate = prefetch or "hint", accumulate or "atomic"
     if prefetch not in PREFETCHES:
         raise unknown_name("gemm prefetch", prefetch, PREFETCHES)
@@ -381,6 +409,9 @@ def gemm(
     check(min(m, n, k) >= 1, f"M, N, K must be >= 1; got {m}, {n}, {k}")
     if variant == "stream":  # planned before out is allocated: fails cheaply
         cut = {"panel_cols": b.panel_cols} if panels else stream_cut(k, n, split, panel)
+    strips = math.ceil(n / TILE_N)
+    cluster, persistent = (pipelined_options(a, b_tensor, accumulate, k_splits, cluster, persistent, prefetch_given)
+                           if variant == "pipelined" else (1, False))
     if out is None:
         out = torch.empty(m, n, dtype=torch.float16, device=a.device)
     check(out.shape == (m, n) and out.dtype in OUT_CODES and out.device == a.device and out.is_contiguous(),
@@ -394,20 +425,6 @@ def gemm(
         _run_stream(a, b, out, split, panel, copy_streams, copy, copy_ctas)
         return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="stream",
                                  b_tier=b_tier(b_tensor), **cut)
-    # 16-byte rows: A tiles by TMA, B by 16-byte copies (else the kernels take their element-load path)
-    aligned = k % 8 == 0 and n % 8 == 0 and a.data_ptr() % 16 == 0 and b_tensor.data_ptr() % 16 == 0
-    strips = math.ceil(n / TILE_N)
-    check(cluster != 2 or (aligned and strips % 2 == 0), f"gemm cluster 2 needs k and n multiples of 8, 16-byte "
-          f"aligned A and B and an even number of {TILE_N}-column strips; got k = {k}, n = {n} ({strips} strips); "
-          f"use cluster 1 or None")
-    check(not persistent or (aligned and accumulate == "atomic"), f"gemm persistent needs accumulate 'atomic', k and "
-          f"n multiples of 8 and 16-byte aligned A and B; got accumulate {accumulate!r}, k = {k}, n = {n}")
-    check(not persistent or k_splits is None, f"gemm persistent CTAs take one chunk an item: k_splits must be None; "
-          f"got {k_splits!r}")
-    if cluster is None:
-        cluster = 2 if variant == "pipelined" and aligned and strips % 2 == 0 else 1
-    if persistent is None:
-        persistent = variant == "pipelined" and aligned and accumulate == "atomic" and k_splits is None
     part, stage, ctas, ldp, splits = None, None, 0, 0, 1
     if variant not in OUTPUT_STATIONARY:
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
