@@ -195,19 +195,21 @@ PERSISTENT_RUNS = [(m, n, k, c, staged) for m, n, k, cs, staged in PERSISTENT_CA
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("stage_slots", [1, 2], ids=["slots1", "slots2"])
 @pytest.mark.parametrize("m,n,k,cluster,staged", PERSISTENT_RUNS,
                          ids=[f"{m}x{n}x{k}-c{c}" for m, n, k, c, _ in PERSISTENT_RUNS])
-def test_gemm_pipelined_persistent(m, n, k, cluster, staged):
+def test_gemm_pipelined_persistent(m, n, k, cluster, staged, stage_slots):
     from directkv.kernels.cuda.gemm_case_study import _persistent_ctas
 
     items = math.ceil(n / 128) * math.ceil(k / 512)
     assert (items > _persistent_ctas(torch.cuda.current_device(), cluster)) == staged  # the case tests what it says
     a = torch.randn(m, k, device="cuda").half()
     b = host_b(k, n)
-    check_product(a, b, "pipelined", torch.float32, cluster=cluster, persistent=True)
+    opts = {"cluster": cluster, "persistent": True, "stage_slots": stage_slots}
+    check_product(a, b, "pipelined", torch.float32, **opts)
     b.copy_(torch.randn(b.shape, device="cuda").half())  # new values in the same pinned bytes: no stale slot
     torch.cuda.synchronize()
-    check_product(a, b, "pipelined", torch.float16, cluster=cluster, persistent=True)
+    check_product(a, b, "pipelined", torch.float16, **opts)
 
 
 @pytest.mark.gpu
@@ -230,6 +232,9 @@ def test_gemm_cluster_pairs_refused_where_strips_do_not_pair():
         gemm(a, host_b(1024, 256), variant="pipelined", persistent=True, k_splits=2)
     with pytest.raises(ConfigError, match=r"persistent CTAs stage the next chunk in HBM and take no prefetch"):
         gemm(a, host_b(1024, 256), variant="pipelined", persistent=True, prefetch="hint")
+    with pytest.raises(ConfigError, match=r"stage_slots is an option of persistent pipelined CTAs; got 2 for variant "
+                                          r"'pipelined', persistent False"):
+        gemm(a, host_b(1024, 256), variant="pipelined", persistent=False, stage_slots=2)
 
 
 @pytest.mark.gpu
@@ -291,6 +296,9 @@ def test_gemm_rejects_bad_host_load_before_touching_cuda():
     for bad in ("yes", 1, 0):
         with pytest.raises(ConfigError, match=rf"persistent must be None, True or False; got {bad!r}"):
             gemm(a, a, variant="pipelined", persistent=bad)
+    for bad in (0, 3, True, None):
+        with pytest.raises(ConfigError, match=rf"gemm stage_slots {bad!r} is not supported; valid: 1, 2"):
+            gemm(a, a, variant="pipelined", stage_slots=bad)
     with pytest.raises(ConfigError, match="CUDA tensor"):
         gemm(a, a, variant="tiled", host_load="ca")
 

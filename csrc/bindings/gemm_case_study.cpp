@@ -9,9 +9,9 @@
 namespace py = pybind11;
 
 namespace directkv {
-void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, uintptr_t stage, int ctas, int m, int n,
-                         int k, int ldp, int k_splits, int variant, int prefetch, bool atomic, int cluster, int out_dtype,
-                         int host_load, uintptr_t stream);
+void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, uintptr_t stage, int stage_slots, int ctas,
+                         int m, int n, int k, int ldp, int k_splits, int variant, int prefetch, bool atomic, int cluster,
+                         int out_dtype, int host_load, uintptr_t stream);
 std::string gemm_pointer_tier(uintptr_t ptr);
 int gemm_persistent_ctas(int cluster);
 void gemm_copy_panel_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, size_t src_pitch, size_t width_bytes,
@@ -22,7 +22,7 @@ void gemm_copy_panel_sm_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, si
 
 PYBIND11_MODULE(_dkv_gemm_case_study, m) {
   m.doc() = "GEMM case study with B in pinned host memory (see csrc/include/directkv/gemm_case_study.cuh, gemm_stationary.cuh)";
-  m.def("run", &directkv::gemm_case_study_run, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("part"), py::arg("stage"), py::arg("ctas"), py::arg("m"),
+  m.def("run", &directkv::gemm_case_study_run, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("part"), py::arg("stage"), py::arg("stage_slots"), py::arg("ctas"), py::arg("m"),
         py::arg("n"), py::arg("k"), py::arg("ldp"), py::arg("k_splits"), py::arg("variant"), py::arg("prefetch"), py::arg("atomic"),
         py::arg("cluster"), py::arg("out_dtype"), py::arg("host_load"), py::arg("stream"));
   m.def("persistent_ctas", &directkv::gemm_persistent_ctas, py::arg("cluster"),

@@ -132,6 +132,8 @@ void launch(GemmParams& p, int variant, int out_dtype, int host_load, int cluste
             "gemm_case_study: persistent CTAs need variant pipelined, accumulate atomic, 16-byte rows and one chunk a split; got "
             "variant " + std::to_string(variant) + ", atomic " + std::to_string(p.atomic) + ", 16-byte rows " + std::to_string(vec) +
                 ", k_splits " + std::to_string(p.k_splits) + " of " + std::to_string(p.chunks) + " chunks");
+    require(p.stage_slots == 1 || p.stage_slots == 2,
+            "gemm_case_study: stage_slots " + std::to_string(p.stage_slots) + " must be 1 or 2");
     require(ctas >= cluster && ctas % cluster == 0 && ctas <= ntiles * p.chunks,
             "gemm_case_study: persistent grid " + std::to_string(ctas) + " must be a multiple of the cluster size " +
                 std::to_string(cluster) + " in 1.." + std::to_string(ntiles * p.chunks) + " (the items)");
@@ -164,9 +166,9 @@ void launch(GemmParams& p, int variant, int out_dtype, int host_load, int cluste
 
 }  // namespace
 
-void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, uintptr_t stage, int ctas, int m, int n,
-                         int k, int ldp, int k_splits, int variant, int prefetch, bool atomic, int cluster, int out_dtype,
-                         int host_load, uintptr_t stream) {
+void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, uintptr_t stage, int stage_slots, int ctas,
+                         int m, int n, int k, int ldp, int k_splits, int variant, int prefetch, bool atomic, int cluster,
+                         int out_dtype, int host_load, uintptr_t stream) {
   require(prefetch >= gemm::kPrefetchNone && prefetch <= gemm::kPrefetchLoad,
           "gemm_case_study: prefetch code " + std::to_string(prefetch) + " must be 0 (none), 1 (hint) or 2 (load)");
   GemmParams p{};
@@ -175,6 +177,7 @@ void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, 
   p.c = reinterpret_cast<void*>(c);
   p.part = reinterpret_cast<float*>(part);
   p.stage = reinterpret_cast<unsigned char*>(stage);
+  p.stage_slots = stage_slots;
   p.m = m;
   p.n = n;
   p.k = k;

@@ -55,8 +55,9 @@ struct GemmParams {
   int chunks;        // ceil(k / kChunkK)
   int prefetch;      // pipelined: how the next B chunk is pulled into L2 (kPrefetch*)
   int atomic;        // tiled / pipelined: every chunk's product is added into part[0] by red.global.add (no read-back)
-  unsigned char* stage;  // pipelined, persistent: [gridDim.x][128 KB] HBM slots, a B chunk each in its shared-memory
-                         // layout; null: one k-split of one strip a CTA
+  unsigned char* stage;  // pipelined, persistent: [gridDim.x][stage_slots][128 KB] HBM slots, a B chunk each in its
+                         // shared-memory layout; null: one k-split of one strip a CTA
+  int stage_slots;       // persistent: 1 (the B producers load and stage in turn) or 2 (b_producers_two_slots)
 };
 
 constexpr int kPrefetchNone = 0, kPrefetchHint = 1, kPrefetchLoad = 2;  // = the index in Python's PREFETCHES

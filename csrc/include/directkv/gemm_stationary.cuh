@@ -24,7 +24,7 @@ constexpr int kWgAccum = 64;                                      // fp32 accumu
 // Dynamic shared memory: slack to round the base up to a swizzle atom, the B chunk, the A ring(s), the mbarriers.
 constexpr size_t kTiledSmem = wg::kSwizzleAtom + kBChunkBytes + static_cast<size_t>(kWgStages) * kATileBytes + kWgStages * sizeof(uint64_t);
 constexpr size_t kPipeSmem = wg::kSwizzleAtom + kBChunkBytes + 2 * static_cast<size_t>(kPipeStages) * kARowsBytes +
-                             (4 * kPipeStages + 4) * sizeof(uint64_t);
+                             (4 * kPipeStages + 8) * sizeof(uint64_t);
 
 // The first swizzle atom boundary at or after p (wgmma's swizzle is on address bits).
 __device__ __forceinline__ unsigned char* align_atom(unsigned char* p) {
@@ -263,27 +263,28 @@ struct WorkItems {
   }
 };
 
-// persistent: the CTA's B-loading producer threads (tid 0..63) copy the chunk at k0 of strip n0 from host memory into
-// the CTA's HBM slot, already in the shared-memory layout (load_b_chunk's: swizzled, zeros past k and n), while the
-// consumers compute the previous chunk; load_staged_chunk later moves the slot into shared memory at HBM speed. Each
-// thread copies the same 16-byte pieces in both, so its own program order puts the stores before the reloads.
-// kStageDepth loads in flight a thread: 64 x 2 x 16 B = 2 KB an SM, 270 KB over 132 SMs, about twice what the link
-// needs in flight (51 GB/s x ~2 us). Deeper (4, 8) spilled within the producers' registers.
-constexpr int kStageDepth = 2;
-__device__ __forceinline__ void stage_b_chunk(unsigned char* slot, const GemmParams& p, int k0, int krows, int n0, int tid) {
+// persistent: the B-loading producer threads (tid 0..nthreads-1) copy the chunk at k0 of strip n0 from host memory
+// into an HBM slot of the CTA, already in the shared-memory layout (load_b_chunk's: swizzled, zeros past k and n),
+// while the consumers compute an earlier chunk; load_staged_chunk later moves the slot into shared memory at HBM
+// speed. With one slot the same threads do both and copy the same 16-byte pieces in both, so each thread's program
+// order puts its stores before its reloads; with two, the slot_full / slot_empty mbarriers order them.
+// DEPTH loads in flight a thread: one slot, 64 threads x 2 x 16 B = 2 KB an SM, 270 KB over 132 SMs, about twice
+// what the link needs in flight (51 GB/s x ~2 us); deeper spilled within the producers' registers then.
+template <int DEPTH>
+__device__ __forceinline__ void stage_b_chunk(unsigned char* slot, const GemmParams& p, int k0, int krows, int n0, int tid, int nthreads) {
   const int pieces = (krows + kBK - 1) / kBK * kBK * (kBN / 8), cols = p.n - n0;
   const __half* base = p.b + static_cast<size_t>(k0) * p.n + n0;
-  for (int u0 = tid; u0 < pieces; u0 += 64 * kStageDepth) {
-    uint4 v[kStageDepth];
+  for (int u0 = tid; u0 < pieces; u0 += nthreads * DEPTH) {
+    uint4 v[DEPTH];
 #pragma unroll
-    for (int d = 0; d < kStageDepth; ++d) {
-      const int u = u0 + d * 64, r = u / (kBN / 8), c = u % (kBN / 8);
+    for (int d = 0; d < DEPTH; ++d) {
+      const int u = u0 + d * nthreads, r = u / (kBN / 8), c = u % (kBN / 8);
       v[d] = u < pieces && r < krows && c * 8 < cols ? __ldcg(reinterpret_cast<const uint4*>(base + static_cast<size_t>(r) * p.n + c * 8))
                                                      : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int d = 0; d < kStageDepth; ++d) {
-      const int u = u0 + d * 64, r = u / (kBN / 8), c = u % (kBN / 8);
+    for (int d = 0; d < DEPTH; ++d) {
+      const int u = u0 + d * nthreads, r = u / (kBN / 8), c = u % (kBN / 8);
       if (u < pieces) __stcg(reinterpret_cast<uint4*>(slot + (c >> 3) * kBBlockBytes + wg::swizzle128(r, c & 7)), v[d]);
     }
   }
@@ -291,9 +292,9 @@ __device__ __forceinline__ void stage_b_chunk(unsigned char* slot, const GemmPar
 
 // The staged chunk from the slot into shared memory by cp.async (.cg: an earlier chunk's bytes of the slot may sit in
 // L1); the caller waits for it.
-__device__ __forceinline__ void load_staged_chunk(unsigned char* bchunk, const unsigned char* slot, int krows, int tid) {
+__device__ __forceinline__ void load_staged_chunk(unsigned char* bchunk, const unsigned char* slot, int krows, int tid, int nthreads) {
   const int pieces = (krows + kBK - 1) / kBK * kBK * (kBN / 8);
-  for (int u = tid; u < pieces; u += 64) {
+  for (int u = tid; u < pieces; u += nthreads) {
     const int r = u / (kBN / 8), c = u % (kBN / 8);
     const uint32_t off = (c >> 3) * kBBlockBytes + wg::swizzle128(r, c & 7);
     cp_async16<0>(bchunk + off, slot + off);
@@ -398,6 +399,44 @@ __device__ __forceinline__ void release_stage(uint64_t* bar, int lane, int rank)
   }
 }
 
+// persistent with two HBM slots (p.stage_slots 2): producer warp 10 moves each item's chunk into shared memory
+// (the first straight from the host, the others from their slot) once the consumers are done with the previous
+// one, and warp 11 stages the chunks of items 1, 2, ... into the two slots in turn, as far ahead as a free slot
+// allows, so a CTA's share of the link is not idle while warp 10 waits for the consumers (with one slot the staging
+// of the next chunk starts only once the current one is in shared memory). Item u >= 1 uses slot u % 2 for the
+// ((u - 1) / 2)-th time. DEPTH 4: 32 stager threads x 4 x 16 B = 2 KB in flight an SM, as one slot's 64 x 2.
+template <bool L1, int CL>
+__device__ __forceinline__ void b_producers_two_slots(unsigned char* bchunk, const GemmParams& p, const WorkItems<CL>& items, uint64_t* b_full,
+                                                      uint64_t* b_empty, uint64_t* slot_full, uint64_t* slot_empty, bool loader, int lane) {
+  unsigned char* slots = p.stage + static_cast<size_t>(blockIdx.x) * 2 * kBChunkBytes;
+  if (loader) {
+    for (int u = 0; u < items.count; ++u) {
+      int n0, c;
+      items.at(p, u, n0, c);
+      const int k0 = c * kChunkK, krows = min(kChunkK, p.k - k0), s = u & 1;
+      if (u > 0) {
+        tc::mbar_wait(b_empty, (u - 1) & 1);
+        tc::mbar_wait(slot_full + s, ((u - 1) >> 1) & 1);
+        load_staged_chunk(bchunk, slots + s * kBChunkBytes, krows, lane, 32);
+      } else {
+        load_b_chunk<true, L1>(bchunk, p, k0, krows, n0, lane, 32);
+      }
+      tc::cp_async_wait_all();
+      if (u > 0) tc::mbar_arrive(slot_empty + s);  // the slot's bytes are in shared memory: the stager may refill it
+      producer_arrive(b_full);
+    }
+  } else {
+    for (int u = 1; u < items.count; ++u) {
+      const int s = u & 1, use = (u - 1) >> 1;
+      if (use > 0) tc::mbar_wait(slot_empty + s, (use - 1) & 1);
+      int n0, c;
+      items.at(p, u, n0, c);
+      stage_b_chunk<4>(slots + s * kBChunkBytes, p, c * kChunkK, min(kChunkK, p.k - c * kChunkK), n0, lane, 32);
+      producer_arrive(slot_full + s);  // a release: the loader's acquire sees the slot's stores
+    }
+  }
+}
+
 // grid (ceil(n / 128) * k_splits), or persistent (p.stage) as many CTAs as are resident at once, 384 threads, smem
 // kPipeSmem; clusters of (CL, 1, 1). Warp specialisation with ping-pong consumers:
 // - the C strip of each item (WorkItems) is cut into 64-row blocks, taken by the two consumer warpgroups in turn
@@ -407,7 +446,8 @@ __device__ __forceinline__ void release_stage(uint64_t* bar, int lane, int rank)
 //   the turn over, then stores its block while the other computes, so stores overlap math;
 // - producer warp 8 + w fills ring w (one thread by TMA, box 64 x 64, when VEC; the warp's lanes otherwise), warps 10
 //   and 11 load each B chunk once its last reader is done, then copy the next item's chunk from the host into the
-//   CTA's HBM slot (persistent) or pull it into L2 (p.prefetch);
+//   CTA's HBM slot (persistent) or pull it into L2 (p.prefetch); with two slots (p.stage_slots 2) warp 11 stages
+//   ahead while warp 10 loads (b_producers_two_slots);
 // - in a cluster pair (CL = 2: two adjacent strips, same split, so the same A tiles in the same order) each
 //   ring producer fetches half of every A tile for both CTAs (tma_a_half), and a stage is refilled once the
 //   consumers of both CTAs have released it.
@@ -423,6 +463,9 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
   uint64_t* b_full = empty + 2 * kPipeStages;
   uint64_t* b_empty = b_full + 1;
   uint64_t* turn = b_empty + 1;  // [2]: warpgroup w may issue its next block's wgmma
+  uint64_t* slot_full = turn + 2;  // [2]: two-slot staging (b_producers_two_slots)
+  uint64_t* slot_empty = slot_full + 2;
+  const bool two_slots = VEC && p.stage && p.stage_slots == 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wgi = wg::warpgroup_index();
   const int rank = static_cast<int>(blockIdx.x) % CL;  // = %cluster_ctarank: clusters are (CL, 1, 1)
   const int blocks = (p.m + 63) / 64;  // 64-row blocks of C per chunk
@@ -432,7 +475,11 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
       tc::mbar_init(full + s, VEC ? 1 : 32);  // the TMA issuer's arrival, or one per lane of the ring's producer warp
       tc::mbar_init(empty + s, 4 * CL);  // one per warp of the ring's consumer warpgroups (in each CTA)
     }
-    tc::mbar_init(b_full, 64);                    // one per B-loading producer thread
+    tc::mbar_init(b_full, two_slots ? 32 : 64);  // one per B-loading producer thread (two slots: the loader warp's)
+    for (int s = 0; s < 2; ++s) {
+      tc::mbar_init(slot_full + s, 32);   // one per stager thread
+      tc::mbar_init(slot_empty + s, 32);  // one per loader thread
+    }
     tc::mbar_init(b_empty, kConsumerWarps);       // one per consumer warp
     tc::mbar_init(turn, 4);
     tc::mbar_init(turn + 1, 4);
@@ -447,7 +494,9 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
   if (wgi == 2) {  // producer warpgroup
     wg::set_max_regs_dec<kProducerRegs>();
     const int pw = warp - kConsumerWarps;  // 0, 1: ring producers; 2, 3: B chunk
-    if (pw >= 2) {
+    if (pw >= 2 && two_slots) {
+      if constexpr (VEC) b_producers_two_slots<L1, CL>(bchunk, p, items, b_full, b_empty, slot_full, slot_empty, pw == 2, lane);
+    } else if (pw >= 2) {
       const int tid = threadIdx.x - kThreads - 64;
       unsigned char* slot = p.stage + static_cast<size_t>(blockIdx.x) * kBChunkBytes;
       for (int u = 0; u < items.count; ++u) {
@@ -457,7 +506,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
         if (u > 0) tc::mbar_wait(b_empty, (u - 1) & 1);
         const bool staged = VEC && p.stage;  // persistent runs on the 16-byte path only (the launcher's check)
         if (staged && u > 0) {
-          load_staged_chunk(bchunk, slot, krows, tid);  // staged while the previous chunk was computed
+          load_staged_chunk(bchunk, slot, krows, tid, 64);  // staged while the previous chunk was computed
         } else {
           load_b_chunk<VEC, L1>(bchunk, p, k0, krows, n0, tid, 64);
         }
@@ -467,7 +516,7 @@ __global__ void __launch_bounds__(kPipeThreads, 1) gemm_pipelined_kernel(const _
         int n1, c1;
         items.at(p, u + 1, n1, c1);
         if (staged) {  // the next chunk crosses the link into HBM while this one is computed
-          stage_b_chunk(slot, p, c1 * kChunkK, min(kChunkK, p.k - c1 * kChunkK), n1, tid);
+          stage_b_chunk<2>(slot, p, c1 * kChunkK, min(kChunkK, p.k - c1 * kChunkK), n1, tid, 64);
         } else if (p.prefetch != kPrefetchNone) {
           // The same into L2. Issued only now: prefetches issued beside the chunk's own loads shared the link with
           // them and delayed the chunk (no gain measured, 2026-12-04).

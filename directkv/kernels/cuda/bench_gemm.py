@@ -44,6 +44,7 @@ KERNELS = {
     "pipelined:ca": {"host_load": "ca"},  # persistent: only each CTA's first chunk (the staging copies are .cg)
     "pipelined:splits": {"accumulate": "splits"},  # a CTA (pair) an item: persistent CTAs need "atomic"
     "pipelined:c1": {"cluster": 1},  # single CTAs reading their own A tiles
+    "pipelined:slots2": {"stage_slots": 2},  # one warp stages ahead into two HBM slots, the other loads
     # a CTA (pair) an item, B loaded once the CTA starts (no overlap within a CTA)
     "pipelined:grid": {"persistent": False},
     "pipelined:grid:c1": {"persistent": False, "cluster": 1},

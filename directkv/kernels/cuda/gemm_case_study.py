@@ -98,6 +98,7 @@ PREFETCHES = ("none", "hint", "load")  # index = the kernel's kPrefetch* code (p
 ACCUMULATES = ("splits", "atomic")  # tiled / pipelined: how the chunks' products are summed
 CLUSTERS = (1, 2)  # pipelined: CTAs per cluster (2: column-strip pairs sharing A tiles by TMA multicast)
 STAGE_SLOT_BYTES = CHUNK_K * TILE_N * 2  # pipelined, persistent: a B chunk (fp16) in its shared-memory layout
+STAGE_SLOTS = (1, 2)  # pipelined, persistent: HBM slots a CTA stages B chunks in
 HOST_LOAD_DEFAULT = {"naive": "ca", "raster": "ca", "tiled": "cg", "pipelined": "cg", "stream": "ca"}
 WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most, or WORKSPACE_SHARE of the GPU's memory if that is more
 WORKSPACE_SHARE = 8  # ... 1 / WORKSPACE_SHARE of it (H200: 17.6 GB, one chunk a CTA at 10240^3: 8.4 GB)
@@ -290,6 +291,7 @@ def gemm(
     accumulate: str | None = None,
     cluster: int | None = None,
     persistent: bool | None = None,
+    stage_slots: int = 1,
     host_load: str | None = None,
     split: str = "n",
     panel: int | None = None,
@@ -330,6 +332,10 @@ def gemm(
         "atomic", k_splits None, no prefetch and 16-byte rows (k, n multiples of 8, aligned A and B). None: True
         where those hold, else False (pipelined_options). The staging copies read B by ld.global.cg whatever host_load says; host_load applies
         to each CTA's first chunk, loaded straight into shared memory.
+    stage_slots : persistent only: HBM slots a CTA stages B chunks in. 1 (default): the two B producer warps move
+        a staged chunk into shared memory, then stage the next one, so a CTA's share of the link idles while they
+        wait for the consumers; 2: one warp stages chunks into the two slots in turn, as far ahead as a free slot
+        allows, while the other moves them into shared memory (written after the last H200 run: not yet measured).
     host_load : "ca" (through L1) or "cg" (L2 only): how B tiles are copied; None: HOST_LOAD_DEFAULT of the variant
         (module docstring).
     split : stream only: "n" cuts B into column panels, each a 2-D copy of K rows (C's columns written once);
@@ -369,6 +375,8 @@ def gemm(
           f"{persistent!r} for {variant!r}")
     check(persistent is None or isinstance(persistent, bool), f"gemm persistent must be None, True or False; got "
           f"{persistent!r}")
+    check(stage_slots in STAGE_SLOTS and type(stage_slots) is int, f"gemm stage_slots {stage_slots!r} is not "
+          f"supported; valid: 1, 2")
     prefetch_given = prefetch is not None
     prefetch, accumulate = prefetch or "hint", accumulate or "atomic"
     if prefetch not in PREFETCHES:
@@ -412,6 +420,8 @@ def gemm(
     strips = math.ceil(n / TILE_N)
     cluster, persistent = (pipelined_options(a, b_tensor, accumulate, k_splits, cluster, persistent, prefetch_given)
                            if variant == "pipelined" else (1, False))
+    check(persistent or stage_slots == 1, f"stage_slots is an option of persistent pipelined CTAs; got {stage_slots} "
+          f"for variant {variant!r}, persistent {persistent}")
     if out is None:
         out = torch.empty(m, n, dtype=torch.float16, device=a.device)
     check(out.shape == (m, n) and out.dtype in OUT_CODES and out.device == a.device and out.is_contiguous(),
@@ -436,10 +446,10 @@ def gemm(
                 else torch.empty(splits, m, ldp, dtype=torch.float32, device=a.device))
         if persistent:  # the CTAs resident at once, at most one an item; an HBM slot each for the next B chunk
             ctas = min(_persistent_ctas(device, cluster), strips * splits)  # splits: one chunk each (atomic)
-            stage = torch.empty(ctas * STAGE_SLOT_BYTES, dtype=torch.uint8, device=a.device)
+            stage = torch.empty(ctas * stage_slots * STAGE_SLOT_BYTES, dtype=torch.uint8, device=a.device)
     build.load("gemm_case_study").run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if part is None else part.data_ptr(),
-        0 if stage is None else stage.data_ptr(), ctas, m, n, k, ldp, splits,
+        0 if stage is None else stage.data_ptr(), stage_slots, ctas, m, n, k, ldp, splits,
         KERNEL_VARIANTS.index(variant), PREFETCHES.index(prefetch), accumulate == "atomic", cluster,
         OUT_CODES[out.dtype],
         HOST_LOADS.index(host_load), torch.cuda.current_stream(a.device).cuda_stream,
