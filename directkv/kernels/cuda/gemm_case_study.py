@@ -10,8 +10,8 @@ tiled     : B-stationary: a 512x128 B chunk sits in shared memory while the CTA 
             wgmma, A tiles by TMA when A's rows are 16-byte aligned (since 2026-12-03; mma.sync before).
 pipelined : tiled plus warp specialisation: producer warps (an mbarrier ring of A per consumer warpgroup; the
             next B chunk staged in HBM, or prefetched into L2) and two consumer warpgroups taking 64-row blocks
-            in turn. By default (where it applies) a persistent CTA pair an SM: the pair takes two adjacent
-            column strips of one chunk at a time and shares each A tile by TMA multicast (`cluster`), and while it
+            in turn. By default (where it applies) persistent CTAs, one an SM, in pairs that take two adjacent
+            column strips of one chunk at a time and share each A tile by TMA multicast (`cluster`); while a CTA
             computes one (strip, chunk) item its B producers copy the next item's chunk from the host into an HBM
             slot, moved into shared memory when that item starts (`persistent`). H200, 2026-12-04, 10240^3: 5.12
             ms against 6.5-6.8 with a CTA an item and 7.45 a session earlier; with B in HBM 4.51.
@@ -330,8 +330,8 @@ def gemm(
         slot of the CTA (128 KB, already in the shared-memory layout) while the consumers compute the current one,
         then move it into shared memory at HBM speed, so B's link transfer overlaps the math. Needs accumulate
         "atomic", k_splits None, no prefetch and 16-byte rows (k, n multiples of 8, aligned A and B). None: True
-        where those hold, else False (pipelined_options). The staging copies read B by ld.global.cg whatever host_load says; host_load applies
-        to each CTA's first chunk, loaded straight into shared memory.
+        where those hold, else False (pipelined_options). The staging copies read B by ld.global.cg whatever
+        host_load says; host_load applies to each CTA's first chunk, loaded straight into shared memory.
     stage_slots : persistent only: HBM slots a CTA stages B chunks in. 1 (default): the two B producer warps move
         a staged chunk into shared memory, then stage the next one, so a CTA's share of the link idles while they
         wait for the consumers; 2: one warp stages chunks into the two slots in turn, as far ahead as a free slot
