@@ -25,12 +25,14 @@ def test_profiler_python_mode_attributes_host_time_of_the_picked_steps(capsys):
     from directkv.engine.gpu.profile import main
 
     assert main([*CPU, "--system", "directkv", "--model", "tiny", "--context", "64", "--batch", "4", "--output", "6",
-                 "--skip", "3", "--count", "2", "--python", "--rows", "5"]) == 0
+                 "--skip", "3", "--count", "2", "--python", "--rows", "12"]) == 0
     out = capsys.readouterr().out
     assert "0d+256p*" in out and "4d+0p*" in out  # the picked steps are marked
     # each step's device time beside the host's time to queue it, which on the CPU is nearly all of it
     times = [tuple(map(float, t.split("/"))) for t in re.findall(r"\dp\*? (\d+\.\d/\d+\.\d)", out)]
     assert len(times) >= 6 and all(0 < h <= t + 0.1 for t, h in times)
+    # paths.py's attend ranks ~5th by cumulative time on the CPU, level with its neighbours: 12 rows (24 entries),
+    # not 5, so its rank's jitter under load does not fail the test (it did with two suites on two cores)
     assert "Ordered by: cumulative time" in out and "paths.py" in out and "(attend)" in out
     # --min-decodes: the profile starts at the first decode-only step of >= 4 decodes, not at step --skip
     assert main([*CPU, "--system", "directkv", "--model", "tiny", "--context", "64", "--batch", "4", "--output", "6",
