@@ -175,8 +175,15 @@ def _refusal(run_dir: Path, rows: int, diff: list[str], old: dict) -> str:
     what = "; ".join(filter(None, [changed and f"{names(changed)} differ",
                                    newer and f"it predates {names(newer)}"]))
     return (f"{run_dir} holds {rows} row{'s' * (rows != 1)} of another configuration ({what}); resume it with the "
-            f"overrides and code that wrote it (a multirun's folders are numbered by position: the same sweep in the "
-            f"same order), or choose a new run_id")
+            f"overrides and code that wrote it, or choose a new run_id")
+
+
+def rows_config(run_dir: str | Path) -> dict | None:
+    """The config that wrote run_dir's rows (its manifest's), or None where it holds no rows."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "results.parquet").exists():
+        return None
+    return _read_manifest(run_dir).get("config")
 
 
 def _read_manifest(run_dir: Path) -> dict:

@@ -173,7 +173,11 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> Path:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from hydra.types import RunMode
+
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        run_dir = _sweep_job_dir(run_dir, cfg)
     fresh = not (run_dir / "manifest.json").exists()  # else an earlier run's folder: never dropped below
     try:
         path = run_experiment(cfg, run_dir)
@@ -184,6 +188,40 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     print(f"results: {path}")
     _print_summary(path)
+
+
+def _sweep_job_dir(positional: Path, cfg: DictConfig) -> Path:
+    """A multirun job's folder. Hydra numbers a sweep's folders by position (`{run_id}-N`); a sweep resumed with its
+    values in another order, or with values added or dropped, would meet other jobs' rows there. So a job takes the
+    sweep folder whose rows its own config wrote, else its positional folder unless another config's rows are
+    there, else the next free number. The job's log file (Hydra's, opened in the positional folder) follows it."""
+    from directkv.results import config_diff, rows_config
+    from experiments.common import plain
+
+    config, prefix = plain(cfg), f"{cfg.run_id}-"
+    numbered = {int(p.name[len(prefix):]): p for p in positional.parent.glob(f"{prefix}*")
+                if p.is_dir() and p.name[len(prefix):].isdigit()}
+    owned = [p for _, p in sorted(numbered.items()) if (old := rows_config(p)) is not None and not config_diff(old, config)]
+    if (owned and owned[0] == positional) or (not owned and rows_config(positional) is None):
+        return positional
+    if owned:
+        chosen = owned[0]
+    else:
+        chosen = positional.parent / f"{prefix}{max(numbered) + 1}"
+    _move_log(positional, chosen)
+    _drop_empty_run(positional)
+    log.info("multirun job %s: %s", positional.name, f"resuming the rows its configuration wrote in {chosen}" if owned
+             else f"a new folder {chosen} (its positional folder holds another configuration's rows)")
+    return chosen
+
+
+def _move_log(old: Path, new: Path) -> None:
+    """Point the file handlers writing into `old` (Hydra's job log) at the same file name in `new` (appended)."""
+    new.mkdir(parents=True, exist_ok=True)
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler) and Path(h.baseFilename).parent == old:
+            h.close()  # a closed handler in mode "a" reopens its (new) file at its next record
+            h.baseFilename = str(new / Path(h.baseFilename).name)
 
 
 # What a run refused before its first row has written into its fresh folder: its manifest and Hydra's log.

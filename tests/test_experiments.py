@@ -228,6 +228,29 @@ def test_multirun_outputs_do_not_collide(tmp_path):
     assert {pd.read_parquet(r)["system"].iloc[0] for r in runs} == {"directkv", "hbm"}
 
 
+def test_a_multirun_resumed_in_another_order_finds_each_jobs_folder(tmp_path):
+    """Hydra numbers a sweep's folders by position: resumed with its values reordered and one added, each job still
+    finds the folder its config wrote (finished points skipped, rows untouched) and the new value a new folder."""
+    base = ["-m", "+exp=context_sweep", "model=tiny", "contexts=[256]", "batch_size=2", "output_len=4", "render=false",
+            "progress=false", "device=cpu", "run_id=s", f"results_root={tmp_path}"]
+    assert _cli(*base, "system=directkv,hbm", cwd=tmp_path).returncode == 0
+    sweep = tmp_path / "context_sweep"
+    before = {p.name: (p / "results.parquet").read_bytes() for p in sweep.iterdir() if p.is_dir()}
+    assert sorted(before) == ["s-0", "s-1"]
+    p = _cli(*base, "system=hbm,swap,directkv", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert sorted(f.name for f in sweep.iterdir() if f.is_dir()) == ["s-0", "s-1", "s-2"]
+    for name, rows in before.items():
+        assert (sweep / name / "results.parquet").read_bytes() == rows
+        assert "resumed_at" in json.loads((sweep / name / "manifest.json").read_text())
+    systems = {name: pd.read_parquet(sweep / name / "results.parquet")["system"].unique().tolist()
+               for name in ("s-0", "s-1", "s-2")}
+    assert systems == {"s-0": ["directkv"], "s-1": ["hbm"], "s-2": ["swap"]}
+    # each moved job's log followed it to its folder, and says why
+    assert "multirun job s-0: resuming the rows its configuration wrote in" in (sweep / "s-1" / "run.log").read_text()
+    assert f"multirun job s-1: a new folder {sweep / 's-2'}" in (sweep / "s-2" / "run.log").read_text()
+
+
 def test_rate_sweep_hands_the_workload_group_to_its_dataset():
     from experiments.rate_sweep import dataset_options
 
