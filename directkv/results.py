@@ -179,11 +179,20 @@ def _refusal(run_dir: Path, rows: int, diff: list[str], old: dict) -> str:
 
 
 def rows_config(run_dir: str | Path) -> dict | None:
-    """The config that wrote run_dir's rows (its manifest's), or None where it holds no rows."""
+    """The config that wrote run_dir's rows (its manifest's), or None where it holds no rows or its manifest is
+    missing, unreadable or has no config."""
     run_dir = Path(run_dir)
     if not (run_dir / "results.parquet").exists():
         return None
-    return _read_manifest(run_dir).get("config")
+    return manifest_config(run_dir)
+
+
+def manifest_config(run_dir: str | Path) -> dict | None:
+    """The config in run_dir's manifest, rows or not, or None where the manifest is missing, unreadable or has no
+    config."""
+    manifest = _read_manifest(Path(run_dir))
+    config = manifest.get("config") if isinstance(manifest, dict) else None
+    return config if isinstance(config, dict) else None
 
 
 def _read_manifest(run_dir: Path) -> dict:

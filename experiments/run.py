@@ -193,26 +193,58 @@ def main(cfg: DictConfig) -> None:
 def _sweep_job_dir(positional: Path, cfg: DictConfig) -> Path:
     """A multirun job's folder. Hydra numbers a sweep's folders by position (`{run_id}-N`); a sweep resumed with its
     values in another order, or with values added or dropped, would meet other jobs' rows there. So a job takes the
-    sweep folder whose rows its own config wrote, else its positional folder unless another config's rows are
-    there, else the next free number. The job's log file (Hydra's, opened in the positional folder) follows it."""
-    from directkv.results import config_diff, rows_config
+    sweep folder whose rows its own config wrote, else one its config began without writing a row, else its
+    positional folder unless rows are there, else the next free number. A folder is this job's only where its
+    manifest names this run_id too: a single run named `{run_id}-5` is not the sweep's. The job's log file (Hydra's,
+    opened in the positional folder) follows it."""
+    from directkv.results import config_diff, manifest_config
     from experiments.common import plain
 
-    config, prefix = plain(cfg), f"{cfg.run_id}-"
-    numbered = {int(p.name[len(prefix):]): p for p in positional.parent.glob(f"{prefix}*")
-                if p.is_dir() and p.name[len(prefix):].isdigit()}
-    owned = [p for _, p in sorted(numbered.items()) if (old := rows_config(p)) is not None and not config_diff(old, config)]
-    if (owned and owned[0] == positional) or (not owned and rows_config(positional) is None):
+    config = plain(cfg)
+    # Its last part, matched as a plain prefix: a run_id with `/` puts the sweep's folders deeper, and one with
+    # `[`, `*` or `?` would be a glob pattern that misses them.
+    prefix = Path(f"{config['run_id']}-").name
+    folder = positional.parent
+    numbered = {}
+    for p in folder.iterdir() if folder.is_dir() else ():
+        num = p.name[len(prefix):]
+        # not str.isdigit: it takes superscripts, which int() refuses
+        if p.name.startswith(prefix) and re.fullmatch(r"\d+", num, re.ASCII) and p.is_dir():
+            numbered[int(num)] = p
+    if positional not in numbered.values():
         return positional
-    if owned:
-        chosen = owned[0]
-    else:
-        chosen = positional.parent / f"{prefix}{max(numbered) + 1}"
+
+    def rows(p: Path) -> bool:
+        return (p / "results.parquet").exists()
+
+    def ours(p: Path) -> bool:
+        old = manifest_config(p)
+        return old is not None and old.get("run_id") == config["run_id"] and not config_diff(old, config)
+
+    ordered = [p for _, p in sorted(numbered.items())]
+    owned = [p for p in ordered if rows(p) and ours(p)] or [p for p in ordered if not rows(p) and ours(p)]
+    if (owned and owned[0] == positional) or (not owned and not rows(positional)):
+        return positional
+    chosen = owned[0] if owned else folder / f"{prefix}{max(numbered, default=-1) + 1}"
     _move_log(positional, chosen)
-    _drop_empty_run(positional)
-    log.info("multirun job %s: %s", positional.name, f"resuming the rows its configuration wrote in {chosen}" if owned
-             else f"a new folder {chosen} (its positional folder holds another configuration's rows)")
+    _drop_unused_job_dir(positional)
+    if not owned:
+        why = f"a new folder {chosen} (its positional folder holds another configuration's rows)"
+    elif rows(chosen):
+        why = f"resuming the rows its configuration wrote in {chosen}"
+    else:
+        why = f"resuming its configuration's earlier run in {chosen}, which wrote no rows"
+    log.info("multirun job %s: %s", positional.name, why)
     return chosen
+
+
+def _drop_unused_job_dir(positional: Path) -> None:
+    """Remove the positional folder a multirun job moved away from when it holds nothing but Hydra's log, just opened
+    and empty; an earlier attempt's manifest or log, even without rows, stays (unlike _drop_empty_run's fresh run)."""
+    log_file = positional / "run.log"
+    if [p.name for p in positional.iterdir()] == ["run.log"] and log_file.is_file() and not log_file.stat().st_size:
+        log_file.unlink()
+        positional.rmdir()
 
 
 def _move_log(old: Path, new: Path) -> None:

@@ -251,6 +251,71 @@ def test_a_multirun_resumed_in_another_order_finds_each_jobs_folder(tmp_path):
     assert f"multirun job s-1: a new folder {sweep / 's-2'}" in (sweep / "s-2" / "run.log").read_text()
 
 
+def _sweep_job(run_id, **config):
+    """A multirun job's config, as _sweep_job_dir reads it (the keys that matter to resume, and run_id)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"run_id": run_id, "system": "hbm", **config})
+
+
+def _job_folder(path, *, manifest=None, rows=False, log=""):
+    """A sweep folder as an earlier job left it: its manifest's config, its rows, its log."""
+    path.mkdir(parents=True)
+    if manifest is not None:
+        (path / "manifest.json").write_text(json.dumps({"config": manifest}))
+    if rows:
+        pd.DataFrame({"system": [manifest.get("system") if manifest else "?"]}).to_parquet(path / "results.parquet")
+    (path / "run.log").write_text(log)
+    return path
+
+
+@pytest.mark.parametrize("run_id", ["a/b", "[s]", "s*?"])
+def test_a_multirun_whose_run_id_has_a_slash_or_glob_characters_finds_its_folder(tmp_path, run_id):
+    from experiments.run import _sweep_job_dir
+
+    cfg = _sweep_job(run_id)
+    other = _job_folder(tmp_path / f"{run_id}-0", manifest={**cfg, "system": "swap"}, rows=True)
+    mine = _job_folder(tmp_path / f"{run_id}-1", manifest=dict(cfg), rows=True)
+    _job_folder(tmp_path / f"{run_id}-\u00b2")  # not a number, though str.isdigit says so
+    assert _sweep_job_dir(other, cfg) == mine
+    mine.rename(tmp_path / "elsewhere")
+    assert _sweep_job_dir(other, cfg) == mine  # now the next free number, made afresh
+    assert not list(mine.iterdir())
+
+
+def test_a_multirun_job_moving_away_drops_only_hydras_empty_log_from_its_positional_folder(tmp_path):
+    """An earlier attempt of another config that wrote no rows keeps its manifest and log; a folder Hydra just
+    made (an empty run.log) goes."""
+    from experiments.run import _sweep_job_dir
+
+    cfg = _sweep_job("s")
+    mine = _job_folder(tmp_path / "s-0", manifest=dict(cfg), rows=True)
+    attempt = _job_folder(tmp_path / "s-1", manifest={**cfg, "system": "swap"})
+    logged = _job_folder(tmp_path / "s-2", log="an earlier attempt's log\n")
+    fresh = _job_folder(tmp_path / "s-3")
+    for positional in (attempt, logged, fresh):
+        assert _sweep_job_dir(positional, cfg) == mine
+    assert json.loads((attempt / "manifest.json").read_text())["config"]["system"] == "swap"
+    assert (logged / "run.log").read_text() == "an earlier attempt's log\n"
+    assert not fresh.exists()
+
+
+def test_a_multirun_job_takes_only_a_folder_whose_manifest_names_its_run_id_and_config(tmp_path):
+    """A single run named `s-5` under the same config is not sweep s's; a rowless earlier attempt of the job's own
+    config is taken before a new number, one of another config is not."""
+    from experiments.run import _sweep_job_dir
+
+    cfg = _sweep_job("s")
+    _job_folder(tmp_path / "s-5", manifest={**cfg, "run_id": "s-5"}, rows=True)
+    fresh = _job_folder(tmp_path / "s-0")
+    assert _sweep_job_dir(fresh, cfg) == fresh
+    taken = _job_folder(tmp_path / "s-1", manifest={**cfg, "system": "swap"}, rows=True)
+    _job_folder(tmp_path / "s-2", manifest={**cfg, "system": "swap"})
+    assert _sweep_job_dir(taken, cfg) == tmp_path / "s-6"  # not s-2 (another config's) nor s-5 (another run's)
+    attempt = _job_folder(tmp_path / "s-3", manifest=dict(cfg))
+    assert _sweep_job_dir(taken, cfg) == attempt
+
+
 def test_rate_sweep_hands_the_workload_group_to_its_dataset():
     from experiments.rate_sweep import dataset_options
 
