@@ -221,8 +221,19 @@ def test_gemm_stream_is_cuda_only_and_its_options_are_checked():
         gemm_traffic(4, 4, 4, dtype_bytes=2, variant="tiled", panel_cols=64)
     with pytest.raises(ConfigError, match="c_bytes must be a positive int; got 0"):
         gemm_traffic(4, 4, 4, dtype_bytes=2, variant="tiled", c_bytes=0)
-    with pytest.raises(ConfigError, match="valid: naive, pipelined, stream, tiled"):
+    with pytest.raises(ConfigError, match="valid: naive, pipelined, ring, stream, tiled"):
         gemm_traffic(4, 4, 4, dtype_bytes=2, variant="raster")
+
+
+def test_gemm_ring_traffic_by_hand():
+    # m 300, n 200, k 64, fp16: 2 strips of 128 columns, 2 row tiles of 256; A 38,400 B, B 25,600 B, C 120,000 B
+    t = gemm_traffic(300, 200, 64, dtype_bytes=2, variant="ring")
+    assert t.link_read_bytes == 25_600  # B once across the link
+    assert t.hbm_read_bytes == 2 * 38_400 + 2 * 25_600  # A once a strip, the ring's B once a row tile
+    assert t.hbm_write_bytes == 25_600 + 120_000  # B into the ring, C once
+    hbm = gemm_traffic(300, 200, 64, dtype_bytes=2, variant="ring", b_tier="hbm", c_bytes=4)
+    assert hbm.link_read_bytes == 0 and hbm.hbm_read_bytes == 2 * 38_400 + 3 * 25_600
+    assert hbm.hbm_write_bytes == 25_600 + 240_000
 
 
 def test_closed_form_bad_inputs():

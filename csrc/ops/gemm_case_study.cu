@@ -8,7 +8,7 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include "directkv/dispatch.h"
-#include "directkv/gemm_stationary.cuh"  // and gemm_case_study.cuh
+#include "directkv/gemm_ring.cuh"  // and gemm_stationary.cuh, gemm_case_study.cuh
 
 namespace directkv {
 namespace {
@@ -203,6 +203,61 @@ int gemm_persistent_ctas(int cluster) {
   check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &full_grid.cfg), "gemm_case_study: cudaOccupancyMaxActiveClusters");
   require(clusters >= 1, "gemm_case_study: no cluster of " + std::to_string(cluster) + " pipelined CTAs fits this GPU");
   return clusters * cluster;
+}
+
+// CTAs of the ring grid: as many as are resident at once (one an SM), which the ring's hand-offs between CTAs need.
+int gemm_ring_ctas() {
+  auto kernel = gemm::gemm_ring_kernel<__half>;
+  allow_max_smem("gemm_case_study", kernel, gemm::kRingSmem);
+  int device = 0, sms = 0, per_sm = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, gemm::kRingThreads, gemm::kRingSmem),
+             "gemm_case_study: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  require(per_sm >= 1, "gemm_case_study: no ring CTA fits an SM of this GPU");
+  return per_sm * sms;
+}
+
+// Variant ring (gemm_ring.cuh): `stage` holds stage_bytes of HBM ring, `sync` sync_words zeroed words; ctas must
+// not exceed gemm_ring_ctas() (a CTA that waits for another's stager while that one is not resident would hang).
+void gemm_ring_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t stage, size_t stage_bytes, uintptr_t sync, size_t sync_words,
+                   int ctas, int m, int n, int k, int band, int slots, int out_dtype, uintptr_t stream) {
+  require(m >= 1 && n >= 1 && k >= 1, "gemm_case_study: m, n, k must be >= 1");
+  require(a && b && c && stage && sync, "gemm_case_study: ring: null a, b, c, ring or flags");
+  require(k % 8 == 0 && n % 8 == 0 && a % 16 == 0 && b % 16 == 0,
+          "gemm_case_study: ring needs k and n multiples of 8 and 16-byte aligned A and B (TMA and 16-byte host loads); got k = " +
+              std::to_string(k) + ", n = " + std::to_string(n));
+  GemmParams p{};
+  p.a = reinterpret_cast<const __half*>(a);
+  p.b = reinterpret_cast<const __half*>(b);
+  p.c = reinterpret_cast<void*>(c);
+  p.stage = reinterpret_cast<unsigned char*>(stage);
+  p.ring_sync = reinterpret_cast<unsigned*>(sync);
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.ring_band = band;
+  p.ring_slots = slots;
+  const int64_t strips = (n + gemm::kBN - 1) / gemm::kBN;
+  require(band >= 1 && band <= strips, "gemm_case_study: ring band " + std::to_string(band) + " must be in 1.." + std::to_string(strips) + " strips");
+  const gemm::RingPlan plan(p);
+  require(slots >= 1 && slots <= plan.bands, "gemm_case_study: ring slots " + std::to_string(slots) + " must be in 1.." + std::to_string(plan.bands) + " bands");
+  const size_t need = static_cast<size_t>(slots) * band * plan.ktiles * gemm::kRingUnitBytes;
+  require(stage_bytes >= need, "gemm_case_study: ring buffer of " + std::to_string(stage_bytes) + " B, needs " + std::to_string(need));
+  require(sync_words >= static_cast<size_t>(plan.unit_slots()) + plan.bands,
+          "gemm_case_study: ring flags of " + std::to_string(sync_words) + " words, need " + std::to_string(plan.unit_slots() + plan.bands));
+  require(static_cast<int64_t>(plan.mtiles) * strips < (int64_t{1} << 31) && static_cast<int64_t>(plan.bands) * band * plan.ktiles < (int64_t{1} << 31),
+          "gemm_case_study: ring: matrix too large");
+  require(ctas >= 1 && ctas <= plan.tiles() && ctas <= gemm_ring_ctas(),
+          "gemm_case_study: ring grid " + std::to_string(ctas) + " must be in 1..min(" + std::to_string(plan.tiles()) +
+              " tiles, " + std::to_string(gemm_ring_ctas()) + " resident CTAs)");
+  p.a_map = a_tensor_map(p.a, m, k, gemm::kRingBM);
+  dispatch_out(out_dtype, [&](auto o) {
+    auto kernel = gemm::gemm_ring_kernel<decltype(o)>;
+    allow_max_smem("gemm_case_study", kernel, gemm::kRingSmem);
+    kernel<<<static_cast<unsigned>(ctas), gemm::kRingThreads, gemm::kRingSmem, reinterpret_cast<cudaStream_t>(stream)>>>(p);
+    check_cuda(cudaGetLastError(), "gemm_case_study: ring kernel launch");
+  });
 }
 
 // "host" when ptr is page-locked host memory (read across the link), "hbm" for device memory.

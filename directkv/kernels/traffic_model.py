@@ -455,7 +455,8 @@ def proj_attention_traffic(
 
 # stream (CUDA only): B staged by the copy engine into an HBM ring panel by panel, each panel multiplied by
 # cuBLAS. Its closed form is here; the reference backend has no stream loop to count.
-GEMM_TRAFFIC_VARIANTS = (*GEMM_VARIANTS, "stream")
+GEMM_TRAFFIC_VARIANTS = (*GEMM_VARIANTS, "stream", "ring")
+RING_TILE_M, RING_TILE_N = 256, 128  # gemm variant ring: C rows x columns a tile
 
 
 def gemm_traffic(
@@ -482,6 +483,9 @@ def gemm_traffic(
     once per panel (cuBLAS's own tiling inside a panel is left to L2), C written once. Row panels: each
     panel reads its own columns of A, so A once in all; C is written by every panel and read back by every
     panel after the first (beta = 1).
+
+    ring (the tiles do not apply): B crosses the link once, by SM loads, into an HBM ring from which every
+    RING_TILE_M-row tile reads it back; A is read once per RING_TILE_N-column strip, C written once.
     """
     check_variant("gemm", variant, GEMM_TRAFFIC_VARIANTS)
     check(b_tier in TIERS, f"unknown b_tier {b_tier!r}; valid: {', '.join(TIERS)}")
@@ -508,6 +512,17 @@ def gemm_traffic(
         return traffic
     check(panel_cols is None and panel_rows is None, f"panel_cols / panel_rows are options of gemm variant "
           f"'stream'; got {panel_cols!r} / {panel_rows!r} for {variant!r}")
+    if variant == "ring":  # the tiles do not apply: the kernel's own are RING_TILE_M x RING_TILE_N
+        # B crosses the link once into the HBM ring and is read back by every row tile; A is read once per column
+        # strip (L2 serves the band's other strips, which this does not count); C is written once
+        b_bytes = k * n * e
+        traffic = Traffic(hbm_read_bytes=ceil_div(n, RING_TILE_N) * m * k * e + ceil_div(m, RING_TILE_M) * b_bytes,
+                          hbm_write_bytes=b_bytes + m * n * ce, flops=2 * m * n * k)
+        if b_tier == "host":
+            traffic.link_read_bytes += b_bytes
+        else:
+            traffic.hbm_read_bytes += b_bytes
+        return traffic
     b_reads = k * n * e * (ceil_div(m, tile_m) if variant == "naive" else 1)
     hbm_read = m * k * e * ceil_div(n, tile_n)  # A is re-read for every column of C tiles in both orders
     hbm_write = m * n * ce

@@ -1,7 +1,7 @@
 """GEMM case-study benchmark on the GPU: the CUDA variants beside cuBLAS anchors, in one run.
 
 Rows (one per size x method), all `mode="measured"`, C = A B with square fp16 operands, fp16 C:
-  naive / tiled / pipelined / raster (+ ':' options) : the CUDA kernels with B in pinned host memory
+  naive / tiled / pipelined / ring / raster (+ ':' options) : the CUDA kernels with B in pinned host memory
                     (zero-copy view);
   stream (+ ':' options) : B in the same pinned memory, moved by the copy engine panel by panel into an HBM
                     ring and multiplied by cuBLAS (beyond the paper); stream:k cuts B into row panels (each
@@ -56,6 +56,11 @@ KERNELS = {
     "pipelined:b_hbm:c1": {"_b": "hbm", "cluster": 1},
     "pipelined:b_hbm:grid": {"_b": "hbm", "persistent": False},
     "pipelined:b_hbm:splits": {"_b": "hbm", "accumulate": "splits"},
+    # B through an HBM ring of bands by the SMs' stager warps, output-stationary 256 x 128 tiles over all of k
+    "ring": {},
+    "ring:b_hbm": {"_b": "hbm"},  # its on-chip time
+    "ring:band1": {"band": 1},  # a strip a band: tiles of one strip together, A re-read by each strip
+    "ring:band6": {"band": 6},  # twice the planned band at 10240 (3): more tiles than CTAs a band
     "raster": {},  # naive's kernel, CTAs down the m tiles first: does L2 serve B's repeats from host memory?
     "raster:b_hbm": {"_b": "hbm"},  # its on-chip time
     "stream": {},  # copy-engine panels into a 2-slot HBM ring, cuBLAS per panel (plan_panel_cols)

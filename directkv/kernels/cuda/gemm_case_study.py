@@ -20,6 +20,13 @@ raster    : naive's kernel with the CTAs ordered down the m tiles first, so the 
             repeats, and not otherwise. An experiment on L2 and host memory beyond the paper's variants; its
             Traffic is naive's closed form (what the SMs request), so only ncu's pcie__read_bytes tells
             what crossed the link.
+ring      : beyond the paper (gemm_ring.cuh): persistent CTAs, one an SM; three stager warps in each copy B from
+            the host by SM loads, 64 k rows of one column strip at a time, into an HBM ring of a few bands of
+            strips shared by every CTA (written once in the shared-memory layout, each piece flagged when
+            stored), while the consumers compute output-stationary 256 x 128 tiles of C over all of k with A and
+            the ring's B by TMA, then write the tile once: no fp32 C, no reductions, no reduce kernel. B crosses
+            the link once. Needs 16-byte rows (k, n multiples of 8, aligned A and B). Written after the last
+            H200 run: not yet measured.
 stream    : beyond the paper, no kernel of ours: the copy engine moves B a column panel at a time (one 2-D
             cudaMemcpy2DAsync per panel, on a side stream) into a 2-slot HBM ring while cuBLAS (torch.mm on
             the current stream) multiplies A by the previous panel into C's matching columns. B crosses the
@@ -84,10 +91,10 @@ from directkv.kernels.cuda import build
 from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.cuda.zero_copy import pinned_empty
 from directkv.kernels.traffic import Traffic
-from directkv.kernels.traffic_model import STREAM_RING_BYTES, gemm_traffic
+from directkv.kernels.traffic_model import RING_TILE_M, STREAM_RING_BYTES, gemm_traffic
 
 KERNEL_VARIANTS = ("naive", "tiled", "pipelined", "raster")  # index = the launcher's variant code
-VARIANTS = (*KERNEL_VARIANTS, "stream")
+VARIANTS = (*KERNEL_VARIANTS, "ring", "stream")
 OUTPUT_STATIONARY = ("naive", "raster")  # no k-split workspace
 STATIONARY = ("tiled", "pipelined")  # B-stationary: k-splits, accumulate
 TILE_M, TILE_N, TILE_K = 128, 128, 64
@@ -99,7 +106,10 @@ ACCUMULATES = ("splits", "atomic")  # tiled / pipelined: how the chunks' product
 CLUSTERS = (1, 2)  # pipelined: CTAs per cluster (2: column-strip pairs sharing A tiles by TMA multicast)
 STAGE_SLOT_BYTES = CHUNK_K * TILE_N * 2  # pipelined, persistent: a B chunk (fp16) in its shared-memory layout
 STAGE_SLOTS = (1, 2)  # pipelined, persistent: HBM slots a CTA stages B chunks in
-HOST_LOAD_DEFAULT = {"naive": "ca", "raster": "ca", "tiled": "cg", "pipelined": "cg", "stream": "ca"}
+HOST_LOAD_DEFAULT = {"naive": "ca", "raster": "ca", "tiled": "cg", "pipelined": "cg", "ring": "cg", "stream": "ca"}
+RING_UNIT_BYTES = TILE_K * TILE_N * 2  # ring: 64 k rows of one 128-column strip, in the shared-memory layout
+RING_BYTES = 64 << 20  # ring: HBM the ring of bands may take (at least one band, whatever its size)
+RING_SLOTS = 4  # ring: bands the ring holds at most
 WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most, or WORKSPACE_SHARE of the GPU's memory if that is more
 WORKSPACE_SHARE = 8  # ... 1 / WORKSPACE_SHARE of it (H200: 17.6 GB, one chunk a CTA at 10240^3: 8.4 GB)
 STREAM_SLOTS = 2  # ring slots: the copy engine fills one while cuBLAS reads the other
@@ -266,6 +276,40 @@ def pipelined_options(a: torch.Tensor, b: torch.Tensor, accumulate: str, k_split
     return cluster, persistent
 
 
+def plan_ring(m: int, n: int, k: int, ctas: int, *, band: int | None = None) -> tuple[int, int]:
+    """(band, slots) of variant ring for C `[m, n]` = A `[m, k]` B `[k, n]` on a grid of `ctas` CTAs: a band of
+    128-column strips is about one tile per CTA (ctas // row tiles of RING_TILE_M rows, at least 1, at most every
+    strip), so the tiles of a band run together and follow its units across the link; a given band is checked
+    against the strips. slots: bands the ring holds, up to RING_SLOTS within RING_BYTES (at least one)."""
+    strips, mtiles, ktiles = math.ceil(n / TILE_N), math.ceil(m / RING_TILE_M), math.ceil(k / TILE_K)
+    check(band is None or (type(band) is int and 1 <= band <= strips), f"gemm ring band {band!r} is not in "
+          f"1..{strips} (the 128-column strips of n = {n})")
+    band = band or max(1, min(strips, ctas // mtiles))
+    bands = math.ceil(strips / band)
+    return band, max(1, min(bands, RING_SLOTS, RING_BYTES // (band * ktiles * RING_UNIT_BYTES)))
+
+
+@cache
+def _ring_ctas(device: int) -> int:
+    with torch.cuda.device(device):
+        return build.load("gemm_case_study").ring_ctas()
+
+
+def _run_ring(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, band: int | None) -> None:
+    """out = a @ b by the ring kernel: a grid of the CTAs resident at once (at most one a tile), its ring and its
+    zeroed flags allocated per call."""
+    (m, k), n = a.shape, b.shape[1]
+    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    ctas = min(_ring_ctas(device), math.ceil(m / RING_TILE_M) * math.ceil(n / TILE_N))
+    band, slots = plan_ring(m, n, k, ctas, band=band)
+    ktiles, bands = math.ceil(k / TILE_K), math.ceil(math.ceil(n / TILE_N) / band)
+    ring = torch.empty(slots * band * ktiles * RING_UNIT_BYTES, dtype=torch.uint8, device=a.device)
+    sync = torch.zeros(bands * band * ktiles + bands, dtype=torch.int32, device=a.device)
+    build.load("gemm_case_study").ring_run(
+        a.data_ptr(), b.data_ptr(), out.data_ptr(), ring.data_ptr(), ring.numel(), sync.data_ptr(), sync.numel(), ctas,
+        m, n, k, band, slots, OUT_CODES[out.dtype], torch.cuda.current_stream(a.device).cuda_stream)
+
+
 @cache
 def _persistent_ctas(device: int, cluster: int) -> int:
     with torch.cuda.device(device):
@@ -292,6 +336,7 @@ def gemm(
     cluster: int | None = None,
     persistent: bool | None = None,
     stage_slots: int = 1,
+    band: int | None = None,
     host_load: str | None = None,
     split: str = "n",
     panel: int | None = None,
@@ -336,8 +381,9 @@ def gemm(
         a staged chunk into shared memory, then stage the next one, so a CTA's share of the link idles while they
         wait for the consumers; 2: one warp stages chunks into the two slots in turn, as far ahead as a free slot
         allows, while the other moves them into shared memory (written after the last H200 run: not yet measured).
+    band : ring only: 128-column strips a band (plan_ring plans it: about one 256 x 128 tile a CTA).
     host_load : "ca" (through L1) or "cg" (L2 only): how B tiles are copied; None: HOST_LOAD_DEFAULT of the variant
-        (module docstring).
+        (module docstring); ring's stagers read B by ld.global.cg: "cg" only.
     split : stream only: "n" cuts B into column panels, each a 2-D copy of K rows (C's columns written once);
         "k" cuts it into row panels, each one contiguous copy, and C (float16 only) is accumulated over
         them (cuBLAS with beta = 1 reads C back once per panel after the first and rounds it once per
@@ -375,6 +421,10 @@ def gemm(
           f"{persistent!r} for {variant!r}")
     check(persistent is None or isinstance(persistent, bool), f"gemm persistent must be None, True or False; got "
           f"{persistent!r}")
+    check(variant == "ring" or band is None, f"band is an option of gemm variant 'ring'; got {band!r} for "
+          f"{variant!r}")
+    check(variant != "ring" or host_load == "cg", f"gemm variant 'ring' reads B by ld.global.cg: host_load must be "
+          f"None or 'cg'; got {host_load!r}")
     check(stage_slots in STAGE_SLOTS and type(stage_slots) is int, f"gemm stage_slots {stage_slots!r} is not "
           f"supported; valid: 1, 2")
     prefetch_given = prefetch is not None
@@ -418,6 +468,11 @@ def gemm(
     if variant == "stream":  # planned before out is allocated: fails cheaply
         cut = {"panel_cols": b.panel_cols} if panels else stream_cut(k, n, split, panel)
     strips = math.ceil(n / TILE_N)
+    if variant == "ring":  # planned before out is allocated: fails cheaply
+        check(k % 8 == 0 and n % 8 == 0 and a.data_ptr() % 16 == 0 and b_tensor.data_ptr() % 16 == 0, f"gemm "
+              f"variant 'ring' needs k and n multiples of 8 and 16-byte aligned A and B; got k = {k}, n = {n}, A at "
+              f"{a.data_ptr() % 16} and B at {b_tensor.data_ptr() % 16} bytes past a 16-byte boundary")
+        plan_ring(m, n, k, 1, band=band)
     cluster, persistent = (pipelined_options(a, b_tensor, accumulate, k_splits, cluster, persistent, prefetch_given)
                            if variant == "pipelined" else (1, False))
     check(persistent or stage_slots == 1, f"stage_slots is an option of persistent pipelined CTAs; got {stage_slots} "
@@ -435,6 +490,9 @@ def gemm(
         _run_stream(a, b, out, split, panel, copy_streams, copy, copy_ctas)
         return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="stream",
                                  b_tier=b_tier(b_tensor), **cut)
+    if variant == "ring":
+        _run_ring(a, b, out, band)
+        return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="ring", b_tier=b_tier(b))
     part, stage, ctas, ldp, splits = None, None, 0, 0, 1
     if variant not in OUTPUT_STATIONARY:
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
