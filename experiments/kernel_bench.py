@@ -10,8 +10,9 @@ from experiments.common import Setup, base_row
 
 COUNTERS = ("none", "ncu")
 COUNTED_EXPS = ("kernel_ablation", "gemm_case_study")  # the experiments whose measured rows ncu profiles
-NCU_VARIANTS = ("naive", "tiled", "pipelined", "raster", "tiled:cg", "tiled:ca", "pipelined:ca", "pipelined:splits",
-                "sdpa_zero_copy", "cublas_zero_copy")  # tiled:cg: prefill's row
+NCU_VARIANTS = ("naive", "tiled", "pipelined", "ring", "raster", "tiled:cg", "tiled:ca", "pipelined:ca",
+                "pipelined:splits", "sdpa_zero_copy", "cublas_zero_copy")  # tiled:cg: prefill's row
+KERNEL_NAMES = ("naive", "tiled", "pipelined", "ring", "raster", "stream", "fused", "separate")  # else an anchor row
 _ceilings: dict | None = None
 
 
@@ -28,7 +29,7 @@ def ceilings() -> dict:
 def _label(cfg: DictConfig, s: Setup, rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
-        anchor = r["variant"].split(":")[0] not in ("naive", "tiled", "pipelined", "raster", "stream", "fused", "separate")
+        anchor = r["variant"].split(":")[0] not in KERNEL_NAMES
         base = base_row(cfg, s, system="anchor" if anchor else "directkv", variant=r["variant"], mode="measured")
         out.append(base | {k: v for k, v in r.items() if k not in ("mode",)} | {"mode": "measured"})
     return out

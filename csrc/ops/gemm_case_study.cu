@@ -246,7 +246,7 @@ void gemm_ring_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t stage, size_
   require(stage_bytes >= need, "gemm_case_study: ring buffer of " + std::to_string(stage_bytes) + " B, needs " + std::to_string(need));
   require(sync_words >= static_cast<size_t>(plan.unit_slots()) + plan.bands,
           "gemm_case_study: ring flags of " + std::to_string(sync_words) + " words, need " + std::to_string(plan.unit_slots() + plan.bands));
-  require(static_cast<int64_t>(plan.mtiles) * strips < (int64_t{1} << 31) && static_cast<int64_t>(plan.bands) * band * plan.ktiles < (int64_t{1} << 31),
+  require(static_cast<int64_t>(plan.mtiles) * strips < (int64_t{1} << 31) && static_cast<int64_t>(plan.bands) * band * plan.ktiles * gemm::kRingSlices < (int64_t{1} << 31),
           "gemm_case_study: ring: matrix too large");
   require(ctas >= 1 && ctas <= plan.tiles() && ctas <= gemm_ring_ctas(),
           "gemm_case_study: ring grid " + std::to_string(ctas) + " must be in 1..min(" + std::to_string(plan.tiles()) +

@@ -60,7 +60,7 @@ struct GemmParams {
   int stage_slots;       // persistent: 1 (the B producers load and stage in turn) or 2 (b_producers_two_slots)
   int ring_band;         // ring (gemm_ring.cuh): 128-column strips a band
   int ring_slots;        // ring: bands the HBM ring (`stage`) holds
-  unsigned* ring_sync;   // ring: a flag per unit, then a done count per band (RingPlan), zeroed before the launch
+  unsigned* ring_sync;   // ring: a slice count per unit, then a done count per band (RingPlan), zeroed before the launch
 };
 
 constexpr int kPrefetchNone = 0, kPrefetchHint = 1, kPrefetchLoad = 2;  // = the index in Python's PREFETCHES

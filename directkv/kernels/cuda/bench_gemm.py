@@ -60,6 +60,8 @@ KERNELS = {
     "ring": {},
     "ring:b_hbm": {"_b": "hbm"},  # its on-chip time
     "ring:band1": {"band": 1},  # a strip a band: tiles of one strip together, A re-read by each strip
+    "ring:band2": {"band": 2},
+    "ring:band4": {"band": 4},
     "ring:band6": {"band": 6},  # twice the planned band at 10240 (3): more tiles than CTAs a band
     "raster": {},  # naive's kernel, CTAs down the m tiles first: does L2 serve B's repeats from host memory?
     "raster:b_hbm": {"_b": "hbm"},  # its on-chip time
