@@ -2,7 +2,9 @@
 
 Simulated: traffic from the closed forms, time from the cost model. The tiled kernel without a producer
 warp alternates loading a stationary B tile and computing on it, so its link and compute times add; the
-pipelined kernel prefetches the next B tile while computing, so they overlap (max). stream (beyond the
+pipelined kernel prefetches the next B tile while computing, so they overlap (max), as do ring's stagers (beyond
+the paper: B through an HBM ring by SM loads, output-stationary tiles; its closed form reads A once per column strip
+and the ring's B once per row tile from HBM, which L2 mostly serves, so the model is pessimistic). stream (beyond the
 paper) is a two-slot pipeline of copy-engine panel copies and cuBLAS panel products, timed panel by panel
 (stream_ms): column panels, or with stream:k row panels whose products also read and write C. The cost model
 moves every panel at the copy engine's rate; on the H200 the 2-D copies of column panels of row-major B ran at
@@ -26,7 +28,7 @@ from directkv.kernels.traffic import Traffic
 from directkv.results import ResultsWriter
 from experiments.common import Setup, as_int, base_row, int_list, progress, setup
 
-VARIANTS = ("naive", "tiled", "pipelined", "stream", "stream:k")
+VARIANTS = ("naive", "tiled", "pipelined", "ring", "stream", "stream:k")
 DTYPE_BYTES = 2  # fp16
 
 
@@ -62,6 +64,8 @@ def simulated_rows(cfg: DictConfig, s: Setup, n: int) -> list[dict]:
         if stream:  # copy engine on the link, cuBLAS on chip
             extra = stream_cut(n, n, "k" if v == "stream:k" else "n")
             t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant="stream", **extra)
+        elif v == "ring":  # SM loads on the link; every strip's A and every row tile's B from HBM (no L2 credit)
+            t = tm.gemm_traffic(n, n, n, dtype_bytes=DTYPE_BYTES, variant="ring")
         else:  # the kernels' schedules: naive streams k tiles; tiled / pipelined keep CHUNK_K-row chunks stationary
             # (the model's in-place partial C through HBM: the CUDA kernels' accumulate="splits" less one pass each
             # way; their default, "atomic", keeps most of those passes in L2, which the model does not credit)
@@ -74,7 +78,7 @@ def simulated_rows(cfg: DictConfig, s: Setup, n: int) -> list[dict]:
             ms = stream_ms(terms["link_read"], on_chip, n, panel)
         elif v == "tiled":  # load, then compute
             ms = (terms["link_read"] + on_chip) * 1e3
-        else:  # naive: many CTAs in flight hide each other; pipelined: the producer warps prefetch
+        else:  # naive: many CTAs in flight hide each other; pipelined / ring: the producer / stager warps prefetch
             ms = max(terms["link_read"], on_chip) * 1e3
         rows.append(base_row(cfg, s, system="directkv", variant=v) | shape | extra | {
             "time_ms": ms, "link_read_bytes": float(t.link_read_bytes), "hbm_read_bytes": float(t.hbm_read_bytes),

@@ -32,6 +32,7 @@ from directkv.kernels.cuda.gemm_case_study import (
     plan_panel_cols,
     plan_panel_rows,
     plan_ring,
+    ring_cluster,
     stationary_hbm_floor_bytes,
     stream_cut,
     workspace_cap,
@@ -218,22 +219,26 @@ RING_CASES = [  # (m, n, k, band)
     (1000, 776, 1112, None),  # ragged everywhere: 4 row tiles, the last strip 8 columns, the last k tile 24 rows
     (300, 2184, 2048, 1),  # 18 bands of one strip in 4 slots: the ring wraps 4 times
     (4096, 4096, 2056, 2),  # 512 tiles on at most 132 CTAs (several each), 16 bands in 4 slots
+    (1000, 2048, 1112, 2),  # pairs with a ragged last row tile and k tile, 8 bands in 4 slots
     (2048, 8192, 512, None),  # the planned band (16 strips of 8 row tiles: 128 tiles a band)
 ]
 
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("cluster", [None, 2], ids=["c1", "c2"])
 @pytest.mark.parametrize("b_kind", ["host", "hbm"])
 @pytest.mark.parametrize("m,n,k,band", RING_CASES, ids=[f"{m}x{n}x{k}-band{b}" for m, n, k, b in RING_CASES])
-def test_gemm_ring(m, n, k, band, b_kind):
+def test_gemm_ring(m, n, k, band, b_kind, cluster):
+    if cluster == 2 and (math.ceil(n / 128) % 2 or (band or 2) % 2):
+        pytest.skip("the strips do not pair up (test_gemm_ring_refusals: refused)")
     a = torch.randn(m, k, device="cuda").half()
     b = host_b(k, n) if b_kind == "host" else torch.randn(k, n, device="cuda").half()
-    traffic = check_product(a, b, "ring", torch.float32, band=band)
+    traffic = check_product(a, b, "ring", torch.float32, band=band, cluster=cluster)
     assert traffic.link_read_bytes == (k * n * 2 if b_kind == "host" else 0)  # B crosses the link once
     b.copy_(torch.randn(b.shape, device="cuda").half())  # new values in the same bytes: no stale ring unit
     torch.cuda.synchronize()
-    check_product(a, b, "ring", torch.float16, band=band)
+    check_product(a, b, "ring", torch.float16, band=band, cluster=cluster)
 
 
 @pytest.mark.gpu
@@ -248,6 +253,9 @@ def test_gemm_ring_refusals():
         gemm(a, host_b(1024, 256), variant="ring", host_load="ca")
     with pytest.raises(ConfigError, match=r"band is an option of gemm variant 'ring'; got 2 for 'tiled'"):
         gemm(a, host_b(1024, 256), variant="tiled", band=2)
+    with pytest.raises(ConfigError, match=r"ring cluster 2 needs an even number of 128-column strips and an even band; "
+                                          r"got n = 384 \(3 strips\), band None"):
+        gemm(a, host_b(1024, 384), variant="ring", cluster=2)
 
 
 def test_plan_ring_by_hand():
@@ -260,6 +268,17 @@ def test_plan_ring_by_hand():
     for bad in (0, 3, True, 1.0):
         with pytest.raises(ConfigError, match=rf"ring band {bad!r} is not in 1..2"):
             plan_ring(64, 256, 64, 132, band=bad)
+    # pairs: the band rounded down to even, at least 2
+    assert plan_ring(10240, 10240, 10240, 132, cluster=2) == (2, 4)
+    assert plan_ring(4096, 4096, 4096, 132, cluster=2) == (8, 4)
+    assert plan_ring(65536, 1024, 8192, 132, cluster=2) == (2, 4)
+
+
+def test_ring_cluster_by_hand():
+    assert ring_cluster(256, None, None) == 1  # pairs only when asked for
+    assert ring_cluster(256, None, 2) == 2 and ring_cluster(1024, 4, 2) == 2 and ring_cluster(1024, 3, 1) == 1
+    with pytest.raises(ConfigError, match=r"got n = 1024 \(8 strips\), band 3; use cluster 1 or None"):
+        ring_cluster(1024, 3, 2)
 
 
 @pytest.mark.gpu
@@ -336,7 +355,8 @@ def test_gemm_rejects_bad_host_load_before_touching_cuda():
     for bad in (0, True, 1.5):
         with pytest.raises(ConfigError, match=rf"k_splits must be a positive int; got {bad!r}"):
             gemm(a, a, variant="tiled", k_splits=bad)
-    with pytest.raises(ConfigError, match=r"cluster is an option of gemm variant 'pipelined'; got 2 for 'tiled'"):
+    with pytest.raises(ConfigError, match=r"cluster is an option of gemm variants 'pipelined' and 'ring'; got 2 "
+                                          r"for 'tiled'"):
         gemm(a, a, variant="tiled", cluster=2)
     for bad in (0, 3, True, 2.0):
         with pytest.raises(ConfigError, match=rf"gemm cluster {bad!r} is not supported; valid: None, 1, 2"):

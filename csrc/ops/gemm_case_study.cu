@@ -66,16 +66,15 @@ void dispatch_vec_l1(bool vec, int host_load, F&& f) {
   });
 }
 
-// pipelined in clusters of `cluster` CTAs: grid / cluster clusters of (cluster, 1, 1), the same launch otherwise.
-// A launch of `grid` pipelined CTAs (kPipeThreads, kPipeSmem) in clusters of (cluster, 1, 1). cfg points into the
-// object's own attribute, so it is neither copied nor moved.
+// A launch of `grid` CTAs of `threads` threads and `smem` bytes (pipelined's by default) in clusters of
+// (cluster, 1, 1). cfg points into the object's own attribute, so it is neither copied nor moved.
 struct ClusterLaunch {
   cudaLaunchAttribute attr[1];
   cudaLaunchConfig_t cfg{};
-  ClusterLaunch(unsigned grid, int cluster, cudaStream_t stream) {
+  ClusterLaunch(unsigned grid, int cluster, cudaStream_t stream, int threads = gemm::kPipeThreads, size_t smem = gemm::kPipeSmem) {
     cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(gemm::kPipeThreads);
-    cfg.dynamicSmemBytes = gemm::kPipeSmem;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
@@ -205,23 +204,33 @@ int gemm_persistent_ctas(int cluster) {
   return clusters * cluster;
 }
 
-// CTAs of the ring grid: as many as are resident at once (one an SM), which the ring's hand-offs between CTAs need.
-int gemm_ring_ctas() {
-  auto kernel = gemm::gemm_ring_kernel<__half>;
+// The ring kernel for an output dtype and cluster size.
+template <typename OutT>
+auto ring_kernel(int cluster) {
+  return cluster == 2 ? gemm::gemm_ring_kernel<OutT, 2> : gemm::gemm_ring_kernel<OutT, 1>;
+}
+
+// CTAs of the ring grid: as many clusters of `cluster` as are resident at once (one CTA an SM; pairs need two free SMs
+// of one GPC), times the cluster size: the ring's hand-offs between CTAs need every CTA resident.
+int gemm_ring_ctas(int cluster) {
+  require(cluster == 1 || cluster == 2, "gemm_case_study: cluster " + std::to_string(cluster) + " must be 1 or 2");
+  auto kernel = ring_kernel<__half>(cluster);
   allow_max_smem("gemm_case_study", kernel, gemm::kRingSmem);
-  int device = 0, sms = 0, per_sm = 0;
+  int device = 0, sms = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, gemm::kRingThreads, gemm::kRingSmem),
-             "gemm_case_study: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  require(per_sm >= 1, "gemm_case_study: no ring CTA fits an SM of this GPU");
-  return per_sm * sms;
+  const ClusterLaunch full_grid(static_cast<unsigned>(sms / cluster * cluster), cluster, nullptr, gemm::kRingThreads, gemm::kRingSmem);
+  int clusters = 0;
+  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &full_grid.cfg), "gemm_case_study: cudaOccupancyMaxActiveClusters");
+  require(clusters >= 1, "gemm_case_study: no cluster of " + std::to_string(cluster) + " ring CTAs fits this GPU");
+  return clusters * cluster;
 }
 
 // Variant ring (gemm_ring.cuh): `stage` holds stage_bytes of HBM ring, `sync` sync_words zeroed words; ctas must
-// not exceed gemm_ring_ctas() (a CTA that waits for another's stager while that one is not resident would hang).
+// not exceed gemm_ring_ctas(cluster) (a CTA that waits for another's stager while that one is not resident would
+// hang). Pairs (cluster 2) need an even number of strips in every band.
 void gemm_ring_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t stage, size_t stage_bytes, uintptr_t sync, size_t sync_words,
-                   int ctas, int m, int n, int k, int band, int slots, int out_dtype, uintptr_t stream) {
+                   int ctas, int m, int n, int k, int band, int slots, int cluster, int out_dtype, uintptr_t stream) {
   require(m >= 1 && n >= 1 && k >= 1, "gemm_case_study: m, n, k must be >= 1");
   require(a && b && c && stage && sync, "gemm_case_study: ring: null a, b, c, ring or flags");
   require(k % 8 == 0 && n % 8 == 0 && a % 16 == 0 && b % 16 == 0,
@@ -240,23 +249,29 @@ void gemm_ring_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t stage, size_
   p.ring_slots = slots;
   const int64_t strips = (n + gemm::kBN - 1) / gemm::kBN;
   require(band >= 1 && band <= strips, "gemm_case_study: ring band " + std::to_string(band) + " must be in 1.." + std::to_string(strips) + " strips");
+  require(cluster == 1 || (cluster == 2 && band % 2 == 0 && strips % 2 == 0),
+          "gemm_case_study: ring cluster " + std::to_string(cluster) + " must be 1, or 2 with an even band and an even number of strips; got band " +
+              std::to_string(band) + " of " + std::to_string(strips) + " strips");
   const gemm::RingPlan plan(p);
   require(slots >= 1 && slots <= plan.bands, "gemm_case_study: ring slots " + std::to_string(slots) + " must be in 1.." + std::to_string(plan.bands) + " bands");
   const size_t need = static_cast<size_t>(slots) * band * plan.ktiles * gemm::kRingUnitBytes;
   require(stage_bytes >= need, "gemm_case_study: ring buffer of " + std::to_string(stage_bytes) + " B, needs " + std::to_string(need));
   require(sync_words >= static_cast<size_t>(plan.unit_slots()) + plan.bands,
           "gemm_case_study: ring flags of " + std::to_string(sync_words) + " words, need " + std::to_string(plan.unit_slots() + plan.bands));
-  require(static_cast<int64_t>(plan.mtiles) * strips < (int64_t{1} << 31) && static_cast<int64_t>(plan.bands) * band * plan.ktiles * gemm::kRingSlices < (int64_t{1} << 31),
+  require(static_cast<int64_t>(plan.mtiles) * strips < (int64_t{1} << 31) &&
+              static_cast<int64_t>(plan.bands) * band * plan.ktiles * gemm::kRingSlices < (int64_t{1} << 31),
           "gemm_case_study: ring: matrix too large");
-  require(ctas >= 1 && ctas <= plan.tiles() && ctas <= gemm_ring_ctas(),
-          "gemm_case_study: ring grid " + std::to_string(ctas) + " must be in 1..min(" + std::to_string(plan.tiles()) +
-              " tiles, " + std::to_string(gemm_ring_ctas()) + " resident CTAs)");
-  p.a_map = a_tensor_map(p.a, m, k, gemm::kRingBM);
+  const int resident = gemm_ring_ctas(cluster);
+  require(ctas >= cluster && ctas % cluster == 0 && ctas <= plan.tiles() && ctas <= resident,
+          "gemm_case_study: ring grid " + std::to_string(ctas) + " must be a multiple of the cluster size " + std::to_string(cluster) +
+              " in 1..min(" + std::to_string(plan.tiles()) + " tiles, " + std::to_string(resident) + " resident CTAs)");
+  p.a_map = a_tensor_map(p.a, m, k, gemm::kRingBM / cluster);  // pairs: each CTA fetches half the tile's rows
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
   dispatch_out(out_dtype, [&](auto o) {
-    auto kernel = gemm::gemm_ring_kernel<decltype(o)>;
+    auto kernel = ring_kernel<decltype(o)>(cluster);
     allow_max_smem("gemm_case_study", kernel, gemm::kRingSmem);
-    kernel<<<static_cast<unsigned>(ctas), gemm::kRingThreads, gemm::kRingSmem, reinterpret_cast<cudaStream_t>(stream)>>>(p);
-    check_cuda(cudaGetLastError(), "gemm_case_study: ring kernel launch");
+    const ClusterLaunch launch(static_cast<unsigned>(ctas), cluster, s, gemm::kRingThreads, gemm::kRingSmem);
+    check_cuda(cudaLaunchKernelEx(&launch.cfg, kernel, p), "gemm_case_study: ring kernel launch");
   });
 }
 

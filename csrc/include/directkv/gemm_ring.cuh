@@ -179,43 +179,59 @@ __device__ __forceinline__ void ring_store(const float (&acc)[kWgAccum], const G
   }
 }
 
-// grid: at most as many CTAs as are resident at once (gemm_ring_ctas), kRingThreads threads, kRingSmem bytes.
-// Warps 0-7: two consumer warpgroups, rows [128 w, 128 w + 128) of each tile; warp 8: the TMA producer of the
-// stages (A box 256 x 64 by p.a_map, the B unit by one bulk copy); warps 9-11: stagers.
-template <typename OutT>
+// grid: at most as many CTAs as are resident at once (gemm_ring_ctas), kRingThreads threads, kRingSmem bytes, in
+// clusters of (CL, 1, 1). Warps 0-7: two consumer warpgroups, rows [128 w, 128 w + 128) of each tile; warp 8: the
+// TMA producer of the stages (A box 256 x 64 by p.a_map, the B unit by one bulk copy); warps 9-11: stagers.
+// Cluster c takes tile pairs c, c + G / CL, ... (tiles CL q + rank: with an even band, the two CTAs of a pair have
+// one row tile and adjacent strips), so with CL = 2 each producer fetches half of the pair's A tile (box 128 x 64)
+// into the stage of both CTAs by TMA multicast, and a stage is refilled once the consumers of both have released it.
+template <typename OutT, int CL>
 __global__ void __launch_bounds__(kRingThreads, 1) gemm_ring_kernel(const __grid_constant__ GemmParams p) {
+  static_assert(CL == 1 || CL == 2, "ring: single CTAs or pairs");
   extern __shared__ unsigned char smem_sw[];
   unsigned char* stages = align_atom(smem_sw);
   uint64_t* full = reinterpret_cast<uint64_t*>(stages + kRingStages * kRingStageBytes);
   uint64_t* empty = full + kRingStages;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wgi = wg::warpgroup_index();
+  const int rank = static_cast<int>(blockIdx.x) % CL;  // = %cluster_ctarank: clusters are (CL, 1, 1)
+  const int first_pair = static_cast<int>(blockIdx.x) / CL, pair_step = static_cast<int>(gridDim.x) / CL;
   const RingPlan plan(p);
+  const int pairs = plan.tiles() / CL;  // the launcher's check: CL divides every band's strips
   if (threadIdx.x == 0) {
     for (int s = 0; s < kRingStages; ++s) {
-      tc::mbar_init(full + s, 1);                // the producer's arrival with the stage's bytes
-      tc::mbar_init(empty + s, kConsumerWarps);  // one per consumer warp
+      tc::mbar_init(full + s, 1);                     // the producer's arrival with the stage's bytes
+      tc::mbar_init(empty + s, CL * kConsumerWarps);  // one per consumer warp of each CTA of the cluster
     }
     wg::fence_mbarrier_init();
   }
-  __syncthreads();
+  if constexpr (CL > 1) {
+    wg::cluster_sync();  // the peer's barriers are initialised before this CTA signals them
+  } else {
+    __syncthreads();
+  }
   if (wgi == 2) {
     wg::set_max_regs_dec<kProducerRegs>();
     if (warp > kConsumerWarps) {
       ring_stager(p, plan, static_cast<int>(blockIdx.x) * kRingStagerWarps + warp - kConsumerWarps - 1,
                   static_cast<int>(gridDim.x) * kRingStagerWarps, lane);
     } else if (lane == 0) {
-      int i = 0;  // stage sequence number over the CTA's tiles
-      for (int w = blockIdx.x; w < plan.tiles(); w += gridDim.x) {
+      int i = 0;  // stage sequence number over the CTA's tiles (the same in both CTAs of a pair)
+      for (int q = first_pair; q < pairs; q += pair_step) {
         int b, s, mt;
-        plan.tile(w, b, s, mt);
+        plan.tile(q * CL + rank, b, s, mt);
         for (int t = 0; t < plan.ktiles; ++t, ++i) {
           const int st = i % kRingStages;
           if (i >= kRingStages) tc::mbar_wait(empty + st, ((i / kRingStages) - 1) & 1);
           wait_at_least(p.ring_sync + plan.unit(b, s, t), kRingSlices);
           fence_proxy_async_global();  // the acquired stores, then this thread's bulk read of them
           unsigned char* stage = stages + st * kRingStageBytes;
-          wg::mbar_arrive_expect_tx(full + st, kRingStageBytes);
-          wg::tma_load_2d(stage, &p.a_map, t * kBK, mt * kRingBM, full + st);
+          wg::mbar_arrive_expect_tx(full + st, kRingStageBytes);  // the whole A tile, both halves, and the unit
+          if constexpr (CL > 1) {
+            constexpr uint32_t half = kRingATileBytes / 2;
+            wg::tma_load_2d_multicast(stage + rank * half, &p.a_map, t * kBK, mt * kRingBM + rank * (kRingBM / 2), full + st, 0x3);
+          } else {
+            wg::tma_load_2d(stage, &p.a_map, t * kBK, mt * kRingBM, full + st);
+          }
           bulk_load(stage + kRingATileBytes, p.stage + plan.offset(b, s, t), kRingUnitBytes, full + st);
         }
       }
@@ -225,9 +241,9 @@ __global__ void __launch_bounds__(kRingThreads, 1) gemm_ring_kernel(const __grid
     unsigned* done = p.ring_sync + plan.unit_slots();
     float acc0[kWgAccum], acc1[kWgAccum];
     int i = 0;
-    for (int w = blockIdx.x; w < plan.tiles(); w += gridDim.x) {
+    for (int q = first_pair; q < pairs; q += pair_step) {
       int b, s, mt;
-      plan.tile(w, b, s, mt);
+      plan.tile(q * CL + rank, b, s, mt);
       int held = 0;  // the stage of the previous k tile, whose wgmma may still be reading it
       for (int t = 0; t < plan.ktiles; ++t, ++i) {
         const int st = i % kRingStages;
@@ -240,18 +256,19 @@ __global__ void __launch_bounds__(kRingThreads, 1) gemm_ring_kernel(const __grid
         const unsigned char* stage = stages + st * kRingStageBytes;
         ring_mma_step(acc0, acc1, stage + wgi * 128 * wg::kSwizzleRow, stage + kRingATileBytes, t == 0);
         wg::wait<1>();
-        if (t > 0) warp_arrive(empty + held, lane);
+        if (t > 0) release_stage<CL>(empty + held, lane, rank);
         held = st;
       }
       wg::wait<0>();
       wg::touch(acc0);
       wg::touch(acc1);
-      warp_arrive(empty + held, lane);
+      release_stage<CL>(empty + held, lane, rank);
       const int row0 = mt * kRingBM + wgi * 128;
       ring_store<OutT>(acc0, p, row0, s * kBN, warp, lane);
       ring_store<OutT>(acc1, p, row0 + 64, s * kBN, warp, lane);
     }
   }
+  if constexpr (CL > 1) wg::cluster_sync();  // no CTA leaves while its peer may still write its stages or barriers
 }
 
 }  // namespace directkv::gemm

@@ -58,11 +58,13 @@ KERNELS = {
     "pipelined:b_hbm:splits": {"_b": "hbm", "accumulate": "splits"},
     # B through an HBM ring of bands by the SMs' stager warps, output-stationary 256 x 128 tiles over all of k
     "ring": {},
+    "ring:c2": {"cluster": 2},  # pairs on adjacent strips sharing each A tile by TMA multicast (planned band 2 at 10240)
     "ring:b_hbm": {"_b": "hbm"},  # its on-chip time
+    "ring:b_hbm:c2": {"_b": "hbm", "cluster": 2},
     "ring:band1": {"band": 1},  # a strip a band: tiles of one strip together, A re-read by each strip
     "ring:band2": {"band": 2},
     "ring:band4": {"band": 4},
-    "ring:band6": {"band": 6},  # twice the planned band at 10240 (3): more tiles than CTAs a band
+    "ring:band6": {"band": 6},  # more tiles than CTAs a band at 10240
     "raster": {},  # naive's kernel, CTAs down the m tiles first: does L2 serve B's repeats from host memory?
     "raster:b_hbm": {"_b": "hbm"},  # its on-chip time
     "stream": {},  # copy-engine panels into a 2-slot HBM ring, cuBLAS per panel (plan_panel_cols)

@@ -276,38 +276,55 @@ def pipelined_options(a: torch.Tensor, b: torch.Tensor, accumulate: str, k_split
     return cluster, persistent
 
 
-def plan_ring(m: int, n: int, k: int, ctas: int, *, band: int | None = None) -> tuple[int, int]:
+def ring_cluster(n: int, band: int | None, cluster: int | None) -> int:
+    """ring's CTAs per cluster for B `[K, n]`: 1 unless given (None); 2 (pairs on adjacent strips of one row tile,
+    sharing each A tile by TMA multicast) needs an even number of strips and, if a band is given, an even one.
+    Pairs are not the default: on the H200 (2026-12-04, two runs in one call) they ran ring with B in HBM ~10%
+    faster (3.79 / 3.66 ms against 4.21 / 4.11 at 10240^3: less L2 work) but with B on the host, where the link
+    bounds it, level at 10240^3 (4.56 / 4.71 against 4.66 / 4.65) and slower at 4096^3 (0.75 / 0.86 against
+    0.73 / 0.78)."""
+    strips = math.ceil(n / TILE_N)
+    pairs = strips % 2 == 0 and (band is None or band % 2 == 0)
+    check(cluster != 2 or pairs, f"gemm ring cluster 2 needs an even number of {TILE_N}-column strips and an even "
+          f"band; got n = {n} ({strips} strips), band {band!r}; use cluster 1 or None")
+    return 1 if cluster is None else cluster
+
+
+def plan_ring(m: int, n: int, k: int, ctas: int, *, band: int | None = None, cluster: int = 1) -> tuple[int, int]:
     """(band, slots) of variant ring for C `[m, n]` = A `[m, k]` B `[k, n]` on a grid of `ctas` CTAs: a band of
     128-column strips is about one tile per CTA (ctas // row tiles of RING_TILE_M rows, at least 1, at most every
-    strip), so the tiles of a band run together and follow its units across the link; a given band is checked
-    against the strips. slots: bands the ring holds, up to RING_SLOTS within RING_BYTES (at least one)."""
+    strip; even for pairs, cluster 2), so the tiles of a band run together and follow its units across the link; a
+    given band is checked against the strips. slots: bands the ring holds, up to RING_SLOTS within RING_BYTES (at
+    least one)."""
     strips, mtiles, ktiles = math.ceil(n / TILE_N), math.ceil(m / RING_TILE_M), math.ceil(k / TILE_K)
     check(band is None or (type(band) is int and 1 <= band <= strips), f"gemm ring band {band!r} is not in "
           f"1..{strips} (the 128-column strips of n = {n})")
-    band = band or max(1, min(strips, ctas // mtiles))
+    if band is None:
+        band = max(1, min(strips, ctas // mtiles))
+        band = max(2, band // 2 * 2) if cluster == 2 else band
     bands = math.ceil(strips / band)
     return band, max(1, min(bands, RING_SLOTS, RING_BYTES // (band * ktiles * RING_UNIT_BYTES)))
 
 
 @cache
-def _ring_ctas(device: int) -> int:
+def _ring_ctas(device: int, cluster: int) -> int:
     with torch.cuda.device(device):
-        return build.load("gemm_case_study").ring_ctas()
+        return build.load("gemm_case_study").ring_ctas(cluster)
 
 
-def _run_ring(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, band: int | None) -> None:
+def _run_ring(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, band: int | None, cluster: int) -> None:
     """out = a @ b by the ring kernel: a grid of the CTAs resident at once (at most one a tile), its ring and its
-    zeroed flags allocated per call."""
+    zeroed counts allocated per call."""
     (m, k), n = a.shape, b.shape[1]
     device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    ctas = min(_ring_ctas(device), math.ceil(m / RING_TILE_M) * math.ceil(n / TILE_N))
-    band, slots = plan_ring(m, n, k, ctas, band=band)
+    ctas = min(_ring_ctas(device, cluster), math.ceil(m / RING_TILE_M) * math.ceil(n / TILE_N))
+    band, slots = plan_ring(m, n, k, ctas, band=band, cluster=cluster)
     ktiles, bands = math.ceil(k / TILE_K), math.ceil(math.ceil(n / TILE_N) / band)
     ring = torch.empty(slots * band * ktiles * RING_UNIT_BYTES, dtype=torch.uint8, device=a.device)
     sync = torch.zeros(bands * band * ktiles + bands, dtype=torch.int32, device=a.device)
     build.load("gemm_case_study").ring_run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), ring.data_ptr(), ring.numel(), sync.data_ptr(), sync.numel(), ctas,
-        m, n, k, band, slots, OUT_CODES[out.dtype], torch.cuda.current_stream(a.device).cuda_stream)
+        m, n, k, band, slots, cluster, OUT_CODES[out.dtype], torch.cuda.current_stream(a.device).cuda_stream)
 
 
 @cache
@@ -370,6 +387,8 @@ def gemm(
         fetching half of every A tile by TMA multicast into both, so A crosses L2 once per two strips; it needs
         k and n multiples of 8, 16-byte aligned A and B and an even number of strips (else the launch is refused).
         1 runs single CTAs. None: 2 where those hold, else 1.
+        ring: 2 runs the CTAs in pairs on adjacent strips of one row tile, each fetching half of every A tile into
+        both; it needs an even number of strips and an even band. None: 1 (ring_cluster says why).
     persistent : pipelined only: True runs one CTA (pair) per SM, walking the (column strip, chunk) items in the
         one-chunk-a-CTA order; its B-loading producer warps copy the next item's chunk from the host into an HBM
         slot of the CTA (128 KB, already in the shared-memory layout) while the consumers compute the current one,
@@ -413,8 +432,8 @@ def gemm(
           f"{prefetch!r} for {variant!r}")
     check(variant in STATIONARY or (accumulate is None and k_splits is None), f"accumulate / k_splits are options of "
           f"gemm variants 'tiled' and 'pipelined'; got {accumulate!r} / {k_splits!r} for {variant!r}")
-    check(variant == "pipelined" or cluster is None, f"cluster is an option of gemm variant 'pipelined'; got "
-          f"{cluster!r} for {variant!r}")
+    check(variant in ("pipelined", "ring") or cluster is None, f"cluster is an option of gemm variants 'pipelined' and "
+          f"'ring'; got {cluster!r} for {variant!r}")
     check(cluster is None or (type(cluster) is int and cluster in CLUSTERS), f"gemm cluster {cluster!r} is not "
           f"supported; valid: None, 1, 2")
     check(variant == "pipelined" or persistent is None, f"persistent is an option of gemm variant 'pipelined'; got "
@@ -473,8 +492,9 @@ def gemm(
               f"variant 'ring' needs k and n multiples of 8 and 16-byte aligned A and B; got k = {k}, n = {n}, A at "
               f"{a.data_ptr() % 16} and B at {b_tensor.data_ptr() % 16} bytes past a 16-byte boundary")
         plan_ring(m, n, k, 1, band=band)
+        cluster = ring_cluster(n, band, cluster)
     cluster, persistent = (pipelined_options(a, b_tensor, accumulate, k_splits, cluster, persistent, prefetch_given)
-                           if variant == "pipelined" else (1, False))
+                           if variant == "pipelined" else (cluster, False) if variant == "ring" else (1, False))
     check(persistent or stage_slots == 1, f"stage_slots is an option of persistent pipelined CTAs; got {stage_slots} "
           f"for variant {variant!r}, persistent {persistent}")
     if out is None:
@@ -491,7 +511,7 @@ def gemm(
         return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="stream",
                                  b_tier=b_tier(b_tensor), **cut)
     if variant == "ring":
-        _run_ring(a, b, out, band)
+        _run_ring(a, b, out, band, cluster)
         return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="ring", b_tier=b_tier(b))
     part, stage, ctas, ldp, splits = None, None, 0, 0, 1
     if variant not in OUTPUT_STATIONARY:
