@@ -25,8 +25,11 @@ ring      : beyond the paper (gemm_ring.cuh): persistent CTAs, one an SM; three 
             strips shared by every CTA (written once in the shared-memory layout, each piece flagged when
             stored), while the consumers compute output-stationary 256 x 128 tiles of C over all of k with A and
             the ring's B by TMA, then write the tile once: no fp32 C, no reductions, no reduce kernel. B crosses
-            the link once. Needs 16-byte rows (k, n multiples of 8, aligned A and B). Written after the last
-            H200 run: not yet measured.
+            the link once (ncu: PCIe reads 1.0001x a plain read of B). Needs 16-byte rows (k, n multiples of 8,
+            aligned A and B). H200, 2026-12-04, nine runs at 10240^3: 4.26-4.69 ms against targets of
+            4.35-4.36 (met once, within 1.5% in four), 4096^3 0.678-0.784 against 0.695-0.714 (met in four of
+            seven); the spread follows the GPU's pace (cuBLAS 2.79-3.29 ms in the same calls, ring with B in HBM
+            3.35-4.67), as the kernel's math takes ~85-100% of the link's time.
 stream    : beyond the paper, no kernel of ours: the copy engine moves B a column panel at a time (one 2-D
             cudaMemcpy2DAsync per panel, on a side stream) into a 2-slot HBM ring while cuBLAS (torch.mm on
             the current stream) multiplies A by the previous panel into C's matching columns. B crosses the
@@ -399,7 +402,8 @@ def gemm(
     stage_slots : persistent only: HBM slots a CTA stages B chunks in. 1 (default): the two B producer warps move
         a staged chunk into shared memory, then stage the next one, so a CTA's share of the link idles while they
         wait for the consumers; 2: one warp stages chunks into the two slots in turn, as far ahead as a free slot
-        allows, while the other moves them into shared memory (written after the last H200 run: not yet measured).
+        allows, while the other moves them into shared memory. Measured on the H200 (2026-12-04, seven runs at
+        10240^3): level with 1 (4.97-5.11 ms against 4.94-5.15), so 1 stays the default.
     band : ring only: 128-column strips a band (plan_ring plans it: about one 256 x 128 tile a CTA).
     host_load : "ca" (through L1) or "cg" (L2 only): how B tiles are copied; None: HOST_LOAD_DEFAULT of the variant
         (module docstring); ring's stagers read B by ld.global.cg: "cg" only.
