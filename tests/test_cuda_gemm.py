@@ -226,20 +226,19 @@ RING_CASES = [  # (m, n, k, band)
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("cluster,wide", [(None, False), (2, False), (None, True)], ids=["c1", "c2", "wide"])
+@pytest.mark.parametrize("cluster", [None, 2], ids=["c1", "c2"])
 @pytest.mark.parametrize("b_kind", ["host", "hbm"])
 @pytest.mark.parametrize("m,n,k,band", RING_CASES, ids=[f"{m}x{n}x{k}-band{b}" for m, n, k, b in RING_CASES])
-def test_gemm_ring(m, n, k, band, b_kind, cluster, wide):
-    if (cluster == 2 or wide) and (math.ceil(n / 128) % 2 or (band or 2) % 2):
+def test_gemm_ring(m, n, k, band, b_kind, cluster):
+    if cluster == 2 and (math.ceil(n / 128) % 2 or (band or 2) % 2):
         pytest.skip("the strips do not pair up (test_gemm_ring_refusals: refused)")
     a = torch.randn(m, k, device="cuda").half()
     b = host_b(k, n) if b_kind == "host" else torch.randn(k, n, device="cuda").half()
-    opts = {"band": band, "cluster": cluster, "wide": wide}
-    traffic = check_product(a, b, "ring", torch.float32, **opts)
+    traffic = check_product(a, b, "ring", torch.float32, band=band, cluster=cluster)
     assert traffic.link_read_bytes == (k * n * 2 if b_kind == "host" else 0)  # B crosses the link once
     b.copy_(torch.randn(b.shape, device="cuda").half())  # new values in the same bytes: no stale ring unit
     torch.cuda.synchronize()
-    check_product(a, b, "ring", torch.float16, **opts)
+    check_product(a, b, "ring", torch.float16, band=band, cluster=cluster)
 
 
 @pytest.mark.gpu
@@ -252,13 +251,8 @@ def test_gemm_ring_refusals():
         gemm(a, host_b(1024, 256), variant="ring", band=3)
     with pytest.raises(ConfigError, match=r"host_load must be None or 'cg'; got 'ca'"):
         gemm(a, host_b(1024, 256), variant="ring", host_load="ca")
-    with pytest.raises(ConfigError, match=r"band / wide are options of gemm variant 'ring'; got 2 / False for 'tiled'"):
+    with pytest.raises(ConfigError, match=r"band is an option of gemm variant 'ring'; got 2 for 'tiled'"):
         gemm(a, host_b(1024, 256), variant="tiled", band=2)
-    with pytest.raises(ConfigError, match=r"ring wide tiles need an even number of 128-column strips, an even band and "
-                                          r"cluster 1 or None; got n = 256 \(2 strips\), band 1, cluster None"):
-        gemm(a, host_b(1024, 256), variant="ring", wide=True, band=1)
-    with pytest.raises(ConfigError, match=r"got n = 256 \(2 strips\), band None, cluster 2"):
-        gemm(a, host_b(1024, 256), variant="ring", wide=True, cluster=2)
     with pytest.raises(ConfigError, match=r"ring cluster 2 needs an even number of 128-column strips and an even band; "
                                           r"got n = 384 \(3 strips\), band None"):
         gemm(a, host_b(1024, 384), variant="ring", cluster=2)
@@ -278,9 +272,6 @@ def test_plan_ring_by_hand():
     assert plan_ring(10240, 10240, 10240, 132, cluster=2) == (2, 4)
     assert plan_ring(4096, 4096, 4096, 132, cluster=2) == (8, 4)
     assert plan_ring(65536, 1024, 8192, 132, cluster=2) == (2, 4)
-    # wide tiles (128 rows, two strips): two strips for each CTA a row tile leaves
-    assert plan_ring(10240, 10240, 10240, 132, wide=True) == (2, 4)  # 80 row tiles: one tile a row tile
-    assert plan_ring(4096, 4096, 4096, 132, wide=True) == (8, 4)  # 32 row tiles x 4 tiles of two strips
 
 
 def test_ring_cluster_by_hand():

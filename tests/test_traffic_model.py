@@ -234,11 +234,6 @@ def test_gemm_ring_traffic_by_hand():
     hbm = gemm_traffic(300, 200, 64, dtype_bytes=2, variant="ring", b_tier="hbm", c_bytes=4)
     assert hbm.link_read_bytes == 0 and hbm.hbm_read_bytes == 2 * 38_400 + 3 * 25_600
     assert hbm.hbm_write_bytes == 25_600 + 240_000
-    # wide tiles (128 x 256): A once per 256 columns (1 here), the ring's B once per 128 rows (3 here)
-    wide = gemm_traffic(300, 200, 64, dtype_bytes=2, variant="ring", wide=True)
-    assert wide.link_read_bytes == 25_600 and wide.hbm_read_bytes == 38_400 + 3 * 25_600
-    with pytest.raises(ConfigError, match="wide is an option of gemm variant 'ring'; got True for 'tiled'"):
-        gemm_traffic(300, 200, 64, dtype_bytes=2, variant="tiled", wide=True)
 
 
 def test_closed_form_bad_inputs():

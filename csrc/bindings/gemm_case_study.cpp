@@ -16,7 +16,7 @@ std::string gemm_pointer_tier(uintptr_t ptr);
 int gemm_persistent_ctas(int cluster);
 int gemm_ring_ctas(int cluster);
 void gemm_ring_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t stage, size_t stage_bytes, uintptr_t sync, size_t sync_words,
-                   int ctas, int m, int n, int k, int band, int slots, int cluster, bool wide, int out_dtype, uintptr_t stream);
+                   int ctas, int m, int n, int k, int band, int slots, int cluster, int out_dtype, uintptr_t stream);
 void gemm_copy_panel_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, size_t src_pitch, size_t width_bytes,
                            size_t height, uintptr_t stream);
 void gemm_copy_panel_sm_async(uintptr_t dst, size_t dst_pitch, uintptr_t src, size_t src_pitch, size_t width_bytes,
@@ -32,7 +32,7 @@ PYBIND11_MODULE(_dkv_gemm_case_study, m) {
         "CTAs of the persistent pipelined grid: the clusters resident at once, times the cluster size");
   m.def("ring_run", &directkv::gemm_ring_run, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("stage"), py::arg("stage_bytes"),
         py::arg("sync"), py::arg("sync_words"), py::arg("ctas"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("band"),
-        py::arg("slots"), py::arg("cluster"), py::arg("wide"), py::arg("out_dtype"), py::arg("stream"),
+        py::arg("slots"), py::arg("cluster"), py::arg("out_dtype"), py::arg("stream"),
         "variant ring: B through an HBM ring of bands (stage_bytes), flags and counts in sync (zeroed)");
   m.def("ring_ctas", &directkv::gemm_ring_ctas, py::arg("cluster"), "CTAs of the ring grid: the clusters resident at once, times the cluster size");
   m.def("pointer_tier", &directkv::gemm_pointer_tier, py::arg("ptr"),

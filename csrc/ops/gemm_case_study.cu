@@ -204,17 +204,17 @@ int gemm_persistent_ctas(int cluster) {
   return clusters * cluster;
 }
 
-// The ring kernel for an output dtype, cluster size and tile shape (wide tiles run single CTAs).
+// The ring kernel for an output dtype and cluster size.
 template <typename OutT>
-auto ring_kernel(int cluster, bool wide) {
-  return wide ? gemm::gemm_ring_kernel<OutT, 1, true> : cluster == 2 ? gemm::gemm_ring_kernel<OutT, 2, false> : gemm::gemm_ring_kernel<OutT, 1, false>;
+auto ring_kernel(int cluster) {
+  return cluster == 2 ? gemm::gemm_ring_kernel<OutT, 2> : gemm::gemm_ring_kernel<OutT, 1>;
 }
 
 // CTAs of the ring grid: as many clusters of `cluster` as are resident at once (one CTA an SM; pairs need two free SMs
 // of one GPC), times the cluster size: the ring's hand-offs between CTAs need every CTA resident.
 int gemm_ring_ctas(int cluster) {
   require(cluster == 1 || cluster == 2, "gemm_case_study: cluster " + std::to_string(cluster) + " must be 1 or 2");
-  auto kernel = ring_kernel<__half>(cluster, false);  // the wide kernel has the same threads and shared memory
+  auto kernel = ring_kernel<__half>(cluster);
   allow_max_smem("gemm_case_study", kernel, gemm::kRingSmem);
   int device = 0, sms = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
@@ -228,9 +228,9 @@ int gemm_ring_ctas(int cluster) {
 
 // Variant ring (gemm_ring.cuh): `stage` holds stage_bytes of HBM ring, `sync` sync_words zeroed words; ctas must
 // not exceed gemm_ring_ctas(cluster) (a CTA that waits for another's stager while that one is not resident would
-// hang). Pairs (cluster 2) and wide tiles (128 x 256) need an even number of strips in every band.
+// hang). Pairs (cluster 2) need an even number of strips in every band.
 void gemm_ring_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t stage, size_t stage_bytes, uintptr_t sync, size_t sync_words,
-                   int ctas, int m, int n, int k, int band, int slots, int cluster, bool wide, int out_dtype, uintptr_t stream) {
+                   int ctas, int m, int n, int k, int band, int slots, int cluster, int out_dtype, uintptr_t stream) {
   require(m >= 1 && n >= 1 && k >= 1, "gemm_case_study: m, n, k must be >= 1");
   require(a && b && c && stage && sync, "gemm_case_study: ring: null a, b, c, ring or flags");
   require(k % 8 == 0 && n % 8 == 0 && a % 16 == 0 && b % 16 == 0,
@@ -247,15 +247,11 @@ void gemm_ring_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t stage, size_
   p.k = k;
   p.ring_band = band;
   p.ring_slots = slots;
-  p.ring_wide = wide ? 1 : 0;
   const int64_t strips = (n + gemm::kBN - 1) / gemm::kBN;
   require(band >= 1 && band <= strips, "gemm_case_study: ring band " + std::to_string(band) + " must be in 1.." + std::to_string(strips) + " strips");
   require(cluster == 1 || (cluster == 2 && band % 2 == 0 && strips % 2 == 0),
           "gemm_case_study: ring cluster " + std::to_string(cluster) + " must be 1, or 2 with an even band and an even number of strips; got band " +
               std::to_string(band) + " of " + std::to_string(strips) + " strips");
-  require(!wide || (cluster == 1 && band % 2 == 0 && strips % 2 == 0),
-          "gemm_case_study: ring wide tiles need cluster 1, an even band and an even number of strips; got cluster " +
-              std::to_string(cluster) + ", band " + std::to_string(band) + " of " + std::to_string(strips) + " strips");
   const gemm::RingPlan plan(p);
   require(slots >= 1 && slots <= plan.bands, "gemm_case_study: ring slots " + std::to_string(slots) + " must be in 1.." + std::to_string(plan.bands) + " bands");
   const size_t need = static_cast<size_t>(slots) * band * plan.ktiles * gemm::kRingUnitBytes;
@@ -269,10 +265,10 @@ void gemm_ring_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t stage, size_
   require(ctas >= cluster && ctas % cluster == 0 && ctas <= plan.tiles() && ctas <= resident,
           "gemm_case_study: ring grid " + std::to_string(ctas) + " must be a multiple of the cluster size " + std::to_string(cluster) +
               " in 1..min(" + std::to_string(plan.tiles()) + " tiles, " + std::to_string(resident) + " resident CTAs)");
-  p.a_map = a_tensor_map(p.a, m, k, plan.bm / cluster);  // pairs: each CTA fetches half the tile's rows
+  p.a_map = a_tensor_map(p.a, m, k, gemm::kRingBM / cluster);  // pairs: each CTA fetches half the tile's rows
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   dispatch_out(out_dtype, [&](auto o) {
-    auto kernel = ring_kernel<decltype(o)>(cluster, wide);
+    auto kernel = ring_kernel<decltype(o)>(cluster);
     allow_max_smem("gemm_case_study", kernel, gemm::kRingSmem);
     const ClusterLaunch launch(static_cast<unsigned>(ctas), cluster, s, gemm::kRingThreads, gemm::kRingSmem);
     check_cuda(cudaLaunchKernelEx(&launch.cfg, kernel, p), "gemm_case_study: ring kernel launch");

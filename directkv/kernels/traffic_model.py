@@ -473,7 +473,6 @@ def gemm_traffic(
     panel_cols: int | None = None,
     panel_rows: int | None = None,
     c_bytes: int | None = None,
-    wide: bool = False,
 ) -> Traffic:
     """Traffic of `gemm`: A `[m, k]` in HBM, B `[k, n]` in b_tier, C `[m, n]` of c_bytes per element
     (default: A's dtype_bytes).
@@ -486,11 +485,9 @@ def gemm_traffic(
     panel after the first (beta = 1).
 
     ring (the tiles do not apply): B crosses the link once, by SM loads, into an HBM ring from which every
-    RING_TILE_M-row tile reads it back; A is read once per RING_TILE_N-column strip, C written once. wide (ring only):
-    tiles of RING_TILE_M / 2 rows x 2 RING_TILE_N columns.
+    RING_TILE_M-row tile reads it back; A is read once per RING_TILE_N-column strip, C written once.
     """
     check_variant("gemm", variant, GEMM_TRAFFIC_VARIANTS)
-    check(variant == "ring" or not wide, f"wide is an option of gemm variant 'ring'; got {wide!r} for {variant!r}")
     check(b_tier in TIERS, f"unknown b_tier {b_tier!r}; valid: {', '.join(TIERS)}")
     check_tiles(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k)
     check(min(m, n, k, dtype_bytes) >= 1, f"need m, n, k, dtype_bytes >= 1; got {m}, {n}, {k}, {dtype_bytes}")
@@ -519,8 +516,7 @@ def gemm_traffic(
         # B crosses the link once into the HBM ring and is read back by every row tile; A is read once per column
         # strip (L2 serves the band's other strips, which this does not count); C is written once
         b_bytes = k * n * e
-        rows, cols = (RING_TILE_M // 2, 2 * RING_TILE_N) if wide else (RING_TILE_M, RING_TILE_N)
-        traffic = Traffic(hbm_read_bytes=ceil_div(n, cols) * m * k * e + ceil_div(m, rows) * b_bytes,
+        traffic = Traffic(hbm_read_bytes=ceil_div(n, RING_TILE_N) * m * k * e + ceil_div(m, RING_TILE_M) * b_bytes,
                           hbm_write_bytes=b_bytes + m * n * ce, flops=2 * m * n * k)
         if b_tier == "host":
             traffic.link_read_bytes += b_bytes

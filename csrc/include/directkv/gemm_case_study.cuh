@@ -60,7 +60,6 @@ struct GemmParams {
   int stage_slots;       // persistent: 1 (the B producers load and stage in turn) or 2 (b_producers_two_slots)
   int ring_band;         // ring (gemm_ring.cuh): 128-column strips a band
   int ring_slots;        // ring: bands the HBM ring (`stage`) holds
-  int ring_wide;         // ring: 128 x 256 tiles (one m64n256k16 a warpgroup) instead of 256 x 128
   unsigned* ring_sync;   // ring: a slice count per unit, then a done count per band (RingPlan), zeroed before the launch
 };
 

@@ -28,14 +28,11 @@
 
 namespace directkv::gemm {
 
-// Tiles: 256 rows x one strip (each warpgroup 128 x 128: two m64n128k16 a k step), or, wide (p.ring_wide), 128 rows x
-// two strips (each warpgroup 64 x 256: one m64n256k16, which reads its A rows once for both strips). Either way a stage
-// is 48 KB: the A tile, then the tile's units.
-constexpr int kRingBM = 256, kRingWideBM = 128;                      // C rows per tile
+constexpr int kRingBM = 256;                                         // C rows per tile: two warpgroups x 128
+constexpr uint32_t kRingATileBytes = kRingBM * wg::kSwizzleRow;      // 32 KB: 256 rows x 64 k
 constexpr uint32_t kRingBBlockBytes = kBK * wg::kSwizzleRow;         // 8 KB: 64 k rows x 64 columns
 constexpr uint32_t kRingUnitBytes = 2 * kRingBBlockBytes;            // 16 KB: 64 k rows x one 128-column strip
-constexpr uint32_t kRingStageBytes = kRingBM * wg::kSwizzleRow + kRingUnitBytes;
-static_assert(kRingStageBytes == kRingWideBM * wg::kSwizzleRow + 2 * kRingUnitBytes, "ring: both tiles fill a stage");
+constexpr uint32_t kRingStageBytes = kRingATileBytes + kRingUnitBytes;
 constexpr int kRingStages = 4;
 constexpr int kRingStagerWarps = 3, kRingStagerDepth = 4;            // 3 x 32 x 4 x 16 B = 6 KB in flight an SM
 constexpr int kRingSlices = kBK * (kBN / 8) / (32 * kRingStagerDepth); // 8 slices of 2 KB (one load round of a warp) a unit
@@ -44,23 +41,21 @@ constexpr size_t kRingSmem = wg::kSwizzleAtom + kRingStages * static_cast<size_t
 static_assert(kRingSmem <= 232448, "ring: shared memory past the H200's 227 KB a block");
 constexpr unsigned long long kRingWatchdogNs = 4000000000ull;
 
-// The ring's geometry, from p (the same arithmetic on host and device). Wide tiles need an even band and an even
-// number of strips (the launcher's check), so every band's strips pair up.
+// The ring's geometry, from p (the same arithmetic on host and device).
 struct RingPlan {
-  int strips, ktiles, bm, per_tile, mtiles, band, bands, slots;  // per_tile: strips a tile
+  int strips, ktiles, mtiles, band, bands, slots;
   __host__ __device__ explicit RingPlan(const GemmParams& p)
-      : strips((p.n + kBN - 1) / kBN), ktiles((p.k + kBK - 1) / kBK), bm(p.ring_wide ? kRingWideBM : kRingBM), per_tile(p.ring_wide ? 2 : 1),
-        mtiles((p.m + bm - 1) / bm), band(p.ring_band), bands((strips + p.ring_band - 1) / p.ring_band), slots(p.ring_slots) {}
+      : strips((p.n + kBN - 1) / kBN), ktiles((p.k + kBK - 1) / kBK), mtiles((p.m + kRingBM - 1) / kRingBM), band(p.ring_band),
+        bands((strips + p.ring_band - 1) / p.ring_band), slots(p.ring_slots) {}
   __host__ __device__ int width(int b) const { return min(band, strips - b * band); }  // strips of band b
-  __host__ __device__ int band_tiles(int b) const { return mtiles * (width(b) / per_tile); }
-  __host__ __device__ int tiles() const { return mtiles * (strips / per_tile); }
+  __host__ __device__ int tiles() const { return mtiles * strips; }
   __host__ __device__ int unit_slots() const { return bands * band * ktiles; }  // unit numbers (the last band's partly unused)
-  // Tile w: band b, its first strip s (of all), row tile mt.
+  // Tile w: band b, strip s (of all), row tile mt.
   __host__ __device__ void tile(int w, int& b, int& s, int& mt) const {
-    b = w / (mtiles * (band / per_tile));
-    const int r = w - b * mtiles * (band / per_tile), wb = width(b) / per_tile;
+    b = w / (mtiles * band);
+    const int r = w - b * mtiles * band, wb = width(b);
     mt = r / wb;
-    s = b * band + (r % wb) * per_tile;
+    s = b * band + r % wb;
   }
   // The unit number of k tile t of strip s in band b, and its bytes in the ring.
   __host__ __device__ int unit(int b, int s, int t) const { return b * band * ktiles + t * width(b) + (s - b * band); }
@@ -136,7 +131,7 @@ __device__ __forceinline__ void ring_stager(const GemmParams& p, const RingPlan&
     if (r >= wb * plan.ktiles) continue;  // a number the narrower last band does not use
     const int t = r / wb, s = b * plan.band + r % wb;
     if (b >= free_below) {  // the slot's previous band: every tile has read its units (two warpgroups a tile)
-      if (lane == 0) wait_at_least(done + (b - plan.slots), 2u * plan.band_tiles(b - plan.slots));
+      if (lane == 0) wait_at_least(done + (b - plan.slots), 2u * plan.mtiles * plan.width(b - plan.slots));
       __syncwarp();
       free_below = b + 1;
     }
@@ -161,22 +156,10 @@ __device__ __forceinline__ void ring_mma_step(float (&acc0)[kWgAccum], float (&a
   wg::commit();
 }
 
-// Wide tiles: one warpgroup's 64 x 256 block (+)= its 64 A rows x the stage's two units (four 64-column blocks).
-__device__ __forceinline__ void ring_mma_step_wide(float (&acc)[2 * kWgAccum], const unsigned char* a_rows, const unsigned char* units, bool first) {
-  wg::fence();
-#pragma unroll
-  for (int ks = 0; ks < kBK / 16; ++ks) {
-    const uint64_t db = wg::desc128(units + ks * 16 * wg::kSwizzleRow, kRingBBlockBytes, wg::kSwizzleAtom);
-    wg::mma_m64n256k16(acc, wg::desc128(a_rows + ks * 32, 16, wg::kSwizzleAtom), db, !first || ks > 0);
-  }
-  wg::commit();
-}
-
-// Stores a warpgroup's fragment block of N accumulators a thread (64 x 128 for N = 64, 64 x 256 for N = 128; rows
-// row0.., columns n0..) into C, converted to OutT; rows past m and columns past n are left out (n is a multiple of 8,
-// so a column pair is in or out as a whole).
-template <typename OutT, int N>
-__device__ __forceinline__ void ring_store(const float (&acc)[N], const GemmParams& p, int row0, int n0, int warp, int lane) {
+// Stores a 64 x 128 fragment block (rows row0.., columns n0..) into C, converted to OutT; rows past m and columns
+// past n are left out (n is a multiple of 8, so a column pair is in or out as a whole).
+template <typename OutT>
+__device__ __forceinline__ void ring_store(const float (&acc)[kWgAccum], const GemmParams& p, int row0, int n0, int warp, int lane) {
   const int col = n0 + 2 * (lane & 3);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -184,7 +167,7 @@ __device__ __forceinline__ void ring_store(const float (&acc)[N], const GemmPara
     if (row >= p.m) continue;
     OutT* c = static_cast<OutT*>(p.c) + static_cast<size_t>(row) * p.n + col;
 #pragma unroll
-    for (int j = 0; j < N / 4; ++j) {
+    for (int j = 0; j < 16; ++j) {
       if (col + 8 * j >= p.n) continue;
       const float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
       if constexpr (std::is_same_v<OutT, float>) {
@@ -197,17 +180,14 @@ __device__ __forceinline__ void ring_store(const float (&acc)[N], const GemmPara
 }
 
 // grid: at most as many CTAs as are resident at once (gemm_ring_ctas), kRingThreads threads, kRingSmem bytes, in
-// clusters of (CL, 1, 1). Warps 0-7: two consumer warpgroups, each half the tile's rows; warp 8: the TMA producer of the
-// stages (the A tile by p.a_map, box bm x 64; the tile's units by one bulk copy); warps 9-11: stagers.
+// clusters of (CL, 1, 1). Warps 0-7: two consumer warpgroups, rows [128 w, 128 w + 128) of each tile; warp 8: the
+// TMA producer of the stages (A box 256 x 64 by p.a_map, the B unit by one bulk copy); warps 9-11: stagers.
 // Cluster c takes tile pairs c, c + G / CL, ... (tiles CL q + rank: with an even band, the two CTAs of a pair have
 // one row tile and adjacent strips), so with CL = 2 each producer fetches half of the pair's A tile (box 128 x 64)
 // into the stage of both CTAs by TMA multicast, and a stage is refilled once the consumers of both have released it.
-// WIDE (p.ring_wide): 128 x 256 tiles, single CTAs.
-template <typename OutT, int CL, bool WIDE>
+template <typename OutT, int CL>
 __global__ void __launch_bounds__(kRingThreads, 1) gemm_ring_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(CL == 1 || (CL == 2 && !WIDE), "ring: single CTAs, or pairs of 256 x 128 tiles");
-  constexpr int kTileM = WIDE ? kRingWideBM : kRingBM;
-  constexpr uint32_t kATile = kTileM * wg::kSwizzleRow, kUnits = (WIDE ? 2 : 1) * kRingUnitBytes;
+  static_assert(CL == 1 || CL == 2, "ring: single CTAs or pairs");
   extern __shared__ unsigned char smem_sw[];
   unsigned char* stages = align_atom(smem_sw);
   uint64_t* full = reinterpret_cast<uint64_t*>(stages + kRingStages * kRingStageBytes);
@@ -243,26 +223,23 @@ __global__ void __launch_bounds__(kRingThreads, 1) gemm_ring_kernel(const __grid
           const int st = i % kRingStages;
           if (i >= kRingStages) tc::mbar_wait(empty + st, ((i / kRingStages) - 1) & 1);
           wait_at_least(p.ring_sync + plan.unit(b, s, t), kRingSlices);
-          if constexpr (WIDE) wait_at_least(p.ring_sync + plan.unit(b, s + 1, t), kRingSlices);  // the next unit in the ring
           fence_proxy_async_global();  // the acquired stores, then this thread's bulk read of them
           unsigned char* stage = stages + st * kRingStageBytes;
-          wg::mbar_arrive_expect_tx(full + st, kATile + kUnits);  // the whole A tile (both halves of a pair) and the units
+          wg::mbar_arrive_expect_tx(full + st, kRingStageBytes);  // the whole A tile, both halves, and the unit
           if constexpr (CL > 1) {
-            constexpr uint32_t half = kATile / 2;
-            wg::tma_load_2d_multicast(stage + rank * half, &p.a_map, t * kBK, mt * kTileM + rank * (kTileM / 2), full + st, 0x3);
+            constexpr uint32_t half = kRingATileBytes / 2;
+            wg::tma_load_2d_multicast(stage + rank * half, &p.a_map, t * kBK, mt * kRingBM + rank * (kRingBM / 2), full + st, 0x3);
           } else {
-            wg::tma_load_2d(stage, &p.a_map, t * kBK, mt * kTileM, full + st);
+            wg::tma_load_2d(stage, &p.a_map, t * kBK, mt * kRingBM, full + st);
           }
-          bulk_load(stage + kATile, p.stage + plan.offset(b, s, t), kUnits, full + st);
+          bulk_load(stage + kRingATileBytes, p.stage + plan.offset(b, s, t), kRingUnitBytes, full + st);
         }
       }
     }
   } else {
     wg::set_max_regs_inc<kConsumerRegs>();
     unsigned* done = p.ring_sync + plan.unit_slots();
-    float acc[2 * kWgAccum];  // narrow: rows 0..63 in the first half, 64..127 in the second; wide: one 64 x 256 block
-    auto& lo = *reinterpret_cast<float(*)[kWgAccum]>(acc);
-    auto& hi = *reinterpret_cast<float(*)[kWgAccum]>(acc + kWgAccum);
+    float acc0[kWgAccum], acc1[kWgAccum];
     int i = 0;
     for (int q = first_pair; q < pairs; q += pair_step) {
       int b, s, mt;
@@ -277,25 +254,18 @@ __global__ void __launch_bounds__(kRingThreads, 1) gemm_ring_kernel(const __grid
           asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(done + b) : "memory");
         }
         const unsigned char* stage = stages + st * kRingStageBytes;
-        if constexpr (WIDE) {
-          ring_mma_step_wide(acc, stage + wgi * 64 * wg::kSwizzleRow, stage + kATile, t == 0);
-        } else {
-          ring_mma_step(lo, hi, stage + wgi * 128 * wg::kSwizzleRow, stage + kATile, t == 0);
-        }
+        ring_mma_step(acc0, acc1, stage + wgi * 128 * wg::kSwizzleRow, stage + kRingATileBytes, t == 0);
         wg::wait<1>();
         if (t > 0) release_stage<CL>(empty + held, lane, rank);
         held = st;
       }
       wg::wait<0>();
-      wg::touch(acc);
+      wg::touch(acc0);
+      wg::touch(acc1);
       release_stage<CL>(empty + held, lane, rank);
-      if constexpr (WIDE) {
-        ring_store<OutT>(acc, p, mt * kTileM + wgi * 64, s * kBN, warp, lane);
-      } else {
-        const int row0 = mt * kTileM + wgi * 128;
-        ring_store<OutT>(lo, p, row0, s * kBN, warp, lane);
-        ring_store<OutT>(hi, p, row0 + 64, s * kBN, warp, lane);
-      }
+      const int row0 = mt * kRingBM + wgi * 128;
+      ring_store<OutT>(acc0, p, row0, s * kBN, warp, lane);
+      ring_store<OutT>(acc1, p, row0 + 64, s * kBN, warp, lane);
     }
   }
   if constexpr (CL > 1) wg::cluster_sync();  // no CTA leaves while its peer may still write its stages or barriers

@@ -61,9 +61,6 @@ KERNELS = {
     "ring:c2": {"cluster": 2},  # pairs on adjacent strips sharing each A tile by TMA multicast (planned band 2 at 10240)
     "ring:b_hbm": {"_b": "hbm"},  # its on-chip time
     "ring:b_hbm:c2": {"_b": "hbm", "cluster": 2},
-    "ring:wide": {"wide": True},  # 128 x 256 tiles: one m64n256k16 a warpgroup (planned band 2 at 10240)
-    "ring:wide:band4": {"wide": True, "band": 4},
-    "ring:b_hbm:wide": {"_b": "hbm", "wide": True},
     "ring:band1": {"band": 1},  # a strip a band: tiles of one strip together, A re-read by each strip
     "ring:band2": {"band": 2},
     "ring:band4": {"band": 4},

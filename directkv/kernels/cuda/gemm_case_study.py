@@ -293,20 +293,18 @@ def ring_cluster(n: int, band: int | None, cluster: int | None) -> int:
     return 1 if cluster is None else cluster
 
 
-def plan_ring(m: int, n: int, k: int, ctas: int, *, band: int | None = None, cluster: int = 1,
-              wide: bool = False) -> tuple[int, int]:
+def plan_ring(m: int, n: int, k: int, ctas: int, *, band: int | None = None, cluster: int = 1) -> tuple[int, int]:
     """(band, slots) of variant ring for C `[m, n]` = A `[m, k]` B `[k, n]` on a grid of `ctas` CTAs: a band of
-    128-column strips is about one tile per CTA (ctas // row tiles, at least 1, at most every strip; tiles of
-    RING_TILE_M x 128, or wide 128 x 256; even for pairs and wide tiles), so the tiles of a band run together and
-    follow its units across the link; a given band is checked against the strips. slots: bands the ring holds, up to
-    RING_SLOTS within RING_BYTES (at least one)."""
-    strips, ktiles = math.ceil(n / TILE_N), math.ceil(k / TILE_K)
-    mtiles, per_tile = (math.ceil(m / 128), 2) if wide else (math.ceil(m / RING_TILE_M), 1)
+    128-column strips is about one tile per CTA (ctas // row tiles of RING_TILE_M rows, at least 1, at most every
+    strip; even for pairs, cluster 2), so the tiles of a band run together and follow its units across the link; a
+    given band is checked against the strips. slots: bands the ring holds, up to RING_SLOTS within RING_BYTES (at
+    least one)."""
+    strips, mtiles, ktiles = math.ceil(n / TILE_N), math.ceil(m / RING_TILE_M), math.ceil(k / TILE_K)
     check(band is None or (type(band) is int and 1 <= band <= strips), f"gemm ring band {band!r} is not in "
           f"1..{strips} (the 128-column strips of n = {n})")
     if band is None:
-        band = max(1, min(strips, per_tile * (ctas // mtiles)))
-        band = max(2, band // 2 * 2) if cluster == 2 or wide else band
+        band = max(1, min(strips, ctas // mtiles))
+        band = max(2, band // 2 * 2) if cluster == 2 else band
     bands = math.ceil(strips / band)
     return band, max(1, min(bands, RING_SLOTS, RING_BYTES // (band * ktiles * RING_UNIT_BYTES)))
 
@@ -317,28 +315,19 @@ def _ring_ctas(device: int, cluster: int) -> int:
         return build.load("gemm_case_study").ring_ctas(cluster)
 
 
-def check_ring_wide(n: int, band: int | None, cluster: int | None) -> None:
-    """ring's wide tiles (128 x 256) take two strips at a time: an even number of strips, an even band if given, and
-    single CTAs."""
-    strips = math.ceil(n / TILE_N)
-    check(strips % 2 == 0 and (band is None or band % 2 == 0) and cluster != 2, f"gemm ring wide tiles need an even "
-          f"number of {TILE_N}-column strips, an even band and cluster 1 or None; got n = {n} ({strips} strips), band "
-          f"{band!r}, cluster {cluster!r}")
-
-
-def _run_ring(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, band: int | None, cluster: int, wide: bool) -> None:
+def _run_ring(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, band: int | None, cluster: int) -> None:
     """out = a @ b by the ring kernel: a grid of the CTAs resident at once (at most one a tile), its ring and its
     zeroed counts allocated per call."""
     (m, k), n = a.shape, b.shape[1]
     device = a.device.index if a.device.index is not None else torch.cuda.current_device()
     ctas = min(_ring_ctas(device, cluster), math.ceil(m / RING_TILE_M) * math.ceil(n / TILE_N))
-    band, slots = plan_ring(m, n, k, ctas, band=band, cluster=cluster, wide=wide)
+    band, slots = plan_ring(m, n, k, ctas, band=band, cluster=cluster)
     ktiles, bands = math.ceil(k / TILE_K), math.ceil(math.ceil(n / TILE_N) / band)
     ring = torch.empty(slots * band * ktiles * RING_UNIT_BYTES, dtype=torch.uint8, device=a.device)
     sync = torch.zeros(bands * band * ktiles + bands, dtype=torch.int32, device=a.device)
     build.load("gemm_case_study").ring_run(
         a.data_ptr(), b.data_ptr(), out.data_ptr(), ring.data_ptr(), ring.numel(), sync.data_ptr(), sync.numel(), ctas,
-        m, n, k, band, slots, cluster, wide, OUT_CODES[out.dtype], torch.cuda.current_stream(a.device).cuda_stream)
+        m, n, k, band, slots, cluster, OUT_CODES[out.dtype], torch.cuda.current_stream(a.device).cuda_stream)
 
 
 @cache
@@ -368,7 +357,6 @@ def gemm(
     persistent: bool | None = None,
     stage_slots: int = 1,
     band: int | None = None,
-    wide: bool = False,
     host_load: str | None = None,
     split: str = "n",
     panel: int | None = None,
@@ -416,10 +404,7 @@ def gemm(
         wait for the consumers; 2: one warp stages chunks into the two slots in turn, as far ahead as a free slot
         allows, while the other moves them into shared memory. Measured on the H200 (2026-12-04, seven runs at
         10240^3): level with 1 (4.97-5.11 ms against 4.94-5.15), so 1 stays the default.
-    band : ring only: 128-column strips a band (plan_ring plans it: about one tile a CTA).
-    wide : ring only: True computes 128 x 256 tiles, each consumer warpgroup a 64 x 256 block by one m64n256k16 a k
-        step (its A rows read once for both strips), instead of 256 x 128 tiles of two m64n128k16; needs an even
-        number of strips, an even band and cluster 1 (check_ring_wide).
+    band : ring only: 128-column strips a band (plan_ring plans it: about one 256 x 128 tile a CTA).
     host_load : "ca" (through L1) or "cg" (L2 only): how B tiles are copied; None: HOST_LOAD_DEFAULT of the variant
         (module docstring); ring's stagers read B by ld.global.cg: "cg" only.
     split : stream only: "n" cuts B into column panels, each a 2-D copy of K rows (C's columns written once);
@@ -459,9 +444,8 @@ def gemm(
           f"{persistent!r} for {variant!r}")
     check(persistent is None or isinstance(persistent, bool), f"gemm persistent must be None, True or False; got "
           f"{persistent!r}")
-    check(variant == "ring" or (band is None and wide is False), f"band / wide are options of gemm variant 'ring'; "
-          f"got {band!r} / {wide!r} for {variant!r}")
-    check(isinstance(wide, bool), f"gemm wide must be True or False; got {wide!r}")
+    check(variant == "ring" or band is None, f"band is an option of gemm variant 'ring'; got {band!r} for "
+          f"{variant!r}")
     check(variant != "ring" or host_load == "cg", f"gemm variant 'ring' reads B by ld.global.cg: host_load must be "
           f"None or 'cg'; got {host_load!r}")
     check(stage_slots in STAGE_SLOTS and type(stage_slots) is int, f"gemm stage_slots {stage_slots!r} is not "
@@ -512,8 +496,6 @@ def gemm(
               f"variant 'ring' needs k and n multiples of 8 and 16-byte aligned A and B; got k = {k}, n = {n}, A at "
               f"{a.data_ptr() % 16} and B at {b_tensor.data_ptr() % 16} bytes past a 16-byte boundary")
         plan_ring(m, n, k, 1, band=band)
-        if wide:
-            check_ring_wide(n, band, cluster)
         cluster = ring_cluster(n, band, cluster)
     cluster, persistent = (pipelined_options(a, b_tensor, accumulate, k_splits, cluster, persistent, prefetch_given)
                            if variant == "pipelined" else (cluster, False) if variant == "ring" else (1, False))
@@ -533,8 +515,8 @@ def gemm(
         return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="stream",
                                  b_tier=b_tier(b_tensor), **cut)
     if variant == "ring":
-        _run_ring(a, b, out, band, cluster, wide)
-        return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="ring", b_tier=b_tier(b), wide=wide)
+        _run_ring(a, b, out, band, cluster)
+        return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="ring", b_tier=b_tier(b))
     part, stage, ctas, ldp, splits = None, None, 0, 0, 1
     if variant not in OUTPUT_STATIONARY:
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
