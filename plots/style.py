@@ -44,7 +44,7 @@ VARIANTS: dict[str, tuple[str, str]] = {  # kernel variant -> (label, colour)
     "naive": ("naive zero-copy", "#D55E00"),
     "tiled": ("CPU-aware tiled", "#0072B2"),
     "pipelined": ("tiled + warp pipeline", "#56B4E9"),
-    "ring": ("SM-staged HBM ring", "#882255"),
+    "ring": ("SM-staged HBM ring", "#44AA99"),
     "fused": ("fused proj+attn", "#009E73"),
     "separate": ("separate kernels", "#E69F00"),
     "stream": ("streamed", "#CC79A7"),
