@@ -26,10 +26,11 @@ ring      : beyond the paper (gemm_ring.cuh): persistent CTAs, one an SM; three 
             stored), while the consumers compute output-stationary 256 x 128 tiles of C over all of k with A and
             the ring's B by TMA, then write the tile once: no fp32 C, no reductions, no reduce kernel. B crosses
             the link once (ncu: PCIe reads 1.0001x a plain read of B). Needs 16-byte rows (k, n multiples of 8,
-            aligned A and B). H200, 2026-12-04, nine runs at 10240^3: 4.26-4.69 ms against targets of
-            4.35-4.36 (met once, within 1.5% in four), 4096^3 0.678-0.784 against 0.695-0.714 (met in four of
-            seven); the spread follows the GPU's pace (cuBLAS 2.79-3.29 ms in the same calls, ring with B in HBM
-            3.35-4.67), as the kernel's math takes ~85-100% of the link's time.
+            aligned A and B). H200, 2026-12-04, 14 runs over five calls at 10240^3: 4.26-4.69 ms, 0.98-1.07x the
+            target (met once, within 1.5% in four); 10 runs at 4096^3: 0.678-0.883 ms, 0.975-1.27x (met in four;
+            1.15-1.27x in a call whose link ran pipelined 20% slower than usual); the spread follows the GPU's
+            pace (cuBLAS 2.79-3.29 ms in the same calls, ring with B in HBM 3.35-4.67), as the kernel's math takes
+            ~85-100% of the link's time.
 stream    : beyond the paper, no kernel of ours: the copy engine moves B a column panel at a time (one 2-D
             cudaMemcpy2DAsync per panel, on a side stream) into a 2-slot HBM ring while cuBLAS (torch.mm on
             the current stream) multiplies A by the previous panel into C's matching columns. B crosses the
