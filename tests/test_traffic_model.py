@@ -226,14 +226,15 @@ def test_gemm_stream_is_cuda_only_and_its_options_are_checked():
 
 
 def test_gemm_ring_traffic_by_hand():
-    # m 300, n 200, k 64, fp16: 2 strips of 128 columns, 2 row tiles of 256; A 38,400 B, B 25,600 B, C 120,000 B
+    # m 300, n 200, k 64, fp16: 2 strips of 128 columns, 2 row tiles of 256; A 38,400 B, B 25,600 B, C 120,000 B;
+    # the ring holds 2 whole units of 64 x 128 (32,768 B: zeros past n = 200)
     t = gemm_traffic(300, 200, 64, dtype_bytes=2, variant="ring")
     assert t.link_read_bytes == 25_600  # B once across the link
-    assert t.hbm_read_bytes == 2 * 38_400 + 2 * 25_600  # A once a strip, the ring's B once a row tile
-    assert t.hbm_write_bytes == 25_600 + 120_000  # B into the ring, C once
+    assert t.hbm_read_bytes == 2 * 38_400 + 2 * 32_768  # A once a strip, the ring's units once a row tile
+    assert t.hbm_write_bytes == 32_768 + 120_000  # the units into the ring, C once
     hbm = gemm_traffic(300, 200, 64, dtype_bytes=2, variant="ring", b_tier="hbm", c_bytes=4)
-    assert hbm.link_read_bytes == 0 and hbm.hbm_read_bytes == 2 * 38_400 + 3 * 25_600
-    assert hbm.hbm_write_bytes == 25_600 + 240_000
+    assert hbm.link_read_bytes == 0 and hbm.hbm_read_bytes == 2 * 38_400 + 2 * 32_768 + 25_600
+    assert hbm.hbm_write_bytes == 32_768 + 240_000
 
 
 def test_closed_form_bad_inputs():

@@ -232,10 +232,19 @@ int gemm_ring_ctas(int cluster) {
 void gemm_ring_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t stage, size_t stage_bytes, uintptr_t sync, size_t sync_words,
                    int ctas, int m, int n, int k, int band, int slots, int cluster, int out_dtype, uintptr_t stream) {
   require(m >= 1 && n >= 1 && k >= 1, "gemm_case_study: m, n, k must be >= 1");
-  require(a && b && c && stage && sync, "gemm_case_study: ring: null a, b, c, ring or flags");
+  for (const auto& [ptr, name] : {std::pair{a, "a"}, std::pair{b, "b"}, std::pair{c, "c"}, std::pair{stage, "ring"}, std::pair{sync, "flags"}}) {
+    require(ptr != 0, std::string("gemm_case_study: ring: null ") + name);
+  }
   require(k % 8 == 0 && n % 8 == 0 && a % 16 == 0 && b % 16 == 0,
           "gemm_case_study: ring needs k and n multiples of 8 and 16-byte aligned A and B (TMA and 16-byte host loads); got k = " +
-              std::to_string(k) + ", n = " + std::to_string(n));
+              std::to_string(k) + ", n = " + std::to_string(n) + ", A and B " + std::to_string(a % 16) + " and " + std::to_string(b % 16) +
+              " bytes past a 16-byte boundary");
+  // the unit's bulk copy needs 16-byte ring addresses, the counts 4-byte words, C's pair stores 2 elements' alignment
+  const uintptr_t c_align = out_dtype == kFloat32 ? 8 : 4;
+  require(stage % 16 == 0 && sync % 4 == 0 && c % c_align == 0,
+          "gemm_case_study: ring needs a 16-byte aligned ring, 4-byte aligned flags and C aligned to " + std::to_string(c_align) +
+              " bytes; got them " + std::to_string(stage % 16) + ", " + std::to_string(sync % 4) + " and " + std::to_string(c % c_align) +
+              " bytes past");
   GemmParams p{};
   p.a = reinterpret_cast<const __half*>(a);
   p.b = reinterpret_cast<const __half*>(b);
@@ -252,15 +261,15 @@ void gemm_ring_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t stage, size_
   require(cluster == 1 || (cluster == 2 && band % 2 == 0 && strips % 2 == 0),
           "gemm_case_study: ring cluster " + std::to_string(cluster) + " must be 1, or 2 with an even band and an even number of strips; got band " +
               std::to_string(band) + " of " + std::to_string(strips) + " strips");
-  const gemm::RingPlan plan(p);
+  require(static_cast<int64_t>(strips) * ((k + gemm::kBK - 1) / gemm::kBK) * gemm::kRingSlices < (int64_t{1} << 30) &&
+              static_cast<int64_t>(strips) * ((m + gemm::kRingBM - 1) / gemm::kRingBM) < (int64_t{1} << 31),
+          "gemm_case_study: ring: matrix too large (m = " + std::to_string(m) + ", n = " + std::to_string(n) + ", k = " + std::to_string(k) + ")");
+  const gemm::RingPlan plan(p);  // its int products stay in range: the check above
   require(slots >= 1 && slots <= plan.bands, "gemm_case_study: ring slots " + std::to_string(slots) + " must be in 1.." + std::to_string(plan.bands) + " bands");
   const size_t need = static_cast<size_t>(slots) * band * plan.ktiles * gemm::kRingUnitBytes;
   require(stage_bytes >= need, "gemm_case_study: ring buffer of " + std::to_string(stage_bytes) + " B, needs " + std::to_string(need));
   require(sync_words >= static_cast<size_t>(plan.unit_slots()) + plan.bands,
           "gemm_case_study: ring flags of " + std::to_string(sync_words) + " words, need " + std::to_string(plan.unit_slots() + plan.bands));
-  require(static_cast<int64_t>(plan.mtiles) * strips < (int64_t{1} << 31) &&
-              static_cast<int64_t>(plan.bands) * band * plan.ktiles * gemm::kRingSlices < (int64_t{1} << 31),
-          "gemm_case_study: ring: matrix too large");
   const int resident = gemm_ring_ctas(cluster);
   require(ctas >= cluster && ctas % cluster == 0 && ctas <= plan.tiles() && ctas <= resident,
           "gemm_case_study: ring grid " + std::to_string(ctas) + " must be a multiple of the cluster size " + std::to_string(cluster) +

@@ -484,8 +484,9 @@ def gemm_traffic(
     panel reads its own columns of A, so A once in all; C is written by every panel and read back by every
     panel after the first (beta = 1).
 
-    ring (the tiles do not apply): B crosses the link once, by SM loads, into an HBM ring from which every
-    RING_TILE_M-row tile reads it back; A is read once per RING_TILE_N-column strip, C written once.
+    ring (the tiles do not apply): B crosses the link once, by SM loads, into an HBM ring (whole units of 64 k
+    rows x one strip, padded with zeros) from which every RING_TILE_M-row tile reads it back; A is read once per
+    RING_TILE_N-column strip, C written once.
     """
     check_variant("gemm", variant, GEMM_TRAFFIC_VARIANTS)
     check(b_tier in TIERS, f"unknown b_tier {b_tier!r}; valid: {', '.join(TIERS)}")
@@ -514,10 +515,12 @@ def gemm_traffic(
           f"'stream'; got {panel_cols!r} / {panel_rows!r} for {variant!r}")
     if variant == "ring":  # the tiles do not apply: the kernel's own are RING_TILE_M x RING_TILE_N
         # B crosses the link once into the HBM ring and is read back by every row tile; A is read once per column
-        # strip (L2 serves the band's other strips, which this does not count); C is written once
+        # strip (L2 serves the band's other strips, which this does not count); C is written once. The ring holds
+        # whole units of 64 k rows x one strip, zeros past k and n included
         b_bytes = k * n * e
-        traffic = Traffic(hbm_read_bytes=ceil_div(n, RING_TILE_N) * m * k * e + ceil_div(m, RING_TILE_M) * b_bytes,
-                          hbm_write_bytes=b_bytes + m * n * ce, flops=2 * m * n * k)
+        ring_bytes = ceil_div(k, 64) * 64 * ceil_div(n, RING_TILE_N) * RING_TILE_N * e
+        traffic = Traffic(hbm_read_bytes=ceil_div(n, RING_TILE_N) * m * k * e + ceil_div(m, RING_TILE_M) * ring_bytes,
+                          hbm_write_bytes=ring_bytes + m * n * ce, flops=2 * m * n * k)
         if b_tier == "host":
             traffic.link_read_bytes += b_bytes
         else:

@@ -19,7 +19,10 @@
 // Deadlock freedom rests on every CTA being resident at once (the launcher sizes the grid by occupancy) and on
 // each CTA taking its tiles, and each stager its units, in increasing order: the units of band b wait only for the
 // tiles of band b - slots, which wait only for units of that band. A wait that outlives kRingWatchdogNs traps (a
-// launch failure, not a hang). No torch headers (see build.py).
+// launch failure, not a hang). The residency check assumes the GPU is otherwise idle: kernels of other streams, MPS
+// or green contexts that keep some CTAs from starting make the others wait for their stagers, and the trap then
+// ends the process's CUDA context. (Handing out slices and tiles by atomic tickets, in order, would let any number
+// of resident CTAs finish: not done.) No torch headers (see build.py).
 #pragma once
 
 #include <type_traits>

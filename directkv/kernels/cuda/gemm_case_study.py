@@ -26,7 +26,9 @@ ring      : beyond the paper (gemm_ring.cuh): persistent CTAs, one an SM; three 
             stored), while the consumers compute output-stationary 256 x 128 tiles of C over all of k with A and
             the ring's B by TMA, then write the tile once: no fp32 C, no reductions, no reduce kernel. B crosses
             the link once (ncu: PCIe reads 1.0001x a plain read of B). Needs 16-byte rows (k, n multiples of 8,
-            aligned A and B). H200, 2026-12-04, 14 runs over five calls at 10240^3: 4.26-4.69 ms, 0.98-1.07x the
+            aligned A and B), and every CTA of its grid resident at once: on a GPU shared with other streams'
+            kernels a CTA that cannot start stalls the others until a 4 s watchdog traps (the CUDA context is
+            lost). H200, 2026-12-04, 14 runs over five calls at 10240^3: 4.26-4.69 ms, 0.98-1.07x the
             target (met once, within 1.5% in four); 10 runs at 4096^3: 0.678-0.883 ms, 0.975-1.27x (met in four;
             1.15-1.27x in a call whose link ran pipelined 20% slower than usual); the spread follows the GPU's
             pace (cuBLAS 2.79-3.29 ms in the same calls, ring with B in HBM 3.35-4.67), as the kernel's math takes
@@ -373,7 +375,7 @@ def gemm(
     b : `[K, N]` contiguous fp16: a zero-copy view of pinned memory (zero_copy.device_view), a pinned CPU
         tensor, or an HBM tensor; or, for variant "stream" only, B stored panel by panel in pinned memory
         (HostPanels, from host_panels: each panel one contiguous copy).
-    variant : "naive", "tiled", "pipelined", "raster" or "stream" (module docstring).
+    variant : "naive", "tiled", "pipelined", "raster", "ring" or "stream" (module docstring).
     out : optional `[M, N]` contiguous CUDA output, fp16 or fp32 (default fp16).
     tile_m, tile_n, tile_k : must be 128, 128, 64 (the kernels' tiles).
     k_splits : tiled / pipelined: force the CTAs per column strip (a positive int, clipped to the chunks); None
@@ -515,7 +517,9 @@ def gemm(
         _run_stream(a, b, out, split, panel, copy_streams, copy, copy_ctas)
         return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="stream",
                                  b_tier=b_tier(b_tensor), **cut)
-    if variant == "ring":
+    if variant == "ring":  # C's rows are written as element pairs
+        check(out.data_ptr() % (2 * c_bytes) == 0, f"gemm variant 'ring' writes C in pairs of elements: out must be "
+              f"{2 * c_bytes}-byte aligned; got {out.data_ptr() % (2 * c_bytes)} bytes past")
         _run_ring(a, b, out, band, cluster)
         return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="ring", b_tier=b_tier(b))
     part, stage, ctas, ldp, splits = None, None, 0, 0, 1
