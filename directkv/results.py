@@ -178,15 +178,6 @@ def _refusal(run_dir: Path, rows: int, diff: list[str], old: dict) -> str:
             f"overrides and code that wrote it, or choose a new run_id")
 
 
-def rows_config(run_dir: str | Path) -> dict | None:
-    """The config that wrote run_dir's rows (its manifest's), or None where it holds no rows or its manifest is
-    missing, unreadable or has no config."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "results.parquet").exists():
-        return None
-    return manifest_config(run_dir)
-
-
 def manifest_config(run_dir: str | Path) -> dict | None:
     """The config in run_dir's manifest, rows or not, or None where the manifest is missing, unreadable or has no
     config."""

@@ -1,13 +1,17 @@
 // Launcher of the GEMM case study: argument checks, variant / alignment / host-load / output-dtype dispatch,
 // launch on the caller's stream. The k-split plan is host-side arithmetic done by the Python wrapper. Also
 // the 2-D panel copy of the copy-engine ("stream") variant, whose math is cuBLAS through torch.
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include "directkv/dispatch.h"
+#include "directkv/gemm_reduce.cuh"
 #include "directkv/gemm_ring.cuh"  // and gemm_stationary.cuh, gemm_case_study.cuh
 
 namespace directkv {
@@ -163,7 +167,43 @@ void launch(GemmParams& p, int variant, int out_dtype, int host_load, int cluste
   });
 }
 
+// The ring kernel for an output dtype and cluster size.
+template <typename OutT>
+auto ring_kernel(int cluster) {
+  return cluster == 2 ? gemm::gemm_ring_kernel<OutT, 2> : gemm::gemm_ring_kernel<OutT, 1>;
+}
+
+// As many clusters of `cluster` CTAs of `kernel` (threads, smem) as can be resident at once on the current device,
+// times the cluster size (one CTA an SM; pairs need two free SMs of one GPC). Cached by device: the ring asks at
+// every launch.
+template <typename Kernel>
+int resident_ctas(Kernel kernel, int cluster, int threads, size_t smem, const char* what) {
+  require(cluster == 1 || cluster == 2, "gemm_case_study: cluster " + std::to_string(cluster) + " must be 1 or 2");
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int>, int> cache;  // (kernel, device, cluster) -> CTAs
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, cluster);
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  allow_max_smem("gemm_case_study", kernel, smem);
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  const ClusterLaunch full_grid(static_cast<unsigned>(sms / cluster * cluster), cluster, nullptr, threads, smem);
+  int clusters = 0;
+  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &full_grid.cfg), "gemm_case_study: cudaOccupancyMaxActiveClusters");
+  require(clusters >= 1, "gemm_case_study: no cluster of " + std::to_string(cluster) + " " + what + " CTAs fits this GPU");
+  return cache[key] = clusters * cluster;
+}
+
 }  // namespace
+
+// CTAs of the persistent pipelined grid: the clusters resident at once, so no CTA waits for another to finish before
+// taking its first item.
+int gemm_persistent_ctas(int cluster) {
+  auto kernel = cluster == 2 ? gemm::gemm_pipelined_kernel<true, false, 2> : gemm::gemm_pipelined_kernel<true, false, 1>;
+  return resident_ctas(kernel, cluster, gemm::kPipeThreads, gemm::kPipeSmem, "pipelined");
+}
 
 void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, uintptr_t stage, int stage_slots, int ctas,
                          int m, int n, int k, int ldp, int k_splits, int variant, int prefetch, bool atomic, int cluster,
@@ -188,42 +228,9 @@ void gemm_case_study_run(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t part, 
   launch(p, variant, out_dtype, host_load, cluster, ctas, reinterpret_cast<cudaStream_t>(stream));
 }
 
-// CTAs of the persistent pipelined grid: as many clusters of `cluster` as can be resident at once (one CTA an SM;
-// pairs need two free SMs of one GPC), so no CTA waits for another to finish before taking its first item.
-int gemm_persistent_ctas(int cluster) {
-  require(cluster == 1 || cluster == 2, "gemm_case_study: cluster " + std::to_string(cluster) + " must be 1 or 2");
-  auto kernel = cluster == 2 ? gemm::gemm_pipelined_kernel<true, false, 2> : gemm::gemm_pipelined_kernel<true, false, 1>;
-  allow_max_smem("gemm_case_study", kernel, gemm::kPipeSmem);
-  int device = 0, sms = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  const ClusterLaunch full_grid(static_cast<unsigned>(sms / cluster * cluster), cluster, nullptr);
-  int clusters = 0;
-  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &full_grid.cfg), "gemm_case_study: cudaOccupancyMaxActiveClusters");
-  require(clusters >= 1, "gemm_case_study: no cluster of " + std::to_string(cluster) + " pipelined CTAs fits this GPU");
-  return clusters * cluster;
-}
-
-// The ring kernel for an output dtype and cluster size.
-template <typename OutT>
-auto ring_kernel(int cluster) {
-  return cluster == 2 ? gemm::gemm_ring_kernel<OutT, 2> : gemm::gemm_ring_kernel<OutT, 1>;
-}
-
-// CTAs of the ring grid: as many clusters of `cluster` as are resident at once (one CTA an SM; pairs need two free SMs
-// of one GPC), times the cluster size: the ring's hand-offs between CTAs need every CTA resident.
+// CTAs of the ring grid: the clusters resident at once; the ring's hand-offs between CTAs need every CTA resident.
 int gemm_ring_ctas(int cluster) {
-  require(cluster == 1 || cluster == 2, "gemm_case_study: cluster " + std::to_string(cluster) + " must be 1 or 2");
-  auto kernel = ring_kernel<__half>(cluster);
-  allow_max_smem("gemm_case_study", kernel, gemm::kRingSmem);
-  int device = 0, sms = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  const ClusterLaunch full_grid(static_cast<unsigned>(sms / cluster * cluster), cluster, nullptr, gemm::kRingThreads, gemm::kRingSmem);
-  int clusters = 0;
-  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &full_grid.cfg), "gemm_case_study: cudaOccupancyMaxActiveClusters");
-  require(clusters >= 1, "gemm_case_study: no cluster of " + std::to_string(cluster) + " ring CTAs fits this GPU");
-  return clusters * cluster;
+  return resident_ctas(ring_kernel<__half>(cluster), cluster, gemm::kRingThreads, gemm::kRingSmem, "ring");
 }
 
 // Variant ring (gemm_ring.cuh): `stage` holds stage_bytes of HBM ring, `sync` sync_words zeroed words; ctas must

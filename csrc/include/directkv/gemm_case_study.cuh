@@ -23,8 +23,8 @@
 //             its block while the other computes. Clusters of two CTAs on adjacent strips share each A tile by
 //             TMA multicast. Persistent (p.stage): one CTA (pair) an SM walks (strip, chunk) items, and its B
 //             producers stage the next item's chunk from the host in an HBM slot while the current one is computed.
-// tiled and pipelined, with the reduction of their k-splits, are in gemm_stationary.cuh; this file holds the shared
-// parameters, naive / raster and the stream variant's panel copy.
+// tiled and pipelined are in gemm_stationary.cuh, the reduction of their k-splits in gemm_reduce.cuh, ring in
+// gemm_ring.cuh; this file holds the shared parameters, naive / raster and the stream variant's panel copy.
 //
 // L1 (all variants, 16-byte path only) copies the B tiles with cp.async.ca (through L1) instead of .cg (L2
 // only). B is an input no CTA writes, so a non-coherent L1 cannot serve stale bytes; A is read .cg (naive) or by

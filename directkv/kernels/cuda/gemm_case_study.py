@@ -94,10 +94,11 @@ import torch
 
 from directkv.errors import check, unknown_name
 from directkv.kernels.cuda import build
+from directkv.kernels.cuda.gemm_ring import ring_options, run_ring
 from directkv.kernels.cuda.side_stream import side_stream
 from directkv.kernels.cuda.zero_copy import pinned_empty
 from directkv.kernels.traffic import Traffic
-from directkv.kernels.traffic_model import RING_TILE_M, STREAM_RING_BYTES, gemm_traffic
+from directkv.kernels.traffic_model import STREAM_RING_BYTES, gemm_traffic
 
 KERNEL_VARIANTS = ("naive", "tiled", "pipelined", "raster")  # index = the launcher's variant code
 VARIANTS = (*KERNEL_VARIANTS, "ring", "stream")
@@ -113,9 +114,6 @@ CLUSTERS = (1, 2)  # pipelined: CTAs per cluster (2: column-strip pairs sharing 
 STAGE_SLOT_BYTES = CHUNK_K * TILE_N * 2  # pipelined, persistent: a B chunk (fp16) in its shared-memory layout
 STAGE_SLOTS = (1, 2)  # pipelined, persistent: HBM slots a CTA stages B chunks in
 HOST_LOAD_DEFAULT = {"naive": "ca", "raster": "ca", "tiled": "cg", "pipelined": "cg", "ring": "cg", "stream": "ca"}
-RING_UNIT_BYTES = TILE_K * TILE_N * 2  # ring: 64 k rows of one 128-column strip, in the shared-memory layout
-RING_BYTES = 64 << 20  # ring: HBM the ring of bands may take (at least one band, whatever its size)
-RING_SLOTS = 4  # ring: bands the ring holds at most
 WORKSPACE_CAP = 3 << 30  # bytes of fp32 partial C at most, or WORKSPACE_SHARE of the GPU's memory if that is more
 WORKSPACE_SHARE = 8  # ... 1 / WORKSPACE_SHARE of it (H200: 17.6 GB, one chunk a CTA at 10240^3: 8.4 GB)
 STREAM_SLOTS = 2  # ring slots: the copy engine fills one while cuBLAS reads the other
@@ -282,57 +280,6 @@ def pipelined_options(a: torch.Tensor, b: torch.Tensor, accumulate: str, k_split
     return cluster, persistent
 
 
-def ring_cluster(n: int, band: int | None, cluster: int | None) -> int:
-    """ring's CTAs per cluster for B `[K, n]`: 1 unless given (None); 2 (pairs on adjacent strips of one row tile,
-    sharing each A tile by TMA multicast) needs an even number of strips and, if a band is given, an even one.
-    Pairs are not the default: on the H200 (2026-12-04, two runs in one call) they ran ring with B in HBM ~10%
-    faster (3.79 / 3.66 ms against 4.21 / 4.11 at 10240^3: less L2 work) but with B on the host, where the link
-    bounds it, level at 10240^3 (4.56 / 4.71 against 4.66 / 4.65) and slower at 4096^3 (0.75 / 0.86 against
-    0.73 / 0.78)."""
-    strips = math.ceil(n / TILE_N)
-    pairs = strips % 2 == 0 and (band is None or band % 2 == 0)
-    check(cluster != 2 or pairs, f"gemm ring cluster 2 needs an even number of {TILE_N}-column strips and an even "
-          f"band; got n = {n} ({strips} strips), band {band!r}; use cluster 1 or None")
-    return 1 if cluster is None else cluster
-
-
-def plan_ring(m: int, n: int, k: int, ctas: int, *, band: int | None = None, cluster: int = 1) -> tuple[int, int]:
-    """(band, slots) of variant ring for C `[m, n]` = A `[m, k]` B `[k, n]` on a grid of `ctas` CTAs: a band of
-    128-column strips is about one tile per CTA (ctas // row tiles of RING_TILE_M rows, at least 1, at most every
-    strip; even for pairs, cluster 2), so the tiles of a band run together and follow its units across the link; a
-    given band is checked against the strips. slots: bands the ring holds, up to RING_SLOTS within RING_BYTES (at
-    least one)."""
-    strips, mtiles, ktiles = math.ceil(n / TILE_N), math.ceil(m / RING_TILE_M), math.ceil(k / TILE_K)
-    check(band is None or (type(band) is int and 1 <= band <= strips), f"gemm ring band {band!r} is not in "
-          f"1..{strips} (the 128-column strips of n = {n})")
-    if band is None:
-        band = max(1, min(strips, ctas // mtiles))
-        band = max(2, band // 2 * 2) if cluster == 2 else band
-    bands = math.ceil(strips / band)
-    return band, max(1, min(bands, RING_SLOTS, RING_BYTES // (band * ktiles * RING_UNIT_BYTES)))
-
-
-@cache
-def _ring_ctas(device: int, cluster: int) -> int:
-    with torch.cuda.device(device):
-        return build.load("gemm_case_study").ring_ctas(cluster)
-
-
-def _run_ring(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, band: int | None, cluster: int) -> None:
-    """out = a @ b by the ring kernel: a grid of the CTAs resident at once (at most one a tile), its ring and its
-    zeroed counts allocated per call."""
-    (m, k), n = a.shape, b.shape[1]
-    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    ctas = min(_ring_ctas(device, cluster), math.ceil(m / RING_TILE_M) * math.ceil(n / TILE_N))
-    band, slots = plan_ring(m, n, k, ctas, band=band, cluster=cluster)
-    ktiles, bands = math.ceil(k / TILE_K), math.ceil(math.ceil(n / TILE_N) / band)
-    ring = torch.empty(slots * band * ktiles * RING_UNIT_BYTES, dtype=torch.uint8, device=a.device)
-    sync = torch.zeros(bands * band * ktiles + bands, dtype=torch.int32, device=a.device)
-    build.load("gemm_case_study").ring_run(
-        a.data_ptr(), b.data_ptr(), out.data_ptr(), ring.data_ptr(), ring.numel(), sync.data_ptr(), sync.numel(), ctas,
-        m, n, k, band, slots, cluster, OUT_CODES[out.dtype], torch.cuda.current_stream(a.device).cuda_stream)
-
-
 @cache
 def _persistent_ctas(device: int, cluster: int) -> int:
     with torch.cuda.device(device):
@@ -394,7 +341,7 @@ def gemm(
         k and n multiples of 8, 16-byte aligned A and B and an even number of strips (else the launch is refused).
         1 runs single CTAs. None: 2 where those hold, else 1.
         ring: 2 runs the CTAs in pairs on adjacent strips of one row tile, each fetching half of every A tile into
-        both; it needs an even number of strips and an even band. None: 1 (ring_cluster says why).
+        both; it needs an even number of strips and an even band. None: 1 (gemm_ring.ring_cluster says why).
     persistent : pipelined only: True runs one CTA (pair) per SM, walking the (column strip, chunk) items in the
         one-chunk-a-CTA order; its B-loading producer warps copy the next item's chunk from the host into an HBM
         slot of the CTA (128 KB, already in the shared-memory layout) while the consumers compute the current one,
@@ -407,7 +354,7 @@ def gemm(
         wait for the consumers; 2: one warp stages chunks into the two slots in turn, as far ahead as a free slot
         allows, while the other moves them into shared memory. Measured on the H200 (2026-12-04, seven runs at
         10240^3): level with 1 (4.97-5.11 ms against 4.94-5.15), so 1 stays the default.
-    band : ring only: 128-column strips a band (plan_ring plans it: about one 256 x 128 tile a CTA).
+    band : ring only: 128-column strips a band (gemm_ring.plan_ring plans it: about one 256 x 128 tile a CTA).
     host_load : "ca" (through L1) or "cg" (L2 only): how B tiles are copied; None: HOST_LOAD_DEFAULT of the variant
         (module docstring); ring's stagers read B by ld.global.cg: "cg" only.
     split : stream only: "n" cuts B into column panels, each a 2-D copy of K rows (C's columns written once);
@@ -494,14 +441,13 @@ def gemm(
     if variant == "stream":  # planned before out is allocated: fails cheaply
         cut = {"panel_cols": b.panel_cols} if panels else stream_cut(k, n, split, panel)
     strips = math.ceil(n / TILE_N)
-    if variant == "ring":  # planned before out is allocated: fails cheaply
-        check(k % 8 == 0 and n % 8 == 0 and a.data_ptr() % 16 == 0 and b_tensor.data_ptr() % 16 == 0, f"gemm "
-              f"variant 'ring' needs k and n multiples of 8 and 16-byte aligned A and B; got k = {k}, n = {n}, A at "
-              f"{a.data_ptr() % 16} and B at {b_tensor.data_ptr() % 16} bytes past a 16-byte boundary")
-        plan_ring(m, n, k, 1, band=band)
-        cluster = ring_cluster(n, band, cluster)
-    cluster, persistent = (pipelined_options(a, b_tensor, accumulate, k_splits, cluster, persistent, prefetch_given)
-                           if variant == "pipelined" else (cluster, False) if variant == "ring" else (1, False))
+    # planned before out is allocated: a bad option fails cheaply
+    if variant == "pipelined":
+        cluster, persistent = pipelined_options(a, b_tensor, accumulate, k_splits, cluster, persistent, prefetch_given)
+    elif variant == "ring":
+        cluster, persistent = ring_options(a, b_tensor, band, cluster), False
+    else:
+        cluster, persistent = 1, False
     check(persistent or stage_slots == 1, f"stage_slots is an option of persistent pipelined CTAs; got {stage_slots} "
           f"for variant {variant!r}, persistent {persistent}")
     if out is None:
@@ -517,10 +463,8 @@ def gemm(
         _run_stream(a, b, out, split, panel, copy_streams, copy, copy_ctas)
         return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="stream",
                                  b_tier=b_tier(b_tensor), **cut)
-    if variant == "ring":  # C's rows are written as element pairs
-        check(out.data_ptr() % (2 * c_bytes) == 0, f"gemm variant 'ring' writes C in pairs of elements: out must be "
-              f"{2 * c_bytes}-byte aligned; got {out.data_ptr() % (2 * c_bytes)} bytes past")
-        _run_ring(a, b, out, band, cluster)
+    if variant == "ring":
+        run_ring(a, b, out, band, cluster, OUT_CODES[out.dtype])
         return out, gemm_traffic(m, n, k, dtype_bytes=2, c_bytes=c_bytes, variant="ring", b_tier=b_tier(b))
     part, stage, ctas, ldp, splits = None, None, 0, 0, 1
     if variant not in OUTPUT_STATIONARY:
